@@ -1,0 +1,42 @@
+"""One small hierarchy of errors; each carries the file and the field it is about."""
+from __future__ import annotations
+
+
+class MnnllmError(Exception):
+    """Base of every error mnnllm raises on purpose."""
+
+    def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+        self.file = str(file) if file is not None else None
+        self.field = field
+        where = ", ".join(p for p in (
+            f"file {self.file}" if self.file else "",
+            f"field {field}" if field else "") if p)
+        super().__init__(f"{message} ({where})" if where else message)
+
+
+class FormatError(MnnllmError):
+    """A model file (llm.mnn, weights, tokenizer, embeddings) is corrupt or truncated."""
+
+
+class WeightFileError(FormatError):
+    """An external weight read falls outside the weight file, or the file is short."""
+
+
+class ConfigError(MnnllmError):
+    """config.json / llm_config.json is malformed or names something that does not exist."""
+
+
+class TokenizerError(MnnllmError):
+    """The tokenizer file cannot be parsed."""
+
+
+class BackendError(MnnllmError):
+    """A backend is unknown, unavailable, or refused an op where no fallback is allowed."""
+
+
+class UnsupportedError(MnnllmError):
+    """The model uses something mnnllm does not implement (op, architecture, modality)."""
+
+
+class ContextLengthError(MnnllmError):
+    """A prompt (plus generation) does not fit in the model's context."""
