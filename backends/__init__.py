@@ -1,0 +1,1 @@
+"""Backends shipped with mnnllm; each registers itself through the `mnnllm` entry points."""

@@ -1,0 +1,1 @@
+"""mnnllm's reference backend: numpy on the cpu, fp32 arithmetic."""

@@ -1,0 +1,121 @@
+"""Fused Attention with its own KV cache, driven by the KV meta the LLM sets each step.
+
+q [seq, heads*dim, 1, 1] (packed, as MNN's transformer-fused export emits) or [1, seq, heads, dim];
+k and v likewise with kv heads. Grouped-query heads share kv heads. A scalar mask means
+"causal"; a full float mask is added to the scores; an int mask zeroes where it is 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+
+
+class KVCache:
+    """[kv_heads, capacity, dim] keys and values; grows by doubling, never re-copied per step."""
+
+    def __init__(self) -> None:
+        self.k: np.ndarray | None = None
+        self.v: np.ndarray | None = None
+        self.length = 0
+
+    def truncate(self, length: int) -> None:
+        self.length = max(0, min(self.length, length))
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+        """k, v: [seq, kv_heads, dim]."""
+        seq, heads, dim = k.shape
+        need = self.length + seq
+        if self.k is None or need > self.k.shape[1]:
+            capacity = max(need, 2 * (self.k.shape[1] if self.k is not None else 64))
+            grown_k = np.zeros((heads, capacity, dim), np.float32)
+            grown_v = np.zeros((heads, capacity, dim), np.float32)
+            if self.k is not None:
+                grown_k[:, :self.length] = self.k[:, :self.length]
+                grown_v[:, :self.length] = self.v[:, :self.length]
+            self.k, self.v = grown_k, grown_v
+        self.k[:, self.length:need] = k.transpose(1, 0, 2)
+        self.v[:, self.length:need] = v.transpose(1, 0, 2)
+        self.length = need
+
+
+def softmax_last(x: np.ndarray) -> np.ndarray:
+    x = x - x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
+
+
+class AttentionExecution(Execution):
+    def __init__(self, backend, use_cache: bool, scale: float, heads: tuple[int, int, int] | None,
+                 cache: KVCache | None = None):
+        super().__init__(backend)
+        self.use_cache = use_cache
+        self.scale = scale
+        self.heads = heads  # (num_head, kv_num_head, head_dim) when q/k/v are packed
+        self.cache = cache if cache is not None else KVCache()
+
+    def _split(self, tensor, kv: bool) -> np.ndarray:
+        x = tensor.storage
+        if x.ndim == 4 and x.shape[2] == 1 and x.shape[3] == 1:
+            if self.heads is None:
+                raise ValueError("packed attention inputs need the head configuration")
+            num_head, kv_num_head, dim = self.heads
+            return x.reshape(x.shape[0], kv_num_head if kv else num_head, dim)
+        return x.reshape(x.shape[-3], x.shape[-2], x.shape[-1])
+
+    def on_execute(self, inputs, outputs) -> None:
+        q = self._split(inputs[0], False)
+        k = self._split(inputs[1], True)
+        v = self._split(inputs[2], True)
+        seq, num_head, dim = q.shape
+        kv_heads = k.shape[1]
+        group = num_head // kv_heads
+        if self.use_cache:
+            meta = self.backend.runtime.hints.get("kv_meta")
+            past = meta.previous - meta.remove if meta is not None else self.cache.length
+            self.cache.truncate(past)
+            past = self.cache.length
+            self.cache.append(k, v)
+            keys = self.cache.k[:, :self.cache.length]
+            values = self.cache.v[:, :self.cache.length]
+        else:
+            past = 0
+            keys, values = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
+        total = keys.shape[1]
+        scale = self.scale if self.scale else 1.0 / np.sqrt(dim)
+        queries = q.reshape(seq, kv_heads, group, dim).transpose(1, 2, 0, 3)  # [kvh, group, seq, dim]
+        scores = np.matmul(queries, keys.transpose(0, 2, 1)[:, None]) * np.float32(scale)
+        self._mask(scores, inputs[3].storage if len(inputs) > 3 else None, past, seq, total)
+        probs = softmax_last(scores)
+        context = np.matmul(probs, values[:, None])  # [kvh, group, seq, dim]
+        outputs[0].storage.reshape(seq, kv_heads, group, dim)[...] = context.transpose(2, 0, 1, 3)
+
+    @staticmethod
+    def _mask(scores: np.ndarray, mask: np.ndarray | None, past: int, seq: int, total: int) -> None:
+        if mask is None or mask.size == 1:
+            if seq > 1:
+                allowed = np.arange(total)[None, :] <= (past + np.arange(seq))[:, None]
+                scores[..., ~allowed] = -np.inf
+            return
+        m = mask.reshape(mask.shape[-2], mask.shape[-1])[-seq:]
+        if np.issubdtype(m.dtype, np.integer):
+            m = np.where(m == 0, -np.inf, 0.0).astype(np.float32)
+        if m.shape[-1] == total:
+            scores += m
+        else:
+            scores[..., total - m.shape[-1]:] += m
+
+    def on_clone(self, backend, op):
+        return AttentionExecution(backend, self.use_cache, self.scale, self.heads, self.cache)
+
+
+def create_attention(backend, inputs, outputs, op):
+    p = op.param
+    heads = op.extra.get("heads")
+    scale = float(getattr(p, "attnScale", 0.0) or 0.0) if p is not None else 0.0
+    use_cache = bool(getattr(p, "kvCache", True)) if p is not None else True
+    return AttentionExecution(backend, use_cache, scale, heads)
+
+
+CREATORS = {"Attention": create_attention}

@@ -1,0 +1,147 @@
+"""BinaryOp, UnaryOp, Cast, Select and friends: numpy ufuncs in the tensor's dtype."""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def _mod(a, b):
+    """MNN's MOD: C fmod for floats, floor-sign-corrected remainder for ints."""
+    if np.issubdtype(np.result_type(a, b), np.floating):
+        return np.fmod(a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.mod(a, b)
+
+
+BINARY = {
+    "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
+    "DIV": lambda a, b: np.divide(a, b) if np.issubdtype(np.result_type(a, b), np.floating) else np.floor_divide(a, b),
+    "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum, "MAXIMUM": np.maximum, "MINIMUM": np.minimum,
+    "POW": np.power, "FLOORDIV": np.floor_divide, "FLOORMOD": np.mod, "MOD": _mod,
+    "SquaredDifference": lambda a, b: np.square(a - b), "ATAN2": np.arctan2,
+    "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal, "LESS": np.less, "LESS_EQUAL": np.less_equal,
+    "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "LOGICALOR": np.logical_or, "LOGICALXOR": np.logical_xor,
+    "BITWISE_AND": np.bitwise_and, "BITWISE_OR": np.bitwise_or, "BITWISE_XOR": np.bitwise_xor,
+    "LEFTSHIFT": np.left_shift, "RIGHTSHIFT": np.right_shift,
+    "MUL_SILU": lambda a, b: a * _silu(b),
+}
+
+UNARY = {
+    "ABS": np.abs, "NEG": np.negative, "FLOOR": np.floor, "CEIL": np.ceil, "SQUARE": np.square,
+    "SQRT": np.sqrt, "RSQRT": lambda x: 1.0 / np.sqrt(x), "EXP": np.exp, "LOG": np.log,
+    "SIN": np.sin, "COS": np.cos, "TAN": np.tan, "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan,
+    "RECIPROCAL": np.reciprocal, "LOG1P": np.log1p, "BNLL": lambda x: np.log1p(np.exp(x)),
+    "ACOSH": np.arccosh, "SINH": np.sinh, "ASINH": np.arcsinh, "ATANH": np.arctanh, "SIGN": np.sign,
+    "ROUND": np.round, "COSH": np.cosh, "EXPM1": np.expm1, "SIGMOID": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "TANH": np.tanh, "HARDSWISH": lambda x: x * np.clip(x + 3, 0, 6) / 6, "SILU": _silu,
+    "GELU": lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
+    "GELU_STANDARD": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2.0))),
+    "ERF": lambda x: _erf(x),
+}
+
+
+def _erf(x):
+    from math import erf
+    return np.vectorize(erf, otypes=[x.dtype])(x)
+
+
+ACTIVATIONS = {0: None, 1: lambda x: np.maximum(x, 0), 2: lambda x: np.clip(x, 0, 6)}
+
+
+class BinaryExecution(Execution):
+    def __init__(self, backend, function, activation):
+        super().__init__(backend)
+        self.function = function
+        self.activation = activation
+
+    def on_execute(self, inputs, outputs) -> None:
+        out = outputs[0].storage
+        result = self.function(inputs[0].storage, inputs[1].storage)
+        if self.activation is not None:
+            result = self.activation(result)
+        out[...] = result
+
+
+class UnaryExecution(Execution):
+    def __init__(self, backend, function):
+        super().__init__(backend)
+        self.function = function
+
+    def on_execute(self, inputs, outputs) -> None:
+        outputs[0].storage[...] = self.function(inputs[0].storage)
+
+
+class CastExecution(Execution):
+    def on_execute(self, inputs, outputs) -> None:
+        outputs[0].storage[...] = inputs[0].storage
+
+
+class SelectExecution(Execution):
+    def on_execute(self, inputs, outputs) -> None:
+        outputs[0].storage[...] = np.where(inputs[0].storage != 0, inputs[1].storage, inputs[2].storage)
+
+
+class FunctionExecution(Execution):
+    def __init__(self, backend, function):
+        super().__init__(backend)
+        self.function = function
+
+    def on_execute(self, inputs, outputs) -> None:
+        outputs[0].storage[...] = self.function(inputs[0].storage)
+
+
+def _binary(backend, inputs, outputs, op):
+    function = BINARY.get(op.extra.get("operation"))
+    if function is None:
+        return None
+    return BinaryExecution(backend, function, ACTIVATIONS.get(int(getattr(op.param, "activationType", 0) or 0)))
+
+
+def _unary(backend, inputs, outputs, op):
+    function = UNARY.get(op.extra.get("operation"))
+    return None if function is None else UnaryExecution(backend, function)
+
+
+def _eltwise(backend, inputs, outputs, op):
+    name = op.extra.get("operation", "SUM")
+    if name not in ("PROD", "SUM", "MAXIMUM", "SUB"):
+        return None
+    reduce = {"PROD": np.multiply, "SUM": np.add, "MAXIMUM": np.maximum, "SUB": np.subtract}[name]
+
+    class Eltwise(Execution):
+        def on_execute(self, ins, outs):
+            acc = ins[0].storage
+            for t in ins[1:]:
+                acc = reduce(acc, t.storage)
+            outs[0].storage[...] = acc
+    return Eltwise(backend)
+
+
+def _softmax(x, axis):
+    x = x - x.max(axis=axis, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _softmax_creator(backend, inputs, outputs, op):
+    axis = int(getattr(op.param, "axis", -1) if op.param is not None else -1)
+    return FunctionExecution(backend, lambda x: _softmax(x, axis))
+
+
+CREATORS = {
+    "BinaryOp": _binary,
+    "UnaryOp": _unary,
+    "Eltwise": _eltwise,
+    "Cast": lambda b, i, o, op: CastExecution(b),
+    "Select": lambda b, i, o, op: SelectExecution(b),
+    "ReLU": lambda b, i, o, op: FunctionExecution(b, lambda x: np.maximum(x, 0) if not getattr(op.param, "slope", 0)
+                                                  else np.where(x > 0, x, x * op.param.slope)),
+    "Sigmoid": lambda b, i, o, op: FunctionExecution(b, UNARY["SIGMOID"]),
+    "TanH": lambda b, i, o, op: FunctionExecution(b, np.tanh),
+    "Softmax": _softmax_creator,
+}

@@ -1,0 +1,44 @@
+"""Convolution 1x1 as a linear layer: weights dequantized once to fp32 [oc, ic] at creation
+(the cpu backend's packing), then one BLAS GEMM/GEMV per run."""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+
+
+class LinearExecution(Execution):
+    def __init__(self, backend, weight: np.ndarray, bias: np.ndarray | None, relu: bool, relu6: bool):
+        super().__init__(backend)
+        self.weight = weight  # [oc, ic] float32, shared by clones
+        self.bias = bias
+        self.relu, self.relu6 = relu, relu6
+
+    def on_execute(self, inputs, outputs) -> None:
+        x = inputs[0].storage
+        rows = x.shape[0]
+        out = outputs[0].storage.reshape(rows, -1)
+        np.dot(x.reshape(rows, -1), self.weight.T, out=out)
+        if self.bias is not None:
+            out += self.bias
+        if self.relu6:
+            np.clip(out, 0, 6, out=out)
+        elif self.relu:
+            np.maximum(out, 0, out=out)
+
+    def on_clone(self, backend, op):
+        return LinearExecution(backend, self.weight, self.bias, self.relu, self.relu6)
+
+
+def create_linear(backend, inputs, outputs, op):
+    common = op.param.common
+    if int(common.kernelX or 1) != 1 or int(common.kernelY or 1) != 1 or int(common.group or 1) != 1:
+        return None
+    weights = op.weights.convolution()
+    dense = weights.dense if weights.dense is not None else weights.quantized.dequantize()
+    dense = np.ascontiguousarray(dense, dtype=np.float32)
+    bias = None if weights.bias is None or not np.any(weights.bias) else weights.bias.astype(np.float32)
+    return LinearExecution(backend, dense, bias, bool(common.relu), bool(common.relu6))
+
+
+CREATORS = {"Convolution": create_linear}

@@ -1,0 +1,73 @@
+"""LayerNorm / RMSNorm, including MNN's fused residual form (two inputs: out0 = a + b,
+out1 = norm(out0)) and group norm."""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+
+
+def normalize(x: np.ndarray, gamma, beta, eps: float, rms: bool) -> np.ndarray:
+    """Normalize over the last axis in fp32."""
+    if rms:
+        y = x / np.sqrt(np.mean(np.square(x), axis=-1, keepdims=True) + eps)
+    else:
+        mean = np.mean(x, axis=-1, keepdims=True)
+        centered = x - mean
+        y = centered / np.sqrt(np.mean(np.square(centered), axis=-1, keepdims=True) + eps)
+    if gamma is not None:
+        y = y * gamma
+    if beta is not None:
+        y = y + beta
+    return y
+
+
+class LayerNormExecution(Execution):
+    def __init__(self, backend, gamma, beta, eps: float, rms: bool, axis_count: int, group: int, channel_axis: bool):
+        super().__init__(backend)
+        self.gamma, self.beta = gamma, beta
+        self.eps, self.rms = eps, rms
+        self.axis_count, self.group = axis_count, group
+        self.channel_axis = channel_axis  # C4 tensors normalize over channels
+
+    def on_execute(self, inputs, outputs) -> None:
+        x = inputs[0].storage
+        if len(inputs) == 2:
+            outputs[0].storage[...] = x + inputs[1].storage
+            x, target = outputs[0].storage, outputs[1].storage
+        else:
+            target = outputs[0].storage
+        if self.channel_axis and x.ndim == 4:
+            moved = np.moveaxis(x, 1, -1)
+            y = normalize(moved, self.gamma, self.beta, self.eps, self.rms)
+            target[...] = np.moveaxis(y, -1, 1)
+            return
+        shape = x.shape
+        inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
+        flat = x.reshape(-1, inner)
+        if self.group > 1:
+            grouped = normalize(flat.reshape(-1, self.group, inner // self.group), None, None, self.eps, self.rms)
+            y = grouped.reshape(-1, inner)
+            if self.gamma is not None:
+                y = y * self.gamma.reshape(-1)
+            if self.beta is not None:
+                y = y + self.beta.reshape(-1)
+        else:
+            y = normalize(flat, self.gamma, self.beta, self.eps, self.rms)
+        target[...] = y.reshape(target.shape)
+
+    def on_clone(self, backend, op):
+        return LayerNormExecution(backend, self.gamma, self.beta, self.eps, self.rms, self.axis_count, self.group,
+                                  self.channel_axis)
+
+
+def create_layernorm(backend, inputs, outputs, op):
+    param = op.param
+    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    axis = list(param.axis) if param.axis is not None else [-1]
+    channel_axis = op.extra.get("format") == "NC4HW4"
+    return LayerNormExecution(backend, gamma, beta, float(param.epsilon or 0.0), bool(param.useRmsnorm),
+                              max(1, len(axis)), int(param.group or 1), channel_axis)
+
+
+CREATORS = {"LayerNorm": create_layernorm}

@@ -1,0 +1,82 @@
+"""Ops that move data by run-time values (Gather with run-time indices), MatMul, Reduction."""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+
+
+class GatherExecution(Execution):
+    def __init__(self, backend, axis_from_input: bool, axis: int):
+        super().__init__(backend)
+        self.axis_from_input, self.axis = axis_from_input, axis
+
+    def on_execute(self, inputs, outputs) -> None:
+        params = inputs[0].storage
+        axis = int(inputs[2].storage.reshape(-1)[0]) if self.axis_from_input else self.axis
+        axis = axis + params.ndim if axis < 0 else axis
+        extent = params.shape[axis]
+        index = inputs[1].storage.astype(np.int64)
+        index = np.where(index < 0, index + extent, index)
+        valid = (index >= 0) & (index < extent)
+        result = np.take(params, np.where(valid, index, 0), axis=axis)
+        if not valid.all():  # MNN writes zeros for out-of-range indices
+            shape = [1] * axis + list(index.shape) + [1] * (params.ndim - axis - 1)
+            result = result * valid.reshape(shape)
+        outputs[0].storage[...] = result
+
+
+class MatMulExecution(Execution):
+    def __init__(self, backend, transpose_a: bool, transpose_b: bool):
+        super().__init__(backend)
+        self.ta, self.tb = transpose_a, transpose_b
+
+    def on_execute(self, inputs, outputs) -> None:
+        a, b = inputs[0].storage, inputs[1].storage
+        a = np.swapaxes(a, -1, -2) if self.ta else a
+        b = np.swapaxes(b, -1, -2) if self.tb else b
+        result = np.matmul(a, b)
+        if len(inputs) > 2:
+            result = result + inputs[2].storage
+        outputs[0].storage[...] = result
+
+
+REDUCE = {
+    "SUM": np.sum, "MEAN": np.mean, "MAXIMUM": np.max, "MINIMUM": np.min, "PROD": np.prod,
+    "ANY": np.any, "ALL": np.all,
+    "ASUM": lambda x, axis, keepdims: np.sum(np.abs(x), axis=axis, keepdims=keepdims),
+    "SUMSQ": lambda x, axis, keepdims: np.sum(np.square(x), axis=axis, keepdims=keepdims),
+}
+
+
+class ReductionExecution(Execution):
+    def __init__(self, backend, function, axes, keep):
+        super().__init__(backend)
+        self.function, self.axes, self.keep = function, axes, keep
+
+    def on_execute(self, inputs, outputs) -> None:
+        x = inputs[0].storage
+        axes = tuple(range(x.ndim)) if not self.axes else tuple(a % x.ndim for a in self.axes)
+        outputs[0].storage[...] = self.function(x, axis=axes, keepdims=True).reshape(outputs[0].shape)
+
+
+def _gather(backend, inputs, outputs, op):
+    return GatherExecution(backend, len(inputs) > 2, int(getattr(op.param, "axis", 0) or 0) if op.param else 0)
+
+
+def _matmul(backend, inputs, outputs, op):
+    p = op.param
+    return MatMulExecution(backend, bool(getattr(p, "transposeA", False)), bool(getattr(p, "transposeB", False)))
+
+
+def _reduction(backend, inputs, outputs, op):
+    p = op.param
+    function = REDUCE.get(op.extra.get("operation"))
+    if function is None or len(inputs) > 1:
+        return None
+    axes = [int(d) for d in (p.dim if p.dim is not None else [])]
+    return ReductionExecution(backend, function, axes, bool(p.keepDims))
+
+
+CREATORS = {"GatherV2": _gather, "Gather": _gather, "MatMul": _matmul, "BatchMatMul": _matmul,
+            "Reduction": _reduction}

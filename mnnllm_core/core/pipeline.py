@@ -1,0 +1,263 @@
+"""MNN's Pipeline: encode the ops for the current shapes, place them, allocate, execute.
+
+encode():   shape inference; shape-only ops (Shape, Rank) and everything computable from
+            constants are folded on the host; pure data-movement ops are lowered to Raster
+            regions (geometry); the rest stay ops.
+place():    one Execution per command on the session's backend, or on the backup cpu
+            backend when on_create returns None; copies inserted between backends.
+allocate(): buffers acquired in execution order and released after their last use.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import BackendError, UnsupportedError
+from ..geometry.transform import lower
+from .backend import Backend, Execution
+from .op import Op
+from .schedule import ScheduleInfo
+from .size_computer import compute_size
+from .tensor import Tensor
+
+log = logging.getLogger(__name__)
+
+STATEFUL = {"Attention", "Input"}  # never folded, even with constant inputs
+MULTI_SOURCE_RASTER = {"Concat"}
+
+
+@dataclass
+class Command:
+    op: Op
+    inputs: list[Tensor]
+    outputs: list[Tensor]
+    node: int | None = None  # index of the graph op (None for core-made commands)
+    backend: Backend | None = None
+    execution: Execution | None = None
+
+
+@dataclass
+class Placement:
+    """Which backend ran which ops, and why any op fell back."""
+
+    ops: Counter = field(default_factory=Counter)  # backend name -> commands
+    by_type: dict = field(default_factory=lambda: defaultdict(Counter))  # backend -> op type -> count
+    fallbacks: list[dict] = field(default_factory=list)
+    copies: int = 0
+    folded: int = 0
+
+    def summary(self) -> dict:
+        return {
+            "ops_per_backend": dict(self.ops),
+            "op_types_per_backend": {b: dict(c) for b, c in self.by_type.items()},
+            "fallbacks": list(self.fallbacks),
+            "copies": self.copies,
+            "folded_at_resize": self.folded,
+        }
+
+
+class _CopyExecution(Execution):
+    def on_execute(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
+        outputs[0].backend.on_copy_buffer(inputs[0], outputs[0])
+
+
+class Pipeline:
+    def __init__(self, info: ScheduleInfo, backend: Backend, backup: Backend,
+                 executions: dict[int, tuple[Backend, Execution]] | None = None,
+                 allow_fallback: bool = True):
+        self.info = info
+        self.backend = backend
+        self.backup = backup
+        self.allow_fallback = allow_fallback
+        self.executions = executions if executions is not None else {}
+        self.tensors = [Tensor(i, name) for i, name in enumerate(info.tensor_names)]
+        for index, value in info.constants.items():
+            self.tensors[index].host = value
+            self.tensors[index].shape = tuple(value.shape)
+            self.tensors[index].dtype = value.dtype
+        self.nodes = self._needed_nodes()
+        self.commands: list[Command] = []
+        self.placement = Placement()
+        self.profile: dict[tuple[str, str], float] | None = None
+
+    def _needed_nodes(self) -> list[int]:
+        """Indexes of the ops the requested outputs depend on (MNN prunes the rest)."""
+        producer = {}
+        for i, node in enumerate(self.info.nodes):
+            for t in node.outputs:
+                producer[t] = i
+        needed, stack = set(), list(self.info.output_indexes.values())
+        while stack:
+            i = producer.get(stack.pop())
+            if i is None or i in needed:
+                continue
+            needed.add(i)
+            stack.extend(self.info.nodes[i].inputs)
+        return sorted(needed)
+
+    # -- encode ------------------------------------------------------------------
+    def encode(self, input_shapes: dict[str, tuple[int, ...]], shape_values: dict[str, np.ndarray]) -> None:
+        for tensor in self.tensors:
+            if tensor.index not in self.info.constants:
+                tensor.host, tensor.backend, tensor.storage, tensor.shape = None, None, None, ()
+        for name, index in self.info.input_indexes.items():
+            tensor = self.tensors[index]
+            tensor.shape = tuple(int(d) for d in input_shapes[name])
+            tensor.dtype = self.info.input_dtypes[name]
+            if name in shape_values:
+                tensor.host = np.asarray(shape_values[name], dtype=tensor.dtype).reshape(tensor.shape)
+        self.placement = Placement()
+        commands = []
+        for i in self.nodes:
+            node = self.info.nodes[i]
+            op = node.op
+            if op.type in ("Input", "Const"):
+                continue
+            inputs = [self.tensors[t] for t in node.inputs]
+            outputs = [self.tensors[t] for t in node.outputs]
+            for tensor, (shape, dtype) in zip(outputs, compute_size(op, inputs)):
+                tensor.shape, tensor.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+            if op.type == "Shape":
+                outputs[0].host = np.asarray(inputs[0].shape, dtype=np.int32).reshape(outputs[0].shape)
+            elif op.type == "Rank":
+                outputs[0].host = np.asarray(len(inputs[0].shape), dtype=np.int32)
+            else:
+                raster = lower(op, inputs, outputs)
+                if raster is not None:
+                    sources = inputs if op.type in MULTI_SOURCE_RASTER else inputs[:1]
+                    command = Command(Op("Raster", op.name, raster, op.index), sources, outputs)
+                else:
+                    command = Command(op, inputs, outputs, node=i)
+                if op.type not in STATEFUL and all(t.host is not None for t in command.inputs):
+                    self._fold(command)
+                    continue
+                commands.append(command)
+                continue
+            self.placement.folded += 1
+        self.commands = commands
+
+    def _fold(self, command: Command) -> None:
+        """Compute a command whose inputs are all known now, on the backup backend."""
+        backup = self.backup
+        inputs = [Tensor(t.index, t.name, t.shape, t.dtype, backend=backup) for t in command.inputs]
+        outputs = [Tensor(t.index, t.name, t.shape, t.dtype, backend=backup) for t in command.outputs]
+        for tensor, source in zip(inputs, command.inputs):
+            backup.on_acquire_buffer(tensor)
+            backup.upload(tensor, source.host)
+        for tensor in outputs:
+            backup.on_acquire_buffer(tensor)
+        execution = backup.on_create(inputs, outputs, command.op)
+        if execution is None:
+            raise UnsupportedError(f"cannot fold {command.op.type} {command.op.name!r}: the backup backend "
+                                   f"{backup.name} has no kernel for it", field="type")
+        execution.on_resize(inputs, outputs)
+        execution.on_execute(inputs, outputs)
+        for tensor, target in zip(outputs, command.outputs):
+            target.host = np.array(backup.download(tensor), copy=True).reshape(target.shape)
+        self.placement.folded += 1
+
+    # -- place -------------------------------------------------------------------
+    def place(self) -> None:
+        placed: list[Command] = []
+        mirrors: dict[tuple[int, str], Tensor] = {}
+        for name, index in self.info.input_indexes.items():
+            self.tensors[index].backend = self.backend
+        for command in self.commands:
+            backend, execution = self._create(command)
+            inputs = []
+            for tensor in command.inputs:
+                if tensor.host is None and tensor.backend is backend:
+                    inputs.append(tensor)
+                    continue
+                key = (tensor.index, backend.name)
+                mirror = mirrors.get(key)
+                if mirror is None:
+                    mirror = Tensor(tensor.index, tensor.name, tensor.shape, tensor.dtype, backend=backend)
+                    mirrors[key] = mirror
+                    if tensor.host is not None:
+                        mirror.host = tensor.host
+                    else:
+                        placed.append(Command(Op("Copy", f"copy {tensor.name}"), [tensor], [mirror],
+                                              backend=backend, execution=_CopyExecution(backend)))
+                        self.placement.copies += 1
+                inputs.append(mirror)
+            for tensor in command.outputs:
+                tensor.backend = backend
+            command.inputs, command.backend, command.execution = inputs, backend, execution
+            placed.append(command)
+            self.placement.ops[backend.name] += 1
+            self.placement.by_type[backend.name][command.op.type] += 1
+        self.commands = placed
+
+    def _create(self, command: Command) -> tuple[Backend, Execution]:
+        if command.node is not None and command.node in self.executions:
+            return self.executions[command.node]
+        op = command.op
+        execution = self.backend.on_create(command.inputs, command.outputs, op)
+        backend = self.backend
+        if execution is None and self.backup is not self.backend:
+            reason = (f"{self.backend.name} has no {op.type} kernel" if op.type not in self.backend.creators
+                      else f"{self.backend.name} refused this {op.type}")
+            if not self.allow_fallback:
+                raise BackendError(f"op {op.type} {op.name!r} cannot run on {self.backend.name} ({reason}) "
+                                   f"and allow_fallback is false", field="allow_fallback")
+            execution, backend = self.backup.on_create(command.inputs, command.outputs, op), self.backup
+            self.placement.fallbacks.append({"op": op.name, "type": op.type, "to": backend.name, "reason": reason})
+        if execution is None:
+            raise UnsupportedError(f"op type {op.type} ({op.name!r}) has no kernel on {backend.name}", field="type")
+        if command.node is not None:
+            self.executions[command.node] = (backend, execution)
+        return backend, execution
+
+    # -- allocate ----------------------------------------------------------------
+    def allocate(self) -> None:
+        for backend in {self.backend, self.backup}:
+            backend.on_clear_buffer()
+            backend.on_resize_begin()
+        keep = {id(self.tensors[i]) for i in self.info.output_indexes.values()}
+        for index in self.info.input_indexes.values():
+            tensor = self.tensors[index]
+            keep.add(id(tensor))
+            tensor.backend.on_acquire_buffer(tensor)
+        last_use = {}
+        for position, command in enumerate(self.commands):
+            for tensor in command.inputs:
+                last_use[id(tensor)] = position
+        uploaded = set()
+        for position, command in enumerate(self.commands):
+            for tensor in command.inputs:
+                if tensor.host is not None and id(tensor) not in uploaded:
+                    tensor.backend.on_acquire_buffer(tensor)
+                    tensor.backend.upload(tensor, tensor.host)
+                    uploaded.add(id(tensor))
+                    keep.add(id(tensor))
+            for tensor in command.outputs:
+                tensor.backend.on_acquire_buffer(tensor)
+            command.execution.on_resize(command.inputs, command.outputs)
+            for tensor in command.inputs:
+                if last_use[id(tensor)] == position and id(tensor) not in keep:
+                    tensor.backend.on_release_buffer(tensor)
+        for backend in {self.backend, self.backup}:
+            backend.on_resize_end()
+
+    # -- execute -----------------------------------------------------------------
+    def execute(self) -> None:
+        for backend in (self.backend, self.backup):
+            backend.on_execute_begin()
+        if self.profile is None:
+            for command in self.commands:
+                command.execution.on_execute(command.inputs, command.outputs)
+        else:
+            for command in self.commands:
+                start = time.perf_counter()
+                command.execution.on_execute(command.inputs, command.outputs)
+                command.backend.on_execute_end()
+                key = (command.backend.name, command.op.type)
+                self.profile[key] = self.profile.get(key, 0.0) + time.perf_counter() - start
+        for backend in (self.backend, self.backup):
+            backend.on_execute_end()

@@ -1,0 +1,94 @@
+"""MNN's Session: owns the Pipeline; resize() = encode + place + allocate, run() = execute."""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import MnnllmError
+from .backend import Backend
+from .pipeline import Command, Pipeline
+from .schedule import ScheduleInfo
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    def __init__(self, info: ScheduleInfo, backend: Backend, backup: Backend, allow_fallback: bool = True,
+                 executions: dict | None = None):
+        self.info = info
+        self.pipeline = Pipeline(info, backend, backup, executions, allow_fallback)
+        self.resize_count = 0
+        self._key: tuple | None = None
+
+    @property
+    def backend(self) -> Backend:
+        return self.pipeline.backend
+
+    def prepare_executions(self) -> int:
+        """Create each weighted op's Execution now (the backend packs its weights), then drop
+        the raw weights from the op, as StaticModule does with `rearrange`."""
+        created = 0
+        pipeline = self.pipeline
+        for i in pipeline.nodes:
+            node = self.info.nodes[i]
+            if node.op.weights is None or i in pipeline.executions:
+                continue
+            inputs = [pipeline.tensors[t] for t in node.inputs]
+            outputs = [pipeline.tensors[t] for t in node.outputs]
+            pipeline._create(Command(node.op, inputs, outputs, node=i))
+            node.op.weights = None
+            created += 1
+        return created
+
+    def resize_key(self, feeds: dict[str, np.ndarray]) -> tuple:
+        """What decides the encoding: every input's shape, and the content of shape inputs."""
+        shapes = tuple((n, tuple(np.shape(feeds[n]))) for n in sorted(feeds))
+        values = tuple((n, np.asarray(feeds[n]).tobytes()) for n in self.info.shape_inputs if n in feeds)
+        return shapes + values
+
+    def needs_resize(self, feeds: dict[str, np.ndarray]) -> bool:
+        return self._key != self.resize_key(feeds)
+
+    def resize(self, feeds: dict[str, np.ndarray]) -> None:
+        """Encode for these inputs' shapes (and shape-input values), place, allocate."""
+        missing = set(self.info.input_indexes) - set(feeds)
+        if missing:
+            raise MnnllmError(f"missing inputs {sorted(missing)}", file=self.info.path, field="inputs")
+        shapes = {n: tuple(np.shape(v)) for n, v in feeds.items()}
+        values = {n: feeds[n] for n in self.info.shape_inputs if n in feeds}
+        self.pipeline.encode(shapes, values)
+        self.pipeline.place()
+        self.pipeline.allocate()
+        self._key = self.resize_key(feeds)
+        self.resize_count += 1
+        log.debug("resized %s: %d commands", self.info.path, len(self.pipeline.commands))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> None:
+        tensors = self.pipeline.tensors
+        for name, value in feeds.items():
+            tensor = tensors[self.info.input_indexes[name]]
+            tensor.backend.upload(tensor, np.ascontiguousarray(value, dtype=tensor.dtype))
+        self.pipeline.execute()
+
+    def output(self, name: str) -> np.ndarray:
+        tensor = self.pipeline.tensors[self.info.output_indexes[name]]
+        if tensor.host is not None:
+            return tensor.host
+        return tensor.backend.download(tensor)
+
+    def outputs(self, names: Sequence[str]) -> list[np.ndarray]:
+        return [self.output(n) for n in names]
+
+    def clone(self, backend: Backend, backup: Backend) -> "Session":
+        """A session on the same graph whose executions share this one's packed weights."""
+        executions = {}
+        for index, (owner, execution) in self.pipeline.executions.items():
+            target = backend if owner is self.pipeline.backend else backup
+            twin = execution.on_clone(target, self.info.nodes[index].op)
+            if twin is None:
+                raise MnnllmError(f"{owner.name} execution of {self.info.nodes[index].op.name!r} cannot be cloned",
+                                  file=self.info.path)
+            executions[index] = (target, twin)
+        return Session(self.info, backend, backup, self.pipeline.allow_fallback, executions)

@@ -1,0 +1,214 @@
+"""Output shapes and dtypes of each op type (MNN's SizeComputer), computed at resize."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from ..geometry.shape_args import (concat_axis, gather_axis, normalize_axis, permute_axes,
+                                   reshape_dims, squeeze_axes, strided_slice_output_shape,
+                                   strided_slice_plan)
+from .dtypes import FLOAT32, INT32, runtime_dtype
+from .op import Op
+from .tensor import Tensor
+
+Shape = tuple[int, ...]
+Result = list[tuple[Shape, np.dtype]]
+COMPARISONS = {"GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL", "EQUAL", "NOTEQUAL",
+               "LOGICALOR", "LOGICALXOR"}
+
+
+def _param(op: Op, name: str, default=None):
+    value = getattr(op.param, name, None) if op.param is not None else None
+    return default if value is None else value
+
+
+def broadcast(*shapes: Shape) -> Shape:
+    try:
+        return tuple(int(d) for d in np.broadcast_shapes(*shapes))
+    except ValueError as err:
+        raise UnsupportedError(f"shapes {shapes} do not broadcast") from err
+
+
+def _same(op, ins) -> Result:
+    return [(ins[0].shape, ins[0].dtype)]
+
+
+def _layernorm(op, ins) -> Result:
+    return [(ins[0].shape, ins[0].dtype)] * (2 if len(ins) == 2 else 1)
+
+
+def _binary(op, ins) -> Result:
+    dtype = INT32 if op.extra.get("operation") in COMPARISONS else ins[0].dtype
+    return [(broadcast(ins[0].shape, ins[1].shape), dtype)]
+
+
+def _convolution(op, ins) -> Result:
+    common = op.param.common
+    shape = list(ins[0].shape)
+    if len(shape) == 2:
+        return [((shape[0], int(common.outputCount)), ins[0].dtype)]
+    kx, ky = int(common.kernelX or 1), int(common.kernelY or 1)
+    if (kx, ky) != (1, 1) or int(common.strideX or 1) != 1 or int(common.strideY or 1) != 1:
+        raise UnsupportedError(f"Convolution {op.name!r}: only 1x1 stride-1 convolutions (linear layers) "
+                               f"are supported, got kernel {kx}x{ky}", field="common.kernelX")
+    shape[1] = int(common.outputCount)
+    return [(tuple(shape), ins[0].dtype)]
+
+
+def _rope(op, ins) -> Result:
+    return [(ins[0].shape, ins[0].dtype), (ins[1].shape, ins[1].dtype)]
+
+
+def _attention(op, ins) -> Result:
+    q = ins[0].shape
+    if len(q) == 4 and q[2] == 1 and q[3] == 1:  # packed [seq, heads*dim, 1, 1]
+        return [(q, ins[0].dtype)]
+    if bool(_param(op, "outputC4", False)):
+        return [((q[0] * q[1], q[2] * q[3], 1, 1), ins[0].dtype)]
+    return [((q[0], q[1], q[2] * q[3]), ins[0].dtype)]
+
+
+def _cast(op, ins) -> Result:
+    return [(ins[0].shape, runtime_dtype(_param(op, "dstT"), FLOAT32))]
+
+
+def _shape(op, ins) -> Result:
+    return [((len(ins[0].shape),), INT32)]
+
+
+def _rank(op, ins) -> Result:
+    return [((), INT32)]
+
+
+def _gather(op, ins) -> Result:
+    axis = gather_axis(op, ins)
+    params = ins[0].shape
+    return [(params[:axis] + tuple(ins[1].shape) + params[axis + 1:], ins[0].dtype)]
+
+
+def _concat(op, ins) -> Result:
+    rank = len(ins[0].shape)
+    axis = concat_axis(op, rank)
+    shape = list(ins[0].shape)
+    shape[axis] = sum(t.shape[axis] for t in ins)
+    return [(tuple(shape), ins[0].dtype)]
+
+
+def _strided_slice(op, ins) -> Result:
+    plan = strided_slice_plan(op, ins)
+    if plan is None:
+        raise UnsupportedError(f"StridedSlice {op.name!r}: bounds known only at run time", field="begin")
+    return [(tuple(strided_slice_output_shape(op, ins, plan[2])), ins[0].dtype)]
+
+
+def _squeeze(op, ins) -> Result:
+    shape = list(ins[0].shape)
+    axes = squeeze_axes(op, ins)
+    if axes is None:
+        return [(tuple(d for d in shape if d != 1), ins[0].dtype)]
+    drop = {normalize_axis(a, len(shape)) for a in axes}
+    return [(tuple(d for i, d in enumerate(shape) if i not in drop), ins[0].dtype)]
+
+
+def _unsqueeze(op, ins) -> Result:
+    shape = list(ins[0].shape)
+    axes = squeeze_axes(op, ins) or []
+    rank = len(shape) + len(axes)
+    for axis in sorted(normalize_axis(a, rank) for a in axes):
+        shape.insert(axis, 1)
+    return [(tuple(shape), ins[0].dtype)]
+
+
+def _expand_dims(op, ins) -> Result:
+    axis = int(ins[1].host.reshape(-1)[0]) if len(ins) > 1 and ins[1].host is not None else int(_param(op, "axis", 0))
+    shape = list(ins[0].shape)
+    shape.insert(normalize_axis(axis, len(shape) + 1), 1)
+    return [(tuple(shape), ins[0].dtype)]
+
+
+def _reshape(op, ins) -> Result:
+    source = ins[0].shape
+    dims = reshape_dims(op, ins)
+    shape = [source[i] if d == 0 and i < len(source) else d for i, d in enumerate(dims)]
+    total = int(np.prod(source, dtype=np.int64))
+    if shape.count(-1) == 1:
+        known = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+        shape[shape.index(-1)] = total // known if known else 0
+    if int(np.prod(shape, dtype=np.int64)) != total:
+        raise UnsupportedError(f"Reshape {op.name!r}: cannot reshape {source} to {dims}", field="dims")
+    return [(tuple(shape), ins[0].dtype)]
+
+
+def _flatten(op, ins) -> Result:
+    axis = normalize_axis(int(_param(op, "axis", 1)), len(ins[0].shape))
+    shape = ins[0].shape
+    return [((int(np.prod(shape[:axis], dtype=np.int64)), int(np.prod(shape[axis:], dtype=np.int64))), ins[0].dtype)]
+
+
+def _permute(op, ins) -> Result:
+    axes = permute_axes(op, ins)
+    if axes is None:
+        raise UnsupportedError(f"{op.type} {op.name!r}: permutation known only at run time", field="dims")
+    return [(tuple(ins[0].shape[a] for a in axes), ins[0].dtype)]
+
+
+def _matmul(op, ins) -> Result:
+    a, b = list(ins[0].shape), list(ins[1].shape)
+    if bool(_param(op, "transposeA", False)):
+        a[-2], a[-1] = a[-1], a[-2]
+    if bool(_param(op, "transposeB", False)):
+        b[-2], b[-1] = b[-1], b[-2]
+    batch = broadcast(tuple(a[:-2]), tuple(b[:-2]))
+    return [(batch + (a[-2], b[-1]), ins[0].dtype)]
+
+
+def _reduction(op, ins) -> Result:
+    shape = list(ins[0].shape)
+    dims = _param(op, "dim")
+    if len(ins) > 1 and ins[1].host is not None:
+        dims = ins[1].host.reshape(-1).tolist()
+    axes = sorted({normalize_axis(int(d), len(shape)) for d in dims}) if dims is not None and len(dims) else list(range(len(shape)))
+    keep = bool(_param(op, "keepDims", False))
+    out = [1 if i in axes else d for i, d in enumerate(shape)] if keep else [d for i, d in enumerate(shape) if i not in axes]
+    return [(tuple(out), ins[0].dtype)]
+
+
+def _select(op, ins) -> Result:
+    return [(broadcast(ins[0].shape, ins[1].shape, ins[2].shape), ins[1].dtype)]
+
+
+def _fill(op, ins) -> Result:
+    return [(tuple(int(v) for v in ins[0].host.reshape(-1)), ins[1].dtype)]
+
+
+def _range(op, ins) -> Result:
+    start, limit, delta = (ins[i].host.reshape(-1)[0] for i in range(3))
+    count = max(0, int(np.ceil((limit - start) / delta)))
+    return [((count,), ins[0].dtype)]
+
+
+SIZE_COMPUTERS: dict[str, Callable[[Op, Sequence[Tensor]], Result]] = {
+    "Convolution": _convolution, "LayerNorm": _layernorm, "RoPE": _rope, "Attention": _attention,
+    "BinaryOp": _binary, "UnaryOp": _same, "Eltwise": _same, "ReLU": _same, "Sigmoid": _same,
+    "Softmax": _same, "TanH": _same, "Cast": _cast, "Shape": _shape, "Rank": _rank,
+    "GatherV2": _gather, "Gather": _gather, "Concat": _concat, "StridedSlice": _strided_slice,
+    "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "ExpandDims": _expand_dims, "Reshape": _reshape,
+    "Flatten": _flatten, "ConvertTensor": _same, "Permute": _permute, "Transpose": _permute,
+    "MatMul": _matmul, "BatchMatMul": _matmul, "Reduction": _reduction, "Select": _select,
+    "Fill": _fill, "Range": _range,
+}
+
+
+def compute_size(op: Op, inputs: Sequence[Tensor]) -> Result:
+    computer = SIZE_COMPUTERS.get(op.type)
+    if computer is None:
+        raise UnsupportedError(f"op type {op.type} ({op.name!r}) is not supported: no shape rule", field="type")
+    try:
+        results = computer(op, inputs)
+    except (IndexError, ValueError, TypeError, AttributeError) as err:
+        shapes = [t.shape for t in inputs]
+        raise UnsupportedError(f"{op.type} {op.name!r}: cannot compute the output shape from inputs {shapes}: "
+                               f"{err}", field="inputIndexes") from err
+    return results

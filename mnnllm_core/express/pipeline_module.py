@@ -1,0 +1,187 @@
+"""MNN's PipelineModule::load: turn the parsed Net into ops, constant tensors and a ScheduleInfo.
+
+Constants come from Const ops (inline, or external in the weight file); inputs whose
+*content* decides shapes (e.g. `logits_index`, which picks the slice of hidden states
+the lm_head sees) are found here, so a static module knows to re-resize when they change.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ..core.dtypes import runtime_dtype
+from ..core.op import Op
+from ..core.schedule import OpNode, ScheduleInfo
+from ..errors import FormatError, UnsupportedError
+from ..schema.MNN.BinaryOpOperation import BinaryOpOperation
+from ..schema.MNN.EltwiseType import EltwiseType
+from ..schema.MNN.MNN_DATA_FORMAT import MNN_DATA_FORMAT
+from ..schema.MNN.ReductionType import ReductionType
+from ..schema.MNN.UnaryOpOperation import UnaryOpOperation
+from ..schema.reader import op_type_name
+from .op_weights import OpWeights
+from .weight_file import ExternalWeightFile
+
+log = logging.getLogger(__name__)
+
+WEIGHTED = {"Convolution", "LayerNorm"}
+CONTROL_FLOW = {"While", "If", "Loop"}
+# input positions of each op type that are read as shape arguments at resize time
+SHAPE_ARGUMENTS = {
+    "StridedSlice": (1, 2, 3, 4), "Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "ExpandDims": (1,),
+    "GatherV2": (2,), "Gather": (2,), "Permute": (1,), "Transpose": (1,), "Fill": (0,), "Range": (0, 1, 2),
+    "Reduction": (1,),
+}
+
+
+def _enum_names(enum_class) -> dict[int, str]:
+    return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+OPERATION_NAMES = {
+    "BinaryOp": (_enum_names(BinaryOpOperation), "opType"),
+    "UnaryOp": (_enum_names(UnaryOpOperation), "opType"),
+    "Reduction": (_enum_names(ReductionType), "operation"),
+    "Eltwise": (_enum_names(EltwiseType), "type"),
+}
+FORMAT_NAMES = _enum_names(MNN_DATA_FORMAT)
+
+
+@dataclass
+class NetInfo:
+    uuid: str
+    version: str
+    biz_code: str
+    metadata: dict
+    inputs: list[str]
+    outputs: list[str]
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else (value or "")
+
+
+def blob_to_array(blob, op_name: str, weight_file: ExternalWeightFile | None, path: str) -> np.ndarray:
+    dtype = runtime_dtype(blob.dataType)
+    shape = tuple(int(d) for d in blob.dims) if blob.dims is not None else ()
+    if blob.external is not None and len(blob.external) >= 2:
+        if weight_file is None:
+            raise FormatError(f"const {op_name!r} is external but there is no weight file", file=path, field="external")
+        offset, size = int(blob.external[0]), int(blob.external[1])
+        raw = weight_file.read(offset, size, op_name=op_name, field="external")
+        source = {1: "<f4", 3: "<i4", 4: "u1", 6: "i1", 9: "<i8", 19: "<f2"}.get(int(blob.dataType), "<f4")
+        data = raw.view(source)
+    else:
+        data = next((v for v in (blob.float32s, blob.int32s, blob.int64s, blob.uint8s, blob.int8s) if v is not None),
+                    np.zeros(0, dtype))
+    array = np.asarray(data).astype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    if array.size != count:
+        if shape == () and array.size > 1:
+            shape = (array.size,)
+        else:
+            raise FormatError(f"const {op_name!r} has {array.size} values for dims {list(shape)}",
+                              file=path, field="dims")
+    return array.reshape(shape)
+
+
+def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
+                   inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> tuple[ScheduleInfo, NetInfo]:
+    names = [_text(n) for n in (net.tensorName or [])]
+    nodes, constants, input_ops = [], {}, {}
+    for i, raw in enumerate(net.oplists or []):
+        op_type = op_type_name(raw.type)
+        name = _text(raw.name) or f"{op_type}{i}"
+        if op_type in CONTROL_FLOW:
+            raise UnsupportedError(f"{op_type} op {name!r}: control-flow sub-modules are not supported", file=path,
+                                   field="oplists")
+        extra = {"format": FORMAT_NAMES.get(raw.defaultDimentionFormat, "NHWC")}
+        if op_type in OPERATION_NAMES:
+            table, field = OPERATION_NAMES[op_type]
+            extra["operation"] = table.get(int(getattr(raw.main, field, 0) or 0)) if raw.main is not None else None
+        has_external = raw.main is not None and getattr(raw.main, "external", None) is not None
+        weights = OpWeights(name, raw.main, weight_file, path) if op_type in WEIGHTED and raw.main is not None else None
+        op = Op(op_type, name, raw.main, i, weights, extra)
+        in_idx = [int(t) for t in (raw.inputIndexes if raw.inputIndexes is not None else [])]
+        out_idx = [int(t) for t in (raw.outputIndexes if raw.outputIndexes is not None else [])]
+        for t in in_idx + out_idx:
+            if not 0 <= t < len(names):
+                raise FormatError(f"op {name!r} refers to tensor {t}, the net has {len(names)}", file=path,
+                                  field="oplists.inputIndexes")
+        if op_type == "Const":
+            constants[out_idx[0]] = blob_to_array(raw.main, name, weight_file if has_external else None, path)
+        if op_type == "Input":
+            input_ops[names[out_idx[0]]] = (out_idx[0], runtime_dtype(getattr(raw.main, "dtype", 1)))
+        nodes.append(OpNode(op, in_idx, out_idx))
+    _annotate_attention_heads(nodes)
+    input_names = list(inputs) or list(input_ops)
+    for n in input_names:
+        if n not in input_ops:
+            raise UnsupportedError(f"input {n!r} is not an Input of the graph", file=path, field="inputs")
+    output_names = list(outputs) or _default_outputs(net, names, nodes)
+    index_of = {n: i for i, n in enumerate(names)}
+    for n in output_names:
+        if n not in index_of:
+            raise FormatError(f"output {n!r} is not a tensor of the graph", file=path, field="outputName")
+    info = ScheduleInfo(nodes, names, constants,
+                        {n: input_ops[n][0] for n in input_names}, {n: input_ops[n][1] for n in input_names},
+                        {n: index_of[n] for n in output_names}, path)
+    info.shape_inputs = _shape_inputs(info)
+    extra = net.extraInfo
+    net_info = NetInfo(_text(net.mnnUuid), _text(getattr(extra, "version", None)), _text(net.bizCode),
+                       _metadata(extra), input_names, output_names)
+    return info, net_info
+
+
+def _metadata(extra) -> dict:
+    if extra is None:
+        return {}
+    meta = {"name": _text(getattr(extra, "name", None))}
+    buffer = getattr(extra, "buffer", None)
+    if buffer is not None and len(buffer):
+        meta["buffer_bytes"] = len(buffer)
+    return meta
+
+
+def _default_outputs(net, names: list[str], nodes: list[OpNode]) -> list[str]:
+    """As loadInternal does: the Net's outputName, else tensors produced but never consumed."""
+    if net.outputName:
+        return [_text(n) for n in net.outputName]
+    consumed = {t for node in nodes for t in node.inputs}
+    return [names[t] for node in nodes for t in node.outputs if t not in consumed and node.op.type != "Const"]
+
+
+def _annotate_attention_heads(nodes: list[OpNode]) -> None:
+    """Exports whose AttentionParam has no head layout take it from the RoPE feeding it."""
+    producer = {t: node for node in nodes for t in node.outputs}
+    for node in nodes:
+        if node.op.type != "Attention" or not node.inputs:
+            continue
+        source = producer.get(node.inputs[0])
+        p = source.op.param if source is not None and source.op.type == "RoPE" else None
+        if p is not None and p.numHead and p.kvNumHead and p.headDim:
+            node.op.extra["heads"] = (int(p.numHead), int(p.kvNumHead), int(p.headDim))
+
+
+def _shape_inputs(info: ScheduleInfo) -> list[str]:
+    """Graph inputs whose values (not just shapes) reach a shape argument."""
+    producer = {t: node for node in info.nodes for t in node.outputs}
+    input_of = {i: n for n, i in info.input_indexes.items()}
+    found, seen = set(), set()
+    stack = [node.inputs[k] for node in info.nodes for k in SHAPE_ARGUMENTS.get(node.op.type, ())
+             if k < len(node.inputs)]
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in input_of:
+            found.add(input_of[t])
+            continue
+        node = producer.get(t)
+        if node is not None and node.op.type not in ("Shape", "Rank", "Input"):
+            stack.extend(node.inputs)
+    return sorted(found)
