@@ -1,0 +1,13 @@
+"""mnnllm: run LLMs exported in the MNN-LLM format on pluggable backends."""
+from .errors import MnnllmError
+
+__version__ = "0.1.0"
+
+
+def create(config_path):
+    """MNN's Llm::createLLM (see mnnllm_core.llm.llm.create)."""
+    from .llm.llm import create as _create
+    return _create(config_path)
+
+
+__all__ = ["create", "MnnllmError", "__version__"]

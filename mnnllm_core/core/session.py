@@ -27,13 +27,14 @@ class Session:
         return self.pipeline.backend
 
     def prepare_executions(self) -> int:
-        """Create each weighted op's Execution now (the backend packs its weights), then drop
-        the raw weights from the op, as StaticModule does with `rearrange`."""
+        """Create each weighted or stateful op's Execution now (the backend packs its weights;
+        an Attention makes the KV cache its clones will share), then drop the raw weights
+        from the op, as StaticModule does with `rearrange`."""
         created = 0
         pipeline = self.pipeline
         for i in pipeline.nodes:
             node = self.info.nodes[i]
-            if node.op.weights is None or i in pipeline.executions:
+            if (node.op.weights is None and node.op.type != "Attention") or i in pipeline.executions:
                 continue
             inputs = [pipeline.tensors[t] for t in node.inputs]
             outputs = [pipeline.tensors[t] for t in node.outputs]

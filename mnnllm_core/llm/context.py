@@ -1,0 +1,24 @@
+"""MNN's LlmContext: what the last generation did, and how long each phase took."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+RUNNING, FINISHED, MAX_TOKENS, STOPPED = 0, 1, 2, 3
+
+
+@dataclass
+class LlmContext:
+    prompt_len: int = 0
+    gen_seq_len: int = 0
+    all_seq_len: int = 0
+    load_us: int = 0
+    prefill_us: int = 0
+    decode_us: int = 0
+    sample_us: int = 0
+    status: int = RUNNING
+    history_tokens: list[int] = field(default_factory=list)
+    output_tokens: list[int] = field(default_factory=list)
+    current_token: int = -1
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,94 @@
+"""MNN's DiskEmbedding: per token, seek and read one row, dequantize it, write it out.
+
+The table is never loaded: rows come from `embeddings_bf16.bin` (raw bf16 [vocab, hidden])
+or from the tied lm_head's quantized rows in the weight file (`tie_embeddings` offsets),
+both memory-mapped, so only the pages of the requested rows are touched.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ConfigError, FormatError
+from ..express.weight_file import ExternalWeightFile
+from .config import LlmConfig
+
+log = logging.getLogger(__name__)
+
+
+class DiskEmbedding:
+    def __init__(self, config: LlmConfig):
+        self.hidden = int(config.hidden_size)
+        self.bytes_read = 0
+        tie = config.tie_embeddings
+        if os.path.exists(config.embedding_file):
+            self.source = "bf16"
+            self.file = ExternalWeightFile(config.embedding_file)
+            self.row_bytes = self.hidden * 2
+            if self.file.size % self.row_bytes:
+                raise FormatError(f"{self.file.size} bytes is not a whole number of bf16 rows of {self.hidden}",
+                                  file=config.embedding_file, field="hidden_size")
+            self.vocab = self.file.size // self.row_bytes
+        elif isinstance(tie, dict):
+            self._init_tied(config, tie)
+        else:
+            raise ConfigError(f"no embedding: {config.embedding_file} does not exist and llm_config has no "
+                              f"tie_embeddings", file=config.origin("tie_embeddings"), field="tie_embeddings")
+
+    def _init_tied(self, config: LlmConfig, tie: dict) -> None:
+        self.source = "tied"
+        field = "tie_embeddings"
+        try:
+            self.bits = int(tie["quant_bit"])
+            self.block = int(tie["quant_block"]) or self.hidden
+            self.weight_offset = int(tie["weight_offset"])
+            self.alpha_offset = int(tie["alpha_offset"])
+            alpha_size = int(tie["alpha_size"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"tie_embeddings is incomplete: {err}", file=config.origin(field), field=field) from err
+        if self.bits not in (4, 8) or self.hidden % self.block or (self.hidden * self.bits) % 8:
+            raise ConfigError(f"tie_embeddings: unsupported quant_bit {self.bits} / quant_block {self.block}",
+                              file=config.origin(field), field=field)
+        self.file = ExternalWeightFile(config.llm_weight)
+        self.blocks = self.hidden // self.block
+        self.row_bytes = self.hidden * self.bits // 8
+        self.alpha_row_bytes = self.blocks * 2 * (4 if tie.get("alpha_dtype") == "fp32" else 2)
+        self.alpha_dtype = np.float32 if tie.get("alpha_dtype") == "fp32" else np.float16
+        self.vocab = alpha_size // self.alpha_row_bytes
+        if alpha_size % self.alpha_row_bytes or self.vocab == 0:
+            raise ConfigError(f"tie_embeddings.alpha_size {alpha_size} is not a whole number of rows",
+                              file=config.origin(field), field=field)
+
+    def embedding(self, ids: Sequence[int]) -> np.ndarray:
+        """[len(ids), 1, hidden] float32 - the `input_ids` input of the graph."""
+        out = np.empty((len(ids), 1, self.hidden), np.float32)
+        for i, token in enumerate(ids):
+            if not 0 <= int(token) < self.vocab:
+                raise FormatError(f"token id {token} is outside the embedding table of {self.vocab}",
+                                  file=self.file.path, field="input_ids")
+            out[i, 0] = self._row(int(token))
+        return out
+
+    def _row(self, token: int) -> np.ndarray:
+        if self.source == "bf16":
+            raw = self.file.read(token * self.row_bytes, self.row_bytes, op_name="embedding", field="row")
+            self.bytes_read += self.row_bytes
+            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        codes = self.file.read(self.weight_offset + token * self.row_bytes, self.row_bytes,
+                               op_name="embedding", field="tie_embeddings.weight_offset")
+        alpha = self.file.read(self.alpha_offset + token * self.alpha_row_bytes, self.alpha_row_bytes,
+                               op_name="embedding", field="tie_embeddings.alpha_offset")
+        self.bytes_read += self.row_bytes + self.alpha_row_bytes
+        if self.bits == 4:
+            values = np.empty(self.hidden, np.uint8)
+            values[0::2] = codes >> 4
+            values[1::2] = codes & 0x0F
+        else:
+            values = codes
+        pairs = alpha.view(self.alpha_dtype).astype(np.float32).reshape(self.blocks, 2)
+        zero, scale = pairs[:, :1], pairs[:, 1:]
+        signed = values.astype(np.float32).reshape(self.blocks, self.block) - np.float32(1 << (self.bits - 1))
+        return (signed * scale + zero).reshape(-1)

@@ -1,0 +1,41 @@
+"""MNN's ArGeneration: prefill once, then sample and decode one token at a time."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable, Iterator
+
+from ..context import FINISHED, MAX_TOKENS, RUNNING
+
+if TYPE_CHECKING:
+    from ..llm import Llm
+
+
+class ARGeneration:
+    def __init__(self, llm: "Llm"):
+        self.llm = llm
+
+    def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+        """Yield each sampled token (the stop token included, as MNN reports it)."""
+        llm, ctx = self.llm, self.llm.context
+        ctx.status = RUNNING
+        start = time.perf_counter()
+        logits = llm.forward(new_ids)
+        ctx.prefill_us += int((time.perf_counter() - start) * 1e6)
+        budget = min(max_new_tokens, llm.config.max_all_tokens - len(ctx.history_tokens))
+        for step in range(budget):
+            start = time.perf_counter()
+            token = llm.sampler.sample(logits, ctx.history_tokens)
+            ctx.sample_us += int((time.perf_counter() - start) * 1e6)
+            ctx.output_tokens.append(token)
+            ctx.current_token = token
+            ctx.gen_seq_len += 1
+            yield token
+            if llm.tokenizer.is_stop(token):
+                ctx.status = FINISHED
+                return
+            if step + 1 == budget:
+                break
+            start = time.perf_counter()
+            logits = llm.forward([token])
+            ctx.decode_us += int((time.perf_counter() - start) * 1e6)
+        ctx.status = MAX_TOKENS

@@ -1,0 +1,228 @@
+"""MNN's Llm: createLLM -> load (runtime, tokenizer, prompt, disk embedding, sampler,
+Module::load, module pool) -> response / generate / forward.
+
+Names follow pymnn's `MNN.llm` so an MNN user finds their way: `create`, `load`,
+`response`, `generate`, `forward`, `tokenizer_encode/decode`, `apply_chat_template`,
+`set_config`, `reset`, `context`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import ContextLengthError, UnsupportedError
+from ..express.module import Module, NetModule
+from ..express.runtime_manager import RuntimeManager
+from ..express.static_module import Config
+from .config import LlmConfig
+from .context import LlmContext
+from .embedding import DiskEmbedding
+from .generation import ARGeneration
+from .module_pool import ModulePool
+from .prompt import Prompt
+from .runtime import init_runtime, is_static_shape
+from .sampler import Sampler, SamplerConfig
+from .tokenizer import create_tokenizer
+
+log = logging.getLogger(__name__)
+
+INPUT_NAMES = ["input_ids", "attention_mask", "position_ids", "logits_index"]
+
+Messages = str | Sequence[dict[str, str]] | Sequence[tuple[str, str]]
+
+
+class Llm:
+    def __init__(self, config: LlmConfig):
+        self.config = config
+        self.context = LlmContext()
+        self.runtime_manager: RuntimeManager | None = None
+        self.module: NetModule | None = None
+        self.pool: ModulePool | None = None
+        self.tokenizer = None
+        self.prompt: Prompt | None = None
+        self.embedding: DiskEmbedding | None = None
+        self.sampler: Sampler | None = None
+        self.generation = ARGeneration(self)
+        self._decode_mask: np.ndarray | None = None
+        self._logits_index = {False: np.array([-1], np.int32), True: np.array([0], np.int32)}
+
+    # -- load --------------------------------------------------------------------
+    def load(self) -> "Llm":
+        start = time.perf_counter()
+        cfg = self.config
+        self.runtime_manager = init_runtime(cfg)
+        self.tokenizer = create_tokenizer(cfg.tokenizer_file)
+        self.prompt = Prompt(cfg)
+        self.embedding = DiskEmbedding(cfg)
+        self._init_sampler()
+        self.runtime_manager.set_external_file(cfg.llm_weight)
+        outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
+        shape_mutable = not is_static_shape(self.runtime_manager)
+        self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
+                                  Config(shape_mutable=shape_mutable, rearrange=True))
+        self.pool = ModulePool(self.module)
+        self._decode_mask = self._attention_mask(1)
+        self.context.load_us = int((time.perf_counter() - start) * 1e6)
+        log.info("loaded %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
+                 self.runtime_manager.config.backend_type)
+        return self
+
+    def _init_sampler(self) -> None:
+        self.sampler = Sampler(SamplerConfig.from_config(self.config.to_dict(), file=self.config.origin("sampler_type")))
+
+    def set_config(self, content: dict[str, Any] | str) -> None:
+        """Merge keys as MNN's set_config does; sampler keys take effect at once."""
+        self.config.set_config(content)
+        if self.sampler is not None:
+            self._init_sampler()
+
+    @property
+    def kv_meta(self):
+        return self.runtime_manager.kv_meta
+
+    # -- text ------------------------------------------------------------------------
+    def tokenizer_encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def tokenizer_decode(self, ids: int | Sequence[int]) -> str:
+        if isinstance(ids, (int, np.integer)):
+            return self.tokenizer.decode_id(int(ids))
+        return self.tokenizer.decode(list(ids))
+
+    def apply_chat_template(self, messages: Messages) -> str:
+        return self.prompt.apply_chat_template(messages if not isinstance(messages, str) else messages)
+
+    # -- forward ---------------------------------------------------------------------
+    def _attention_mask(self, seq_len: int) -> np.ndarray:
+        if self.config.attention_mask == "float":
+            return np.zeros((1, 1, 1, 1), np.float32)  # causal masking happens inside Attention
+        past = len(self.context.history_tokens)
+        keys = np.arange(past + seq_len)[None, :]
+        return (keys <= (past + np.arange(seq_len))[:, None]).astype(np.int32).reshape(1, 1, seq_len, -1)
+
+    def _position_ids(self, seq_len: int) -> np.ndarray:
+        past = len(self.context.history_tokens)
+        positions = np.arange(past, past + seq_len, dtype=np.int32).reshape(1, seq_len)
+        return np.repeat(positions, 3, axis=0) if self.config.is_mrope else positions
+
+    def forward(self, input_ids: Sequence[int], all_logits: bool | None = None) -> np.ndarray:
+        """Run the new tokens through the model (appending them to the KV cache); returns
+        the logits of the last token ([vocab]) or, with all_logits, of every token."""
+        ids = [int(t) for t in input_ids]
+        if not ids:
+            raise ValueError("forward needs at least one token")
+        past = len(self.context.history_tokens)
+        if past + len(ids) > self.config.max_all_tokens:
+            raise ContextLengthError(f"{past} cached + {len(ids)} new tokens exceed max_all_tokens "
+                                     f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
+                                     field="max_all_tokens")
+        all_logits = self.config.all_logits if all_logits is None else all_logits
+        seq = len(ids)
+        mask = self._decode_mask if seq == 1 and self.config.attention_mask == "float" else self._attention_mask(seq)
+        feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": mask,
+                 "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
+        meta = self.kv_meta
+        meta.add = seq
+        outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
+        meta.sync()
+        self.context.history_tokens.extend(ids)
+        self.context.all_seq_len = len(self.context.history_tokens)
+        logits = outputs[0]
+        return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
+
+    # -- generation --------------------------------------------------------------------
+    def _budget(self, max_new_tokens: int | None) -> int:
+        return int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
+
+    def _start(self, prompt_ids: list[int]) -> list[int]:
+        """Reuse the KV cache for the longest common prefix of the history; return what is new."""
+        history = self.context.history_tokens
+        if len(prompt_ids) > self.config.max_all_tokens:
+            raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; max_all_tokens is "
+                                     f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
+                                     field="max_all_tokens")
+        common = 0
+        for a, b in zip(history, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(prompt_ids) - 1)  # at least one token must run to get logits
+        if common < len(history):
+            self.kv_meta.remove = len(history) - common
+            del history[common:]
+        ctx = self.context
+        ctx.prompt_len, ctx.gen_seq_len = len(prompt_ids), 0
+        ctx.prefill_us = ctx.decode_us = ctx.sample_us = 0
+        ctx.output_tokens = []
+        return prompt_ids[common:]
+
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None) -> list[int]:
+        """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
+        new = self._start([int(t) for t in input_ids])
+        return list(self.generation.generate(new, self._budget(max_new_tokens)))
+
+    def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None) -> Iterator[int]:
+        new = self._start([int(t) for t in input_ids])
+        yield from self.generation.generate(new, self._budget(max_new_tokens))
+
+    def _prompt_ids(self, prompt: Messages) -> list[int]:
+        text = self.prompt.apply_chat_template(prompt) if self.config.use_template else str(prompt)
+        return self.tokenizer.encode(text)
+
+    def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None):
+        """Answer a prompt (str) or a conversation (list of {role, content}).
+
+        With stream=True, an iterator of text pieces; otherwise the whole answer. The
+        stop token is not part of the text. Multi-turn: pass the whole conversation;
+        the KV cache of the common prefix is reused.
+        """
+        ids = self._prompt_ids(prompt)
+        pieces = self._stream_text(ids, max_new_tokens)
+        return pieces if stream else "".join(pieces)
+
+    def _stream_text(self, ids: list[int], max_new_tokens: int | None) -> Iterator[str]:
+        decoder = self.tokenizer.stream()
+        for token in self.stream_ids(ids, max_new_tokens):
+            if self.tokenizer.is_stop(token):
+                break
+            piece = decoder.put(token)
+            if piece:
+                yield piece
+        tail = decoder.flush()
+        if tail:
+            yield tail
+
+    def reset(self) -> None:
+        """Forget the conversation: the KV cache is emptied on the next forward."""
+        self.kv_meta.remove = len(self.context.history_tokens)
+        self.context.history_tokens.clear()
+        self.context.output_tokens = []
+        self.context.all_seq_len = 0
+
+    def placement(self) -> dict:
+        modules = list(self.pool._pool.values()) or [self.module]
+        return modules[-1].placement()
+
+
+class Omni(Llm):
+    """Visual/audio/talker models: the multimodal front ends are not implemented yet."""
+
+    def load(self) -> "Omni":
+        missing = [name for name, flag in (("visual encoder (is_visual)", self.config.is_visual),
+                                           ("audio encoder (is_audio)", self.config.is_audio),
+                                           ("talker (has_talker)", self.config.has_talker)) if flag]
+        raise UnsupportedError("multimodal models are not supported yet: missing " + ", ".join(missing),
+                               file=self.config.origin("is_visual"), field="is_visual")
+
+
+def create(config_path: str | os.PathLike) -> Llm:
+    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet)."""
+    config = LlmConfig.from_file(config_path)
+    if config.is_visual or config.is_audio or config.has_talker:
+        return Omni(config)
+    return Llm(config)
