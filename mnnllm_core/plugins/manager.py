@@ -79,6 +79,22 @@ class Registry:
             merged.update(extra or {})
         return merged
 
+    def plugin_of(self, backend_name: str) -> str:
+        """The plugin (entry point or module) that registered `backend_name`."""
+        self._load()
+        for plugin_name, plugin in self.manager.list_name_plugin():
+            impl = getattr(plugin, "mnnllm_register_runtime_creators", None)
+            if impl is not None and any(c.name == backend_name for c in impl() or []):
+                return plugin_name
+        return "?"
+
+    def version_of(self, backend_name: str) -> str:
+        dist = self._origins.get(self.plugin_of(backend_name))
+        try:
+            return metadata.version(dist) if dist else "?"
+        except metadata.PackageNotFoundError:
+            return "?"
+
     def get(self, name: str):
         creators = self.runtime_creators()
         if name not in creators:
