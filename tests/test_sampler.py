@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.llm.sampler import MAX_PENALTY, Sampler, SamplerConfig
+from paths import CONFIG
 
-MODEL_CONFIG = Path("/work/shared/models/smollm2-135m-instruct-mnn-q4/config.json")
+MODEL_CONFIG = CONFIG
 MARGIN = 1e-4  # how far from a threshold a float64 decision must be to be checked
 
 

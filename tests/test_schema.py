@@ -30,11 +30,11 @@ from mnnllm_core.schema.MNN.Op import OpT
 from mnnllm_core.schema.MNN.OpParameter import OpParameter
 from mnnllm_core.schema.MNN.RegionCommand import RegionCommandT
 from mnnllm_core.schema.reader import _schema, op_param_name, op_type_name, read_net, verify_net_buffer
+from paths import MODEL_DIR
 
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parent.parent
-MODEL_DIR = Path("/work/shared/models/smollm2-135m-instruct-mnn-q4")
 MODEL = MODEL_DIR / "llm.mnn"
 needs_model = pytest.mark.skipif(not MODEL.exists(), reason=f"{MODEL} not present")
 

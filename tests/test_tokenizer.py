@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from mnnllm_core.errors import TokenizerError
 from mnnllm_core.llm.tokenizer import Tokenizer, TokenizerType, create_tokenizer
 from mnnllm_core.llm.tokenizer.base import bytes_to_unicode, unicode_to_bytes
+from paths import MODEL_DIR
 
-MODEL = Path("/work/shared/models/smollm2-135m-instruct-mnn-q4")
+MODEL = MODEL_DIR
 MTOK = MODEL / "tokenizer.mtok"
 SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 

@@ -20,6 +20,7 @@ class Session:
         self.info = info
         self.pipeline = Pipeline(info, backend, backup, executions, allow_fallback)
         self.resize_count = 0
+        self.packed: set[int] = set()  # ops whose executions were made at load (rearrange)
         self._key: tuple | None = None
 
     @property
@@ -40,6 +41,7 @@ class Session:
             outputs = [pipeline.tensors[t] for t in node.outputs]
             pipeline._create(Command(node.op, inputs, outputs, node=i))
             node.op.weights = None
+            self.packed.add(i)
             created += 1
         return created
 
@@ -87,9 +89,14 @@ class Session:
         executions = {}
         for index, (owner, execution) in self.pipeline.executions.items():
             target = backend if owner is self.pipeline.backend else backup
-            twin = execution.on_clone(target, self.info.nodes[index].op)
-            if twin is None:
-                raise MnnllmError(f"{owner.name} execution of {self.info.nodes[index].op.name!r} cannot be cloned",
+            op = self.info.nodes[index].op
+            twin = execution.on_clone(target, op)
+            if twin is not None:
+                executions[index] = (target, twin)
+            elif op.weights is None and (op.type == "Attention" or index in self.packed):
+                # its weights were packed and dropped, or it owns the KV cache: it must be shared
+                raise MnnllmError(f"{owner.name} execution of {op.type} {op.name!r} cannot be cloned",
                                   file=self.info.path)
-            executions[index] = (target, twin)
-        return Session(self.info, backend, backup, self.pipeline.allow_fallback, executions)
+        twin = Session(self.info, backend, backup, self.pipeline.allow_fallback, executions)
+        twin.packed = set(self.packed)
+        return twin

@@ -18,6 +18,12 @@ def _mod(a, b):
         return np.mod(a, b)
 
 
+def _round_half_away(x):
+    """C roundf, as MNN's UnaryRound: halves go away from zero (np.round goes to even)."""
+    whole = np.trunc(x)
+    return np.where(np.abs(x - whole) >= 0.5, whole + np.sign(x), whole)
+
+
 BINARY = {
     "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
     "DIV": lambda a, b: np.divide(a, b) if np.issubdtype(np.result_type(a, b), np.floating) else np.floor_divide(a, b),
@@ -37,7 +43,7 @@ UNARY = {
     "SIN": np.sin, "COS": np.cos, "TAN": np.tan, "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan,
     "RECIPROCAL": np.reciprocal, "LOG1P": np.log1p, "BNLL": lambda x: np.log1p(np.exp(x)),
     "ACOSH": np.arccosh, "SINH": np.sinh, "ASINH": np.arcsinh, "ATANH": np.arctanh, "SIGN": np.sign,
-    "ROUND": np.round, "COSH": np.cosh, "EXPM1": np.expm1, "SIGMOID": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "ROUND": _round_half_away, "COSH": np.cosh, "EXPM1": np.expm1, "SIGMOID": lambda x: 1.0 / (1.0 + np.exp(-x)),
     "TANH": np.tanh, "HARDSWISH": lambda x: x * np.clip(x + 3, 0, 6) / 6, "SILU": _silu,
     "GELU": lambda x: 0.5 * x * (1 + np.tanh(0.7978845608 * (x + 0.044715 * x ** 3))),
     "GELU_STANDARD": lambda x: 0.5 * x * (1 + _erf(x / np.sqrt(2.0))),

@@ -43,17 +43,13 @@ class LayerNormExecution(Execution):
             target[...] = np.moveaxis(y, -1, 1)
             return
         shape = x.shape
-        inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
-        flat = x.reshape(-1, inner)
         if self.group > 1:
-            grouped = normalize(flat.reshape(-1, self.group, inner // self.group), None, None, self.eps, self.rms)
-            y = grouped.reshape(-1, inner)
-            if self.gamma is not None:
-                y = y * self.gamma.reshape(-1)
-            if self.beta is not None:
-                y = y + self.beta.reshape(-1)
-        else:
-            y = normalize(flat, self.gamma, self.beta, self.eps, self.rms)
+            # as MNN's CPULayerNorm: a group spans every dim after the first; gamma/beta cover one group
+            grouped = x.reshape(shape[0], self.group, -1)
+            target[...] = normalize(grouped, self.gamma, self.beta, self.eps, self.rms).reshape(target.shape)
+            return
+        inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
+        y = normalize(x.reshape(-1, inner), self.gamma, self.beta, self.eps, self.rms)
         target[...] = y.reshape(target.shape)
 
     def on_clone(self, backend, op):
