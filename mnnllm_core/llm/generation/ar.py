@@ -29,12 +29,13 @@ class ARGeneration:
             ctx.output_tokens.append(token)
             ctx.current_token = token
             ctx.gen_seq_len += 1
+            stop = llm.tokenizer.is_stop(token)
+            last = stop or step + 1 == budget
+            if last:  # set before yielding: a consumer may stop reading at the stop token
+                ctx.status = FINISHED if stop else MAX_TOKENS
             yield token
-            if llm.tokenizer.is_stop(token):
-                ctx.status = FINISHED
+            if last:
                 return
-            if step + 1 == budget:
-                break
             start = time.perf_counter()
             logits = llm.forward([token])
             ctx.decode_us += int((time.perf_counter() - start) * 1e6)
