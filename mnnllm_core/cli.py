@@ -163,8 +163,10 @@ def cmd_export(args) -> int:
     from .export import export_model
     report = export_model(args.src, args.dst, quant_bit=args.quant_bit, quant_block=args.quant_block,
                           separate_embed=args.separate_embed, tokenizer=args.tokenizer)
-    print(json.dumps(report if isinstance(report, dict) else getattr(report, "__dict__", str(report)),
-                     default=str, indent=2))
+    if args.json:
+        print(json.dumps(vars(report), default=str, indent=2))
+    else:
+        print(report.summary())
     return 0
 
 
@@ -207,6 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--quant-block", type=int, choices=(0, 32, 64, 128), default=64)
     export.add_argument("--separate-embed", action="store_true")
     export.add_argument("--tokenizer", choices=("mtok", "txt"), default="mtok")
+    export.add_argument("--json", action="store_true")
     export.set_defaults(func=cmd_export)
     return parser
 

@@ -49,10 +49,14 @@ class DiskEmbedding:
             alpha_size = int(tie["alpha_size"])
         except (KeyError, TypeError, ValueError) as err:
             raise ConfigError(f"tie_embeddings is incomplete: {err}", file=config.origin(field), field=field) from err
+        self.file = ExternalWeightFile(config.llm_weight)
+        if self.bits == 16:  # fp16 rows, no alpha (MNN's exporter with --quant-bit 16)
+            self.row_bytes, self.alpha_row_bytes = self.hidden * 2, 0
+            self.vocab = (self.file.size - self.weight_offset) // self.row_bytes
+            return
         if self.bits not in (4, 8) or self.hidden % self.block or (self.hidden * self.bits) % 8:
             raise ConfigError(f"tie_embeddings: unsupported quant_bit {self.bits} / quant_block {self.block}",
                               file=config.origin(field), field=field)
-        self.file = ExternalWeightFile(config.llm_weight)
         self.blocks = self.hidden // self.block
         self.row_bytes = self.hidden * self.bits // 8
         self.alpha_row_bytes = self.blocks * 2 * (4 if tie.get("alpha_dtype") == "fp32" else 2)
@@ -79,6 +83,9 @@ class DiskEmbedding:
             return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
         codes = self.file.read(self.weight_offset + token * self.row_bytes, self.row_bytes,
                                op_name="embedding", field="tie_embeddings.weight_offset")
+        if self.bits == 16:
+            self.bytes_read += self.row_bytes
+            return codes.view("<f2").astype(np.float32)
         alpha = self.file.read(self.alpha_offset + token * self.alpha_row_bytes, self.alpha_row_bytes,
                                op_name="embedding", field="tie_embeddings.alpha_offset")
         self.bytes_read += self.row_bytes + self.alpha_row_bytes

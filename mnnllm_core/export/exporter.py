@@ -1,0 +1,200 @@
+"""`export_model`: a HF folder or GGUF file -> an MNN-LLM model directory, streaming tensor by tensor."""
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, TextIO
+
+from mnnllm_core.errors import ConfigError, UnsupportedError
+
+from . import llama, qwen2
+from .graph import DecoderGraph
+from .sources import Source, TokenizerSpec, open_source
+from .tokenizer import write_mtok, write_txt
+from .weights import QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding
+
+logger = logging.getLogger(__name__)
+
+ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2}
+TOKENIZER_FORMATS = ("mtok", "txt")
+
+# config.json as MNN's exporter writes it (the runtime defaults a user edits).
+_RUNTIME_CONFIG: dict[str, Any] = {
+    "llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight", "backend_type": "cpu", "thread_num": 4,
+    "precision": "low", "memory": "low", "sampler_type": "mixed", "temperature": 0.8, "top_k": 40, "top_p": 0.9,
+    "min_p": 0.05, "tfs_z": 1.0, "typical": 0.95, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+    "frequency_penalty": 0.0, "penalty_window": 0, "n_gram": 8, "ngram_factor": 1.0,
+}
+
+
+@dataclass
+class ExportReport:
+    """What an export wrote and what it cost."""
+
+    dst: str
+    model_type: str
+    quant_bit: int
+    quant_block: int
+    parameters: int
+    files: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+    @property
+    def config_path(self) -> str:
+        return str(Path(self.dst) / "config.json")
+
+    def summary(self) -> str:
+        mb = 1 << 20
+        return (f"{self.model_type} {self.parameters / 1e6:.1f}M params -> {self.dst}: "
+                f"{sum(self.files.values()) / mb:.1f} MiB in {len(self.files)} files, {self.seconds:.1f} s, "
+                f"peak RSS {self.peak_rss_bytes / mb:.0f} MiB (fp32 weights: {4 * self.parameters / mb:.0f} MiB)")
+
+
+class Progress:
+    """A one-line progress bar on stderr, redrawn at most every 0.1 s."""
+
+    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30):
+        self.total = max(total, 1)
+        self.done = 0
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.width = width
+        self.start = time.perf_counter()
+        self.last = 0.0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        now = time.perf_counter()
+        if now - self.last >= 0.1 or self.done >= self.total:
+            self.last = now
+            self._draw(now)
+
+    def _draw(self, now: float) -> None:
+        frac = min(self.done / self.total, 1.0)
+        bar = "#" * int(frac * self.width)
+        self.stream.write(f"\r{self.label} {frac:4.0%} |{bar:<{self.width}}| "
+                          f"{self.done / 1e6:.1f}M/{self.total / 1e6:.1f}M params {now - self.start:.1f}s")
+        self.stream.flush()
+
+    def close(self) -> None:
+        self._draw(time.perf_counter())
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
+                 tokenizer: str = "mtok") -> ExportReport:
+    """Export `src` (HF folder or .gguf) into the directory `dst`; returns what was written."""
+    start = time.perf_counter()
+    if quant_bit not in QUANT_BITS:
+        raise ConfigError(f"quant bit {quant_bit} is not one of {QUANT_BITS}", field="quant_bit")
+    if quant_block not in QUANT_BLOCKS:
+        raise ConfigError(f"quant block {quant_block} is not one of {QUANT_BLOCKS}", field="quant_block")
+    if tokenizer not in TOKENIZER_FORMATS:
+        raise ConfigError(f"tokenizer format {tokenizer!r} is not one of {TOKENIZER_FORMATS}", field="tokenizer")
+    source = open_source(src)
+    model_type = source.config.get("model_type")
+    arch = ARCHITECTURES.get(model_type)
+    if arch is None:
+        raise UnsupportedError(f"architecture {model_type!r} is not supported (supported: "
+                               f"{', '.join(sorted(ARCHITECTURES))})", file=source.path, field="model_type")
+    args = arch.ModelArgs.from_dict(source.config)
+    model = arch.Model(args)
+    spec = source.tokenizer()
+    tied = args.tie_word_embeddings and not separate_embed
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    report = ExportReport(str(out), model_type, quant_bit, quant_block, _parameter_count(source, model))
+    logger.info("exporting %s (%d layers) from %s: %d-bit, block %d, embedding %s", model_type,
+                args.num_hidden_layers, source.path, quant_bit, quant_block,
+                "tied to the lm_head" if tied else "in embeddings_bf16.bin")
+
+    embed_total = 0 if tied else source.tensor(model.embedding()).shape[0] * args.hidden_size
+    progress = Progress(report.parameters + embed_total, "export")
+    with open(out / "llm.mnn.weight", "wb") as f:
+        graph_bytes, lm_head = DecoderGraph(model, source, WeightWriter(f, quant_bit, quant_block,
+                                                                         progress.update)).build(
+            f"{source.path}|{quant_bit}|{quant_block}")
+    (out / "llm.mnn").write_bytes(graph_bytes)
+    if not tied:
+        with open(out / "embeddings_bf16.bin", "wb") as f:
+            write_bf16_embedding(f, source.tensor(model.embedding()), progress.update)
+    progress.close()
+
+    tokenizer_file = f"tokenizer.{tokenizer}"
+    with open(out / tokenizer_file, "wb") as f:
+        (write_mtok if tokenizer == "mtok" else write_txt)(f, spec)
+    _write_json(out / "llm_config.json", _llm_config(args, spec, lm_head if tied else None, quant_block))
+    _write_json(out / "config.json", {**_RUNTIME_CONFIG, "tokenizer_file": tokenizer_file})
+
+    report.files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
+    report.seconds = time.perf_counter() - start
+    report.peak_rss_bytes = peak_rss_bytes()
+    logger.info("%s", report.summary())
+    return report
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident size: VmHWM (ru_maxrss on Linux keeps the peak from before an exec)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _parameter_count(source: Source, model: llama.Model) -> int:
+    """Elements the weight file is built from (the lm_head counts again when tied, as it is written again)."""
+    a = model.args
+    names = [model.final_norm(), model.lm_head()]
+    for i in range(a.num_hidden_layers):
+        names += [model.input_norm(i), model.post_attention_norm(i)]
+        names += [f"{model.linear(i, p)}.weight" for p in
+                  ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
+    total = 0
+    for name in names:
+        shape = source.tensor(name).shape
+        total += int(shape[0]) * (int(shape[1]) if len(shape) > 1 else 1)
+    return total
+
+
+def _llm_config(args: llama.ModelArgs, spec: TokenizerSpec, lm_head: LinearInfo | None,
+                quant_block: int) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "model_type": args.model_type,
+        "hidden_size": int(args.hidden_size),
+        "layer_nums": int(args.num_hidden_layers),
+        "attention_mask": "float",
+        "attention_type": "full",
+        "is_mrope": False,
+    }
+    jinja = {k: v for k, v in (("chat_template", spec.chat_template), ("bos", spec.bos_token),
+                               ("eos", spec.eos_token)) if v}
+    if jinja:
+        config["jinja"] = jinja
+    if lm_head is not None:
+        start, w_len, a_len = lm_head.external[:3]
+        config["tie_embeddings"] = {
+            "weight_offset": start + lm_head.header_len,
+            "alpha_offset": start + w_len,
+            "alpha_size": a_len,
+            "quant_bit": lm_head.bits,
+            "quant_block": quant_block,
+            "alpha_dtype": "fp16",
+        }
+    return config
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, ensure_ascii=False, indent=4)
