@@ -239,7 +239,7 @@ class Pipeline:
             for tensor in command.outputs:
                 tensor.backend.on_acquire_buffer(tensor)
             command.execution.on_resize(command.inputs, command.outputs)
-            for tensor in command.inputs:
+            for tensor in {id(t): t for t in command.inputs}.values():  # Concat(x, x) reads x twice
                 if last_use[id(tensor)] == position and id(tensor) not in keep:
                     tensor.backend.on_release_buffer(tensor)
         for backend in {self.backend, self.backup}:

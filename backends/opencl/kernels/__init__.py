@@ -1,0 +1,1 @@
+"""OpenCL C sources of the opencl backend; `common.cl` is prepended to every file."""

@@ -1,0 +1,112 @@
+"""Convolution 1x1 as a linear layer, on weights packed once into device memory at creation.
+
+Packed layouts (kernels/linear.cl reads them; nothing is expanded to fp32 on the host):
+  q4  4-bit codes with the linear value map and block % 32 == 0: per row ic/2 bytes; in each
+      block byte j holds code j (low nibble) and code j + block/2 (high nibble), so one
+      16-byte load feeds two contiguous 16-wide runs of x. Value = code - 8.
+  q8  any other quantized weight (8-bit, other bit widths, other block sizes, a non-linear
+      value map): one uint8 per weight, row-major; value = code - offset (offset 128 for a
+      value map, whose int8 values are stored shifted by 128).
+  scales for q4/q8: float2 (scale, zero) per (row, block), row-major; w = value*scale + zero.
+  f   unquantized weights: [oc, ic] fp16 when the file holds fp16 or precision is "low",
+      else fp32.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+from mnnllm_core.express.quant import QuantizedWeight
+
+log = logging.getLogger(__name__)
+
+PREFILL_TILE = 8  # tokens per work-item in the prefill GEMM
+
+
+@dataclass(eq=False)
+class PackedLinear:
+    """Device buffers of one linear layer; shared by every clone of its Execution."""
+
+    format: str  # "q4" | "q8" | "f"
+    oc: int
+    ic: int
+    block: int
+    offset: int
+    weight: object  # cl.Buffer
+    scales: object  # cl.Buffer of float2, a placeholder for "f"
+    bias: object  # cl.Buffer of float32, a placeholder when has_bias is false
+    has_bias: bool
+    weight_half: bool = False
+
+
+def pack(backend, weights) -> PackedLinear:
+    """The layer's weights in the layout of its kernel, uploaded once."""
+    alloc = backend.allocator
+    w = weights.quantized
+    bias = weights.bias
+    has_bias = bias is not None and bool(np.any(bias))
+    bias_buffer = alloc.constant(np.asarray(bias if has_bias else np.zeros(1), np.float32))
+    if isinstance(w, QuantizedWeight):
+        scales = np.stack([w.scale, w.zero], axis=-1).astype(np.float32)
+        codes = w.unpack()
+        if w.bits == 4 and w.is_linear and w.block_size % 32 == 0:
+            blocks = codes.reshape(w.oc, w.n_blocks, 2, w.block_size // 2)
+            packed = blocks[:, :, 0] | (blocks[:, :, 1] << 4)
+            return PackedLinear("q4", w.oc, w.ic, w.block_size, 8, alloc.constant(packed.reshape(-1)),
+                                alloc.constant(scales), bias_buffer, has_bias)
+        if w.is_linear:
+            offset = 1 << (w.bits - 1)
+        else:
+            codes = (np.take(w.value_map, codes).astype(np.int16) + 128).astype(np.uint8)
+            offset = 128
+        return PackedLinear("q8", w.oc, w.ic, w.block_size, offset, alloc.constant(codes.reshape(-1)),
+                            alloc.constant(scales), bias_buffer, has_bias)
+    dense = w.data
+    half = dense.dtype == np.float16 or backend.config.precision == "low"
+    data = np.ascontiguousarray(dense, np.float16 if half else np.float32)
+    return PackedLinear("f", w.oc, w.ic, w.ic, 0, alloc.constant(data.reshape(-1)),
+                        alloc.constant(np.zeros(2, np.float32)), bias_buffer, has_bias, half)
+
+
+class LinearExecution(Execution):
+    def __init__(self, backend, packed: PackedLinear, act: int):
+        super().__init__(backend)
+        self.packed, self.act = packed, act
+        self.kernel = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        p = self.packed
+        rows = inputs[0].size // p.ic
+        split = self.backend.runtime.linear_split
+        tile = 1 if rows == 1 else PREFILL_TILE
+        defines = {"TILE": tile, "SPLIT": split}
+        if p.weight_half:
+            defines["WEIGHT_HALF"] = 1
+        self.kernel = self.backend.program("linear.cl", f"linear_{p.format}", **defines).bind(
+            (p.oc * split, -(-rows // tile)), (split, 1) if split > 1 else None,
+            inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
+            *(np.int32(v) for v in (p.ic, p.oc, rows, p.block, p.offset, p.has_bias, self.act)))
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.kernel(self.backend.queue)
+
+    def on_clone(self, backend, op):
+        return LinearExecution(backend, self.packed, self.act)
+
+
+def create_linear(backend, inputs, outputs, op):
+    common = op.param.common
+    if int(common.kernelX or 1) != 1 or int(common.kernelY or 1) != 1 or int(common.group or 1) != 1:
+        return None
+    if op.weights is None:
+        return None
+    packed = pack(backend, op.weights.convolution())
+    act = 2 if common.relu6 else 1 if common.relu else 0
+    log.debug("packed %s as %s [%d, %d]", op.name, packed.format, packed.oc, packed.ic)
+    return LinearExecution(backend, packed, act)
+
+
+CREATORS = {"Convolution": create_linear}

@@ -1,0 +1,165 @@
+"""The opencl backend: RuntimeCreator (probe), Runtime (device, queue, kernel choices),
+Backend (buffers, host copies, kernel building). pyopencl is imported lazily, so importing
+this module never touches OpenCL.
+
+Runtime hints (all optional):
+  "opencl_device": "platform:device"  which device (else $MNNLLM_OPENCL_DEVICE, else the
+                                      first GPU, else the first device); see device.py
+  "opencl_fp16": bool                 force fp16 activation storage on or off; by default it
+                                      is on only for precision "low" on a device with
+                                      cl_khr_fp16 (kernels convert with vload_half /
+                                      vstore_half and always compute in fp32)
+  "opencl_linear_split": int          work-items that share one output row of a linear
+                                      layer (a power of two); default 1 on a CPU device
+                                      (one work-item per row, wide vector loads: fastest
+                                      on pocl) and 64 on a GPU (work-group reduction)
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from mnnllm_core.core.backend import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig
+from mnnllm_core.core.tensor import Tensor
+
+if TYPE_CHECKING:
+    from .device import Program
+
+log = logging.getLogger(__name__)
+
+
+class OpenCLBackend(Backend):
+    """Storage of a tensor is a cl.Buffer; float32 tensors are held as fp16 when `half`."""
+
+    name = "opencl"
+
+    def __init__(self, runtime: "OpenCLRuntime", config: BackendConfig):
+        super().__init__(runtime, config)
+        forced = runtime.hints.get("opencl_fp16")
+        self.half = bool(forced) if forced is not None else (
+            config.precision == "low" and runtime.device.has_fp16)
+        self.queue = runtime.queue
+        self.allocator = runtime.allocator
+        self._free: dict[int, list] = defaultdict(list)
+        self._pooled: set[int] = set()
+
+    # -- kernels -----------------------------------------------------------------
+    def program(self, file: str, kernel: str, **defines: Any) -> "Program":
+        """Kernel `kernel` of kernels/`file`, built for this backend's storage type."""
+        from .device import Program
+        options = " ".join(f"-D{k}={v}" for k, v in sorted(defines.items()))
+        if self.half:
+            options += " -DHALF_STORAGE"
+        return Program(self.runtime.compiler.build_file(file, options.strip()), kernel)
+
+    def storage_dtype(self, tensor: Tensor) -> np.dtype:
+        if self.half and tensor.dtype == np.float32:
+            return np.dtype(np.float16)
+        return tensor.dtype
+
+    # -- memory ------------------------------------------------------------------
+    def on_acquire_buffer(self, tensor: Tensor) -> None:
+        nbytes = max(4, tensor.size * self.storage_dtype(tensor).itemsize)
+        pool = self._free.get(nbytes)
+        if pool:
+            tensor.storage = pool.pop()
+            self._pooled.discard(tensor.storage.int_ptr)
+        else:
+            tensor.storage = self.allocator.alloc(nbytes)
+
+    def on_release_buffer(self, tensor: Tensor) -> None:
+        # a tensor read twice by its last command (Concat(x, x)) is released twice: pool it once
+        buffer = tensor.storage
+        if buffer is not None and buffer.int_ptr not in self._pooled:
+            self._pooled.add(buffer.int_ptr)
+            self._free[buffer.size].append(buffer)
+
+    def on_clear_buffer(self) -> None:
+        self._free.clear()
+        self._pooled.clear()
+
+    def upload(self, tensor: Tensor, array: np.ndarray) -> None:
+        self.allocator.copyin(tensor.storage, np.asarray(array, dtype=self.storage_dtype(tensor)).reshape(-1))
+
+    def download(self, tensor: Tensor) -> np.ndarray:
+        host = np.empty(tensor.shape, self.storage_dtype(tensor))
+        return self.allocator.copyout(host, tensor.storage).astype(tensor.dtype, copy=False)
+
+    def on_copy_buffer(self, src: Tensor, dst: Tensor) -> None:
+        other = src.backend
+        if isinstance(other, OpenCLBackend) and other.runtime.device is self.runtime.device and other.half == self.half:
+            self.allocator.copy(dst.storage, src.storage, dst.size * self.storage_dtype(dst).itemsize)
+        else:
+            self.upload(dst, src.backend.download(src))
+
+    def on_execute_end(self) -> None:
+        self.queue.finish()
+
+
+class OpenCLRuntime(Runtime):
+    """One device, one in-order queue, and the process-wide program cache of that device."""
+
+    name = "opencl"
+    static_shapes = True
+
+    def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
+        super().__init__(config, hints)
+        import pyopencl as cl
+
+        from . import device
+        from .ops import CREATORS
+        self.device = device.open_device(device.device_spec(self.hints))
+        self.queue = cl.CommandQueue(self.device.context)
+        self.allocator = device.Allocator(self.device, self.queue)
+        self.compiler = device.Compiler(self.device)
+        split = self.hints.get("opencl_linear_split")
+        if split is None:
+            split = 1 if self.device.is_cpu else min(64, self.device.device.max_work_group_size)
+        self.linear_split = int(split)
+        if self.linear_split < 1 or self.linear_split & (self.linear_split - 1):
+            raise ValueError(f"opencl_linear_split must be a power of two, got {self.linear_split}")
+        self.op_creators.update(CREATORS)
+
+    def create_backend(self, config: BackendConfig) -> OpenCLBackend:
+        return OpenCLBackend(self, config)
+
+    def device_name(self) -> str:
+        return self.device.description
+
+
+class OpenCLRuntimeCreator(RuntimeCreator):
+    name = "opencl"
+    static_shapes = True
+
+    def __init__(self) -> None:
+        self._probed: dict[str | None, tuple[bool, str]] = {}
+
+    def is_available(self) -> tuple[bool, str]:
+        """Builds and runs a tiny kernel on the device $MNNLLM_OPENCL_DEVICE names (else the
+        default one); never raises."""
+        try:
+            from . import device
+        except Exception as err:  # pyopencl missing, or its libOpenCL cannot be loaded
+            return False, f"pyopencl cannot be imported: {type(err).__name__}: {err}"
+        spec = device.device_spec({})
+        if spec not in self._probed:
+            try:
+                described = device.probe(spec)
+                self._probed[spec] = (True, "")
+                log.debug("opencl probe ran on %s", described)
+            except Exception as err:  # any driver or compiler failure means "unavailable"
+                self._probed[spec] = (False, f"{type(err).__name__}: {str(err).strip()}")
+        return self._probed[spec]
+
+    def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> OpenCLRuntime:
+        return OpenCLRuntime(config, hints)
+
+    def devices(self) -> list[str]:
+        try:
+            from . import device
+            return [f"{key} {d.name.strip()} on {d.platform.name.strip()}" for key, d in device.list_devices()]
+        except Exception:  # no driver: no devices to list
+            return []
