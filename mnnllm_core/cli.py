@@ -170,6 +170,29 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _int_list(text: str) -> list[int]:
+    return [int(v) for v in text.split(",") if v.strip()]
+
+
+def cmd_bench(args) -> int:
+    from .bench.report import attach_ratios, profile_text, render
+    from .bench.runner import run_bench
+    from .bench.tests import plan
+    models = [m for m in args.model.split(",") if m] if args.model else [_config_path(None)]
+    pairs = [tuple(_int_list(pg)) for pg in args.pg or []]
+    if any(len(p) != 2 for p in pairs):
+        raise SystemExit("error: -pg expects PROMPT,GEN, e.g. -pg 512,128")
+    tests = [(t.prompt, t.gen) for t in plan(_int_list(args.p), _int_list(args.n), pairs)]
+    results, mnn = run_bench(models, [b for b in args.a.split(",") if b], _int_list(args.t), tests, args.rep,
+                             args.c, args.profile, args.vs_mnn)
+    if mnn:
+        attach_ratios(results, mnn)
+    print(render(results + mnn, args.o, extra=args.extra))
+    if args.profile and args.o == "md":
+        print(profile_text(results))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mnnllm", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
@@ -211,6 +234,21 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--tokenizer", choices=("mtok", "txt"), default="mtok")
     export.add_argument("--json", action="store_true")
     export.set_defaults(func=cmd_export)
+
+    bench = sub.add_parser("bench", help="benchmark models x backends x threads (llama-bench style)")
+    bench.add_argument("-m", "--model", help="config.json[,config.json...] (default: the default model)")
+    bench.add_argument("-a", default="cpu", help="backends, e.g. cpu,opencl")
+    bench.add_argument("-t", default="2", help="thread counts, e.g. 2,4")
+    bench.add_argument("-p", default="512", help="prompt lengths to prefill (ppN)")
+    bench.add_argument("-n", default="128", help="tokens to decode from a 1-token context (tgN)")
+    bench.add_argument("-pg", action="append", help="PROMPT,GEN: decode after the prefill, reusing its KV cache")
+    bench.add_argument("-rep", type=int, default=5, help="repetitions (after one warm-up run)")
+    bench.add_argument("-c", type=int, choices=(0, 1, 2), default=2, help="precision: 0 normal, 1 high, 2 low")
+    bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md")
+    bench.add_argument("--profile", action="store_true", help="time per op type for one prefill and one decode")
+    bench.add_argument("--vs-mnn", action="store_true", help="also run MNN's C++ runtime (PyPI MNN) side by side")
+    bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

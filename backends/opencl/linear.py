@@ -76,6 +76,7 @@ class LinearExecution(Execution):
         super().__init__(backend)
         self.packed, self.act = packed, act
         self.kernel = None
+        self.packed_bytes = sum(getattr(b, "size", 0) for b in (packed.weight, packed.scales, packed.bias))
 
     def on_resize(self, inputs, outputs) -> None:
         p = self.packed

@@ -34,7 +34,12 @@ class ScheduleConfig:
 
 
 class Execution:
-    """One op on one backend: resize when shapes change, execute every run."""
+    """One op on one backend: resize when shapes change, execute every run.
+
+    `packed_bytes`: bytes of packed weights one run reads (the decode roofline adds them up).
+    """
+
+    packed_bytes = 0
 
     def __init__(self, backend: "Backend"):
         self.backend = backend

@@ -13,6 +13,7 @@ class LinearExecution(Execution):
         self.weight = weight  # [oc, ic] float32, shared by clones
         self.bias = bias
         self.relu, self.relu6 = relu, relu6
+        self.packed_bytes = weight.nbytes + (bias.nbytes if bias is not None else 0)
 
     def on_execute(self, inputs, outputs) -> None:
         x = inputs[0].storage

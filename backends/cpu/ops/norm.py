@@ -29,6 +29,7 @@ class LayerNormExecution(Execution):
         self.eps, self.rms = eps, rms
         self.axis_count, self.group = axis_count, group
         self.channel_axis = channel_axis  # C4 tensors normalize over channels
+        self.packed_bytes = sum(a.nbytes for a in (gamma, beta) if a is not None)
 
     def on_execute(self, inputs, outputs) -> None:
         x = inputs[0].storage

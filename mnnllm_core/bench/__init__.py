@@ -1,0 +1,1 @@
+"""`mnnllm bench`: llama-bench / llm_bench style device and backend benchmarks."""

@@ -1,0 +1,112 @@
+"""Measures one (model, backend, threads) combination in its own process, so load time,
+peak memory and BLAS thread settings are its own. Job as JSON on stdin, result on stdout."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from .tests import BenchTest, prompt_tokens
+
+PRECISIONS = {0: "normal", 1: "high", 2: "low"}
+
+
+def _model_size(config) -> int:
+    return sum(os.path.getsize(p) for p in (config.llm_model, config.llm_weight) if os.path.exists(p))
+
+
+def _decode(llm, first: int, steps: int) -> None:
+    token = first
+    for _ in range(steps):
+        token = int(np.argmax(llm.forward([token])))
+
+
+def _run_once(llm, test: BenchTest, ids: list[int]) -> float:
+    llm.reset()
+    start = time.perf_counter()
+    if test.prompt:
+        logits = llm.forward(ids[:test.prompt])
+        _decode(llm, int(np.argmax(logits)), test.gen)
+    else:
+        llm.forward(ids[:1])
+        start = time.perf_counter()
+        _decode(llm, ids[1], test.gen)
+    return time.perf_counter() - start
+
+
+def _profile(llm, ids: list[int]) -> dict:
+    """Seconds per (backend, op type) for one prefill and one decode step."""
+    result = {}
+    for phase, tokens in (("prefill", ids), ("decode", ids[:1])):
+        if phase == "prefill":
+            llm.reset()
+        module = llm.pool.get(len(tokens), False)
+        pipeline = module.static_module.session.pipeline
+        pipeline.profile = {}
+        llm.forward(tokens)
+        times, pipeline.profile = pipeline.profile, None
+        total = sum(times.values()) or 1.0
+        result[phase] = [{"backend": b, "op": op, "ms": round(t * 1e3, 3), "share": round(t / total, 4)}
+                         for (b, op), t in sorted(times.items(), key=lambda kv: -kv[1])]
+    return result
+
+
+def _packed_bytes(llm) -> int:
+    module = llm.pool.get(1, False)
+    return sum(e.packed_bytes for _, e in module.static_module.session.pipeline.executions.values())
+
+
+def run(job: dict) -> dict:
+    from mnnllm_core import __version__
+    from mnnllm_core.llm.llm import create
+    from mnnllm_core.plugins.manager import registry
+
+    llm = create(job["config"])
+    llm.set_config({"backend_type": job["backend"], "thread_num": job["threads"],
+                    "precision": PRECISIONS[job["precision"]], "sampler_type": "greedy",
+                    "max_all_tokens": max(4096, max(t[0] + t[1] for t in job["tests"]) + 8)})
+    start = time.perf_counter()
+    llm.load()
+    load_s = time.perf_counter() - start
+    ids = prompt_tokens(max(t[0] for t in job["tests"]) + 2, llm.tokenizer.vocab_size)
+    rows = []
+    for prompt, gen in job["tests"]:
+        test = BenchTest(prompt, gen)
+        _run_once(llm, test, ids)  # warm-up: resizes, kernel compiles, page faults
+        samples = []
+        for rep in range(job["reps"]):
+            print(f"\r  {job['backend']} t{job['threads']} {test.name} {rep + 1}/{job['reps']}",
+                  end="", file=sys.stderr, flush=True)
+            samples.append(test.tokens / _run_once(llm, test, ids))
+        rows.append({"test": test.name, "n_prompt": prompt, "n_gen": gen, "samples_ts": samples,
+                     "avg_ts": statistics.fmean(samples),
+                     "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
+    print("\r", end="", file=sys.stderr)
+    result = {
+        "model": job["config"], "model_size": _model_size(llm.config), "backend": job["backend"],
+        "threads": job["threads"], "precision": PRECISIONS[job["precision"]], "load_s": load_s,
+        "device": llm.runtime_manager.runtime.device_name(), "placement": llm.placement(),
+        "decode_weight_bytes": _packed_bytes(llm),
+        "versions": {"mnnllm": __version__, "numpy": np.__version__, "python": platform.python_version(),
+                     "backend": registry().version_of(job["backend"])},
+        "rows": rows,
+    }
+    if job.get("profile"):
+        result["profile"] = _profile(llm, ids[:max(1, max(t[0] for t in job["tests"]) or 64)])
+    result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return result
+
+
+def main() -> None:
+    job = json.load(sys.stdin)
+    print("@@BENCH@@" + json.dumps(run(job)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

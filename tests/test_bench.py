@@ -1,0 +1,66 @@
+"""`mnnllm bench`: the JSON schema (not the speed), and the table formats."""
+import csv
+import io
+import json
+import subprocess
+import sys
+
+from mnnllm_core.bench.report import attach_ratios, render
+from mnnllm_core.bench.tests import BenchTest, plan
+from paths import CONFIG
+
+ROW_KEYS = {"model", "backend", "threads", "test", "samples_ts", "avg_ts", "stddev_ts", "load_s", "peak_rss_mb",
+            "device", "placement", "versions", "precision", "n_prompt", "n_gen", "model_size"}
+
+
+def test_bench_json_rows_carry_every_field():
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "-a", "cpu",
+                           "-p", "64", "-n", "16", "-rep", "2", "-o", "json"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [r["test"] for r in rows] == ["pp64", "tg16"]
+    for row in rows:
+        assert ROW_KEYS <= set(row)
+        assert row["backend"] == "cpu" and row["threads"] == 2
+        assert len(row["samples_ts"]) == 2 and all(s > 0 for s in row["samples_ts"])
+        assert abs(row["avg_ts"] - sum(row["samples_ts"]) / 2) < 1e-6
+        assert row["placement"]["ops_per_backend"]["cpu"] > 0
+        assert row["peak_rss_mb"] > 0 and row["load_s"] > 0 and row["device"]
+        assert {"mnnllm", "numpy", "python"} <= set(row["versions"])
+    assert "pp64" in done.stderr or "[1/1]" in done.stderr  # progress goes to stderr, stdout stays JSON
+
+
+def _fake_results():
+    rows = [{"test": "pp512", "n_prompt": 512, "n_gen": 0, "samples_ts": [100.0, 110.0], "avg_ts": 105.0,
+             "stddev_ts": 7.07},
+            {"test": "tg128", "n_prompt": 0, "n_gen": 128, "samples_ts": [30.0, 32.0], "avg_ts": 31.0,
+             "stddev_ts": 1.41}]
+    ours = {"model": "m/config.json", "model_size": 2 ** 20 * 72, "backend": "cpu", "threads": 2, "precision": "low",
+            "load_s": 0.8, "peak_rss_mb": 600, "device": "x", "placement": {}, "versions": {},
+            "decode_weight_bytes": 2 ** 20 * 500, "rows": rows}
+    mnn = {**ours, "backend": "mnn-cpu(low)", "decode_weight_bytes": None,
+           "rows": [{**r, "avg_ts": r["avg_ts"] * 2} for r in rows]}
+    return ours, mnn
+
+
+def test_markdown_table_has_llama_bench_columns_and_the_roofline():
+    ours, mnn = _fake_results()
+    attach_ratios([ours], [mnn])
+    text = render([ours, mnn], "md", extra=True)
+    assert text.splitlines()[0] == ("| model | modelSize | backend | threads | precision | test | speed(tok/s) | "
+                                    "vs MNN | load(s) | peak(MiB) |")
+    assert "| pp512 | 105.00 ± 7.07 | 0.50x |" in text
+    assert "500.0 MiB of weights per token x 31.0 tok/s" in text
+
+
+def test_jsonl_and_csv_have_one_row_per_test():
+    ours, _ = _fake_results()
+    assert [json.loads(line)["test"] for line in render([ours], "jsonl").splitlines()] == ["pp512", "tg128"]
+    rows = list(csv.DictReader(io.StringIO(render([ours], "csv"))))
+    assert [r["test"] for r in rows] == ["pp512", "tg128"] and rows[0]["samples_ts"] == "100.000;110.000"
+
+
+def test_test_names_follow_llama_bench():
+    assert [t.name for t in plan([512], [128], [(512, 128)])] == ["pp512", "tg128", "pp512+tg128"]
+    assert BenchTest(512, 128).tokens == 640
