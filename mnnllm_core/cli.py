@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import sys
-import time
 from typing import Sequence
 
 from .errors import MnnllmError

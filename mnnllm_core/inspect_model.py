@@ -4,9 +4,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from .errors import FormatError
 from .express.pipeline_module import FORMAT_NAMES
-from .schema.reader import op_type_name, read_net
+from .schema.reader import op_type_name, read_net_file
 
 _DTYPES = {1: "float32", 2: "float64", 3: "int32", 4: "uint8", 6: "int8", 9: "int64", 10: "bool", 19: "float16"}
 
@@ -16,12 +15,7 @@ def _text(value) -> str:
 
 
 def inspect_graph(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as err:
-        raise FormatError(f"cannot read the model: {err.strerror}", file=path) from err
-    net = read_net(data, path)
+    net = read_net_file(path)
     names = [_text(n) for n in net.tensorName or []]
     histogram: Counter = Counter()
     weight_bytes: Counter = Counter()

@@ -10,7 +10,6 @@ Skipped only when no OpenCL driver can build and run a kernel (with the probe's 
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -24,21 +23,20 @@ from mnnllm_core.core.backend import ScheduleConfig
 from mnnllm_core.core.dtypes import DT_FLOAT, DT_INT32
 from mnnllm_core.core.op import Op
 from mnnllm_core.express.op_weights import ConvolutionWeights, OpWeights
-from mnnllm_core.express.quant import FloatWeight, QuantizedWeight
+from mnnllm_core.express.quant import FloatWeight
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.Axis import AxisT
 from mnnllm_core.schema.MNN.BinaryOp import BinaryOpT
 from mnnllm_core.schema.MNN.CastParam import CastParamT
-from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
-from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 from mnnllm_core.schema.MNN.Permute import PermuteT
 from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
 from mnnllm_core.schema.MNN.UnaryOp import UnaryOpT
 
 from op_harness import Graph, Weights, make_module, new_runtime, run_op
+from references import attention_reference, conv_param, linear_reference, quantize, rope_tables
 from paths import SHARED
 
 AVAILABLE, REASON = registry().get("opencl").is_available()
@@ -120,35 +118,6 @@ def test_without_a_driver_the_backend_is_unavailable_and_selecting_it_names_why(
 
 
 # ------------------------------------------------------------------ Convolution as linear
-
-def conv_param(oc: int, ic: int, relu: bool = False, relu6: bool = False) -> Convolution2DT:
-    common = Convolution2DCommonT()
-    common.outputCount, common.inputCount, common.relu, common.relu6 = oc, ic, relu, relu6
-    param = Convolution2DT()
-    param.common = common
-    return param
-
-
-def quantize(weight: np.ndarray, bits: int, block: int) -> tuple[QuantizedWeight, np.ndarray]:
-    """MNN's layout (codes MSB first, value = code - 2^(bits-1), w = value*scale + zero per
-    (row, block)) and the float64 dequantization of it."""
-    oc, ic = weight.shape
-    blocks = weight.astype(np.float64).reshape(oc, ic // block, block)
-    low, high = blocks.min(axis=-1), blocks.max(axis=-1)
-    levels, offset = (1 << bits) - 1, 1 << (bits - 1)
-    scale = (np.maximum(high - low, 1e-6) / levels).astype(np.float32)
-    zero = (low + offset * scale.astype(np.float64)).astype(np.float32)
-    codes = np.clip(np.rint((blocks - zero[..., None]) / scale[..., None]) + offset, 0, levels).astype(np.uint8)
-    flat = codes.reshape(-1)
-    packed = (flat[0::2] << 4) | flat[1::2] if bits == 4 else flat
-    dense = ((codes.astype(np.float64) - offset) * scale[..., None] + zero[..., None]).reshape(oc, ic)
-    return QuantizedWeight(bits=bits, block_size=block, oc=oc, ic=ic, packed=packed, zero=zero, scale=scale), dense
-
-
-def linear_reference(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
-    y = x.reshape(x.shape[0], -1).astype(np.float64) @ np.asarray(weight, np.float64).T
-    return y if bias is None else y + bias
-
 
 LINEAR_TOL = 2e-5
 
@@ -239,13 +208,6 @@ def test_groups_two_axes_and_channel_axis_layernorms_match_the_cpu_backend() -> 
 
 # ------------------------------------------------------------------ RoPE
 
-def rope_tables(positions: np.ndarray, rope_dim: int) -> tuple[np.ndarray, np.ndarray]:
-    inv = 1.0 / 10000.0 ** (np.arange(0, rope_dim, 2, dtype=np.float64) / rope_dim)
-    emb = np.concatenate([positions[:, None] * inv] * 2, axis=-1)
-    shape = (1, len(positions), 1, rope_dim)
-    return np.cos(emb).reshape(shape).astype(np.float32), np.sin(emb).reshape(shape).astype(np.float32)
-
-
 def rope_op(heads, kv_heads, dim, cut=0, q_norm=None, k_norm=None):
     def make():
         p = RoPEParamT()
@@ -274,25 +236,6 @@ def test_rope_matches_the_cpu_backend(tokens, heads, kv_heads, dim, cut, norm) -
 
 
 # ------------------------------------------------------------------ Attention
-
-def attention_reference(q, k, v, scale=None, bias=None, causal_offset: int | None = 0) -> np.ndarray:
-    """q [seq, heads, dim], k/v [total, kv_heads, dim], float64; query i sits at causal_offset + i."""
-    seq, heads, dim = q.shape
-    total, kv_heads, _ = k.shape
-    group = heads // kv_heads
-    scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    out = np.empty((seq, heads, dim))
-    for h in range(heads):
-        scores = q[:, h].astype(np.float64) @ k[:, h // group].astype(np.float64).T * scale
-        if bias is not None:
-            scores = scores + bias
-        if causal_offset is not None:
-            allowed = np.arange(total)[None, :] <= causal_offset + np.arange(seq)[:, None]
-            scores = np.where(allowed, scores, -np.inf)
-        p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        out[:, h] = (p / p.sum(axis=-1, keepdims=True)) @ v[:, h // group].astype(np.float64)
-    return out
-
 
 class AttentionGraph:
     """One packed Attention op on its own opencl runtime (it owns the KV meta)."""

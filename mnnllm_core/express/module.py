@@ -7,8 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import FormatError
-from ..schema.reader import read_net
+from ..schema.reader import read_net_file
 from .pipeline_module import NetInfo, build_schedule
 from .runtime_manager import RuntimeManager
 from .static_module import Config, StaticModule
@@ -76,12 +75,7 @@ class Module:
         """Load `path` (an llm.mnn); empty `inputs`/`outputs` are inferred from the graph."""
         path = str(path)
         config = config or Config()
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
-        except OSError as err:
-            raise FormatError(f"cannot read the model: {err.strerror}", file=path) from err
-        net = read_net(data, path)
+        net = read_net_file(path)
         runtime_manager = runtime_manager or RuntimeManager.create()
         weight_path = runtime_manager.external_file or path + ".weight"
         weight_file = ExternalWeightFile(weight_path) if os.path.exists(weight_path) else None

@@ -7,7 +7,6 @@ Names follow pymnn's `MNN.llm` so an MNN user finds their way: `create`, `load`,
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time

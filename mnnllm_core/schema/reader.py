@@ -27,7 +27,7 @@ from mnnllm_core.schema.MNN.Net import Net, NetT
 from mnnllm_core.schema.MNN.OpParameter import OpParameter
 from mnnllm_core.schema.MNN.OpType import OpType
 
-__all__ = ["read_net", "verify_net_buffer", "op_type_name", "op_param_name", "MAX_DEPTH"]
+__all__ = ["read_net", "read_net_file", "verify_net_buffer", "op_type_name", "op_param_name", "MAX_DEPTH"]
 
 logger = logging.getLogger(__name__)
 
@@ -331,3 +331,13 @@ def op_type_name(op_type: int) -> str:
 def op_param_name(main_type: int) -> str:
     """MNN's name of an OpParameter union member (e.g. 98 -> "AttentionParam")."""
     return _OP_PARAM_NAMES.get(main_type, f"OpParameter({main_type})")
+
+
+def read_net_file(path: str) -> NetT:
+    """read_net of a file; an unreadable file is a FormatError naming it."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as err:
+        raise FormatError(f"cannot read the model: {err.strerror}", file=str(path)) from err
+    return read_net(data, str(path))
