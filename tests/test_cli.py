@@ -72,3 +72,12 @@ def test_errors_are_one_readable_line_and_exit_code_2(tmp_path):
 def test_set_values_are_json_when_they_parse(value, expected):
     from mnnllm_core.cli import _parse_set
     assert _parse_set([f"k={value}"]) == {"k": expected}
+
+
+def test_chat_is_multi_turn_and_streams_answers():
+    done = mnnllm("chat", str(CONFIG), "--set", "sampler_type=greedy", "--max-new-tokens", "24",
+                  stdin="What is the capital of France?\nWhat is 2+2?\n/reset\nWhat is the capital of France?\n/exit\n")
+    assert done.returncode == 0, done.stderr
+    answers = [line for line in done.stdout.split("> ") if line.strip()]
+    assert len(answers) == 3
+    assert answers[0].strip() == answers[2].strip() == "The capital of France is Paris."
