@@ -506,3 +506,18 @@ def test_interrupted_default_export_leaves_no_model(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ensure_default_model(str(tmp_path / "cache"))
     assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_export_command_writes_a_model_the_run_command_answers_with(tmp_path, llama_dir):
+    dst = tmp_path / "cli-export"
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "export", str(llama_dir), str(dst),
+                           "--quant-bit", "8", "--quant-block", "0", "--json"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["peak_rss_bytes"] > 0 and set(report["files"]) >= {"llm.mnn", "llm.mnn.weight", "config.json"}
+    run = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "run", str(dst / "config.json"), "-p", "hi",
+                          "--max-new-tokens", "3", "--set", "sampler_type=greedy", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert 1 <= len(json.loads(run.stdout)["gen_ids"]) <= 3
