@@ -145,7 +145,7 @@ def cmd_backends(args) -> int:
         rows.append({"name": name, "plugin": reg.plugin_of(name), "version": reg.version_of(name),
                      "devices": creator.devices() if ok else [], "available": ok, "reason": reason,
                      "static_shapes": bool(creator.static_shapes)})
-    errors = [{"plugin": e.name, "error": e.error} for e in reg.load_errors()]
+    errors = [{"plugin": e.name, "error": e.error, "traceback": e.traceback} for e in reg.load_errors()]
     if args.json:
         print(json.dumps({"backends": rows, "plugin_errors": errors}, indent=2))
         return 0
@@ -155,6 +155,7 @@ def cmd_backends(args) -> int:
               f"static_shapes={row['static_shapes']}, devices: {', '.join(row['devices']) or '-'})")
     for e in errors:
         print(f"plugin {e['plugin']} failed to load: {e['error']}")
+        print("\n".join("    " + line for line in e["traceback"].splitlines()))
     return 0
 
 

@@ -195,24 +195,35 @@ class Pipeline:
         self.commands = placed
 
     def _create(self, command: Command) -> tuple[Backend, Execution]:
-        if command.node is not None and command.node in self.executions:
-            return self.executions[command.node]
         op = command.op
+        if command.node is not None and command.node in self.executions:
+            backend, execution = self.executions[command.node]
+            if backend is not self.backend:  # created at load (rearrange): still a fallback
+                self._record_fallback(op)
+            return backend, execution
         execution = self.backend.on_create(command.inputs, command.outputs, op)
         backend = self.backend
         if execution is None and self.backup is not self.backend:
-            reason = (f"{self.backend.name} has no {op.type} kernel" if op.type not in self.backend.creators
-                      else f"{self.backend.name} refused this {op.type}")
             if not self.allow_fallback:
-                raise BackendError(f"op {op.type} {op.name!r} cannot run on {self.backend.name} ({reason}) "
-                                   f"and allow_fallback is false", field="allow_fallback")
+                raise BackendError(f"op {op.type} {op.name!r} cannot run on {self.backend.name} "
+                                   f"({self._fallback_reason(op)}) and allow_fallback is false",
+                                   field="allow_fallback")
             execution, backend = self.backup.on_create(command.inputs, command.outputs, op), self.backup
-            self.placement.fallbacks.append({"op": op.name, "type": op.type, "to": backend.name, "reason": reason})
+            self._record_fallback(op)
         if execution is None:
             raise UnsupportedError(f"op type {op.type} ({op.name!r}) has no kernel on {backend.name}", field="type")
         if command.node is not None:
             self.executions[command.node] = (backend, execution)
         return backend, execution
+
+    def _fallback_reason(self, op: Op) -> str:
+        if op.type not in self.backend.creators:
+            return f"{self.backend.name} has no {op.type} kernel"
+        return f"{self.backend.name} refused this {op.type}"
+
+    def _record_fallback(self, op: Op) -> None:
+        self.placement.fallbacks.append({"op": op.name, "type": op.type, "to": self.backup.name,
+                                         "reason": self._fallback_reason(op)})
 
     # -- allocate ----------------------------------------------------------------
     def allocate(self) -> None:

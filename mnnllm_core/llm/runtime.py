@@ -2,6 +2,8 @@
 
 `backend_type` may list alternatives, tried in order: "opencl,cpu" means opencl when it
 is available, else cpu (logged). A single name never falls back silently.
+`allow_fallback: false` makes an op the chosen backend cannot run an error instead of a
+fallback to cpu; `backend_hints` passes backend-specific options to the Runtime.
 """
 from __future__ import annotations
 
@@ -39,8 +41,10 @@ def schedule_config(config: LlmConfig, backend_type: str) -> ScheduleConfig:
 
 
 def runtime_hints(config: LlmConfig) -> dict:
-    """What MNN's setRuntimeHint passes to the backends."""
+    """What MNN's setRuntimeHint passes to the backends, over the config's `backend_hints`
+    (options for a plugin backend, e.g. {"torch_device": "cuda:1"}; the core's keys win)."""
     return {
+        **(config.get("backend_hints") or {}),
         "attention_mode": config.attention_mode, "dynamic_option": config.dynamic_option,
         "kvcache_mmap": config.kvcache_mmap, "use_mmap": config.use_mmap, "mmap_size": config.mmap_size,
         "tmp_path": config.tmp_path, "prefix_cache_path": config.prefix_cache_path,

@@ -1,0 +1,65 @@
+"""The smallest mnnllm backend: numpy storage and one op type, BinaryOp.
+Every other op runs on the cpu backend, which the pipeline falls back to by itself."""
+import numpy as np
+
+from mnnllm_core.core.backend import Backend, Execution, Runtime, RuntimeCreator
+from mnnllm_core.plugins.hookspecs import hookimpl
+
+BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide}
+
+
+class BinaryExecution(Execution):
+    def __init__(self, backend, function):
+        super().__init__(backend)
+        self.function = function
+
+    def on_execute(self, inputs, outputs):
+        outputs[0].storage[...] = self.function(inputs[0].storage, inputs[1].storage)
+
+
+def create_binary(backend, inputs, outputs, op):
+    function = BINARY.get(op.extra.get("operation"))
+    return None if function is None else BinaryExecution(backend, function)  # None: run it on cpu
+
+
+class MinimalBackend(Backend):
+    name = "minimal"
+
+    def on_acquire_buffer(self, tensor):
+        tensor.storage = np.empty(tensor.shape, tensor.dtype)
+
+    def upload(self, tensor, array):
+        tensor.storage[...] = np.reshape(array, tensor.shape)
+
+    def download(self, tensor):
+        return tensor.storage
+
+
+class MinimalRuntime(Runtime):
+    name = "minimal"
+
+    def __init__(self, config, hints=None):
+        super().__init__(config, hints)
+        self.op_creators["BinaryOp"] = create_binary
+
+    def create_backend(self, config):
+        return MinimalBackend(self, config)
+
+
+class MinimalRuntimeCreator(RuntimeCreator):
+    name = "minimal"
+
+    def is_available(self):
+        ok = np.array_equal(np.add(np.arange(3), 1), [1, 2, 3])  # really run the one kernel we have
+        return (True, "") if ok else (False, "numpy add gave a wrong result")
+
+    def create(self, config, hints=None):
+        return MinimalRuntime(config, hints)
+
+    def devices(self):
+        return ["host memory (numpy)"]
+
+
+@hookimpl
+def mnnllm_register_runtime_creators():
+    return [MinimalRuntimeCreator()]

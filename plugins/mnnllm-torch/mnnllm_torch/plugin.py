@@ -1,0 +1,13 @@
+"""The plugin module the `mnnllm` entry point names: it only hands over the RuntimeCreator.
+
+Importing this module imports no torch: the registry loads plugins whenever any backend is
+asked for, and a cpu user must not pay for torch (or break when it is missing).
+"""
+from mnnllm_core.plugins.hookspecs import hookimpl
+
+from .creator import TorchRuntimeCreator
+
+
+@hookimpl
+def mnnllm_register_runtime_creators():
+    return [TorchRuntimeCreator()]
