@@ -105,7 +105,7 @@ def cmd_inspect(args) -> int:
         path = config.llm_model
     report = inspect_graph(path)
     if args.backend:
-        report["placement"] = _placement(args.config_or_path(config), args.backend)
+        report["placement"] = _placement(args.path if config is not None else _config_beside(path), args.backend)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -219,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("path")
     inspect.add_argument("--backend", help="also load on this backend and show the op placement")
     inspect.add_argument("--json", action="store_true")
-    inspect.set_defaults(func=cmd_inspect, config_or_path=None)
+    inspect.set_defaults(func=cmd_inspect)
 
     backends = sub.add_parser("backends", help="list registered backends and their availability")
     backends.add_argument("--json", action="store_true")
@@ -256,8 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
-    if args.func is cmd_inspect:
-        args.config_or_path = lambda config: args.path if config is not None else _config_beside(args.path)
     try:
         return args.func(args)
     except MnnllmError as err:

@@ -168,7 +168,7 @@ class Pipeline:
         for name, index in self.info.input_indexes.items():
             self.tensors[index].backend = self.backend
         for command in self.commands:
-            backend, execution = self._create(command)
+            backend, execution = self.create_execution(command)
             inputs = []
             for tensor in command.inputs:
                 if tensor.host is None and tensor.backend is backend:
@@ -194,7 +194,7 @@ class Pipeline:
             self.placement.by_type[backend.name][command.op.type] += 1
         self.commands = placed
 
-    def _create(self, command: Command) -> tuple[Backend, Execution]:
+    def create_execution(self, command: Command) -> tuple[Backend, Execution]:
         op = command.op
         if command.node is not None and command.node in self.executions:
             backend, execution = self.executions[command.node]

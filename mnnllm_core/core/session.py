@@ -39,7 +39,7 @@ class Session:
                 continue
             inputs = [pipeline.tensors[t] for t in node.inputs]
             outputs = [pipeline.tensors[t] for t in node.outputs]
-            pipeline._create(Command(node.op, inputs, outputs, node=i))
+            pipeline.create_execution(Command(node.op, inputs, outputs, node=i))
             node.op.weights = None
             self.packed.add(i)
             created += 1

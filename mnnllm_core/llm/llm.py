@@ -204,7 +204,8 @@ class Llm:
         self.context.all_seq_len = 0
 
     def placement(self) -> dict:
-        modules = list(self.pool._pool.values()) or [self.module]
+        """Where the ops of the most recently used clone ran (empty before the first forward)."""
+        modules = self.pool.modules() or [self.module]
         return modules[-1].placement()
 
 

@@ -28,6 +28,10 @@ class ModulePool:
         self._pool.move_to_end(key)
         return module
 
+    def modules(self) -> list[NetModule]:
+        """The clones, least recently used first."""
+        return list(self._pool.values())
+
     def keys(self) -> list[tuple[int, bool]]:
         return list(self._pool)
 
