@@ -21,7 +21,7 @@ from ..express.static_module import Config
 from .config import LlmConfig
 from .context import LlmContext
 from .embedding import DiskEmbedding
-from .generation import ARGeneration
+from .generation import ARGeneration, create_generation
 from .module_pool import ModulePool
 from .prompt import Prompt
 from .runtime import init_runtime, is_static_shape
@@ -59,6 +59,7 @@ class Llm:
         self.prompt = Prompt(cfg)
         self.embedding = DiskEmbedding(cfg)
         self._init_sampler()
+        self.generation = create_generation(self)
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
         shape_mutable = not is_static_shape(self.runtime_manager)
@@ -79,6 +80,7 @@ class Llm:
         self.config.set_config(content)
         if self.sampler is not None:
             self._init_sampler()
+            self.generation = create_generation(self)
 
     @property
     def kv_meta(self):

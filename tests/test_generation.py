@@ -1,0 +1,81 @@
+"""Generation strategies: lookahead (n-gram speculative) decoding is exact under greedy."""
+import json
+
+import numpy as np
+import pytest
+
+import mnnllm_core
+from mnnllm_core.errors import ConfigError
+from mnnllm_core.llm.generation import ARGeneration, LookaheadGeneration
+from mnnllm_core.llm.generation.lookahead import propose
+from paths import CONFIG, REFERENCE
+
+PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
+
+
+def test_propose_copies_what_followed_the_latest_matching_ngram():
+    assert propose([1, 2, 3, 9, 1, 2], max_match=4, length=3) == [3, 9, 1]
+    assert propose([5, 6, 7], max_match=4, length=3) == []
+
+
+def test_propose_prefers_the_longest_match_then_the_most_frequent_continuation():
+    tokens = [7, 1, 2, 8, 3, 2, 4, 3, 2, 4, 1, 2]
+    assert propose(tokens, max_match=2, length=1) == [8]  # "1 2" matched before "2"
+    assert propose([3, 2, 4, 3, 2, 4, 5, 2], max_match=1, length=1) == [4]  # "2 4" twice beats "2 ..." once
+
+
+def test_propose_never_reads_past_the_end():
+    assert propose([4, 4, 4], max_match=2, length=5) == [4]
+
+
+@pytest.fixture(scope="module")
+def lookahead():
+    llm = mnnllm_core.create(CONFIG)
+    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": "lookahead"})
+    return llm.load()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_lookahead_gives_exactly_the_greedy_tokens(lookahead, index):
+    prompt = PROMPTS[index]
+    assert isinstance(lookahead.generation, LookaheadGeneration)
+    lookahead.reset()
+    assert lookahead.generate(prompt["prompt_ids"], 64) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"]
+    history, meta = lookahead.context.history_tokens, lookahead.kv_meta
+    assert meta.previous - meta.remove == len(history)  # rejected guesses leave the KV cache
+
+
+def test_lookahead_accepts_guesses_on_repetitive_text(lookahead):
+    lookahead.reset()
+    before = lookahead.generation.accepted
+    lookahead.generate(PROMPTS[1]["prompt_ids"], 48)
+    assert lookahead.generation.accepted > before
+
+
+def test_lookahead_respects_max_new_tokens_and_the_cache_stays_consistent(lookahead):
+    for budget in (1, 2, 5, 13):
+        lookahead.reset()
+        out = lookahead.generate(PROMPTS[2]["prompt_ids"], budget)
+        assert out == PROMPTS[2]["mnn_cpp_q4_memory_normal"]["gen_ids"][:budget]
+        meta = lookahead.kv_meta
+        assert meta.previous - meta.remove == len(lookahead.context.history_tokens)
+    # feeding the last token continues from a consistent cache: same logits as a fresh prefill
+    follow = lookahead.forward([out[-1]])
+    lookahead.reset()
+    fresh = lookahead.forward(PROMPTS[2]["prompt_ids"] + out)
+    np.testing.assert_allclose(follow, fresh, rtol=1e-4, atol=1e-3)
+
+
+def test_lookahead_without_greedy_falls_back_to_token_by_token():
+    llm = mnnllm_core.create(CONFIG)
+    llm.set_config({"speculative_type": "lookahead", "sampler_type": "mixed"})
+    llm.load()
+    assert isinstance(llm.generation, ARGeneration)
+
+
+def test_unknown_speculative_type_is_a_config_error():
+    llm = mnnllm_core.create(CONFIG)
+    llm.set_config({"speculative_type": "telepathy"})
+    with pytest.raises(ConfigError, match="speculative_type"):
+        llm.load()
