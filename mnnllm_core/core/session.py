@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import MnnllmError
+from ..progress import Progress
 from .backend import Backend
 from .pipeline import Command, Pipeline
 from .schedule import ScheduleInfo
@@ -33,16 +34,20 @@ class Session:
         from the op, as StaticModule does with `rearrange`."""
         created = 0
         pipeline = self.pipeline
-        for i in pipeline.nodes:
+        todo = [i for i in pipeline.nodes if (self.info.nodes[i].op.weights is not None
+                                               or self.info.nodes[i].op.type == "Attention")
+                and i not in pipeline.executions]
+        progress = Progress(len(todo), f"packing weights ({pipeline.backend.name})", unit=" ops", delay=1.0)
+        for i in todo:
             node = self.info.nodes[i]
-            if (node.op.weights is None and node.op.type != "Attention") or i in pipeline.executions:
-                continue
+            progress.update()
             inputs = [pipeline.tensors[t] for t in node.inputs]
             outputs = [pipeline.tensors[t] for t in node.outputs]
             pipeline.create_execution(Command(node.op, inputs, outputs, node=i))
             node.op.weights = None
             self.packed.add(i)
             created += 1
+        progress.close()
         return created
 
     def resize_key(self, feeds: dict[str, np.ndarray]) -> tuple:

@@ -4,14 +4,14 @@ from __future__ import annotations
 import json
 import logging
 import resource
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any
 
 from mnnllm_core.errors import ConfigError, UnsupportedError
+from mnnllm_core.progress import Progress
 
 from . import llama, qwen2
 from .graph import DecoderGraph
@@ -57,38 +57,6 @@ class ExportReport:
                 f"peak RSS {self.peak_rss_bytes / mb:.0f} MiB (fp32 weights: {4 * self.parameters / mb:.0f} MiB)")
 
 
-class Progress:
-    """A one-line progress bar on stderr, redrawn at most every 0.1 s."""
-
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30):
-        self.total = max(total, 1)
-        self.done = 0
-        self.label = label
-        self.stream = stream or sys.stderr
-        self.width = width
-        self.start = time.perf_counter()
-        self.last = 0.0
-
-    def update(self, n: int) -> None:
-        self.done += n
-        now = time.perf_counter()
-        if now - self.last >= 0.1 or self.done >= self.total:
-            self.last = now
-            self._draw(now)
-
-    def _draw(self, now: float) -> None:
-        frac = min(self.done / self.total, 1.0)
-        bar = "#" * int(frac * self.width)
-        self.stream.write(f"\r{self.label} {frac:4.0%} |{bar:<{self.width}}| "
-                          f"{self.done / 1e6:.1f}M/{self.total / 1e6:.1f}M params {now - self.start:.1f}s")
-        self.stream.flush()
-
-    def close(self) -> None:
-        self._draw(time.perf_counter())
-        self.stream.write("\n")
-        self.stream.flush()
-
-
 def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
                  tokenizer: str = "mtok") -> ExportReport:
     """Export `src` (HF folder or .gguf) into the directory `dst`; returns what was written."""
@@ -117,7 +85,7 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
                 "tied to the lm_head" if tied else "in embeddings_bf16.bin")
 
     embed_total = 0 if tied else source.tensor(model.embedding()).shape[0] * args.hidden_size
-    progress = Progress(report.parameters + embed_total, "export")
+    progress = Progress(report.parameters + embed_total, "export", unit="M params", scale=1e6)
     with open(out / "llm.mnn.weight", "wb") as f:
         graph_bytes, lm_head = DecoderGraph(model, source, WeightWriter(f, quant_bit, quant_block,
                                                                          progress.update)).build(
