@@ -27,7 +27,8 @@ def inspect_graph(path: str) -> dict:
         if external is not None and len(external) > 1:
             weight_bytes[kind] += int(sum(int(v) for v in external[1:]))
         if kind == "Input":
-            inputs.append({"name": names[op.outputIndexes[0]], "shape": [int(d) for d in op.main.dims],
+            dims = op.main.dims if op.main.dims is not None else []  # a scalar input has no dims
+            inputs.append({"name": names[op.outputIndexes[0]], "shape": [int(d) for d in dims],
                            "dtype": _DTYPES.get(int(op.main.dtype), str(op.main.dtype)),
                            "format": FORMAT_NAMES.get(int(op.main.dformat), "?")})
     weight_path = path + ".weight"

@@ -48,6 +48,20 @@ def test_inspect_json_has_the_header_and_histogram():
     assert report["external_weight_bytes"] == sum(report["external_weight_bytes_by_op"].values()) > 70_000_000
 
 
+def test_inspect_reports_a_scalar_input_without_dims(tmp_path):
+    import flatbuffers
+
+    from mnnllm_core.inspect_model import inspect_graph
+    from mnnllm_core.schema.reader import op_type_name, read_net
+    net = read_net(LLM_MNN.read_bytes(), str(LLM_MNN))
+    next(op for op in net.oplists if op_type_name(op.type) == "Input").main.dims = None
+    builder = flatbuffers.Builder(1 << 20)
+    builder.Finish(net.Pack(builder))
+    path = tmp_path / "llm.mnn"
+    path.write_bytes(bytes(builder.Output()))
+    assert inspect_graph(str(path))["inputs"][0]["shape"] == []
+
+
 def test_inspect_with_a_backend_shows_the_placement():
     done = mnnllm("inspect", str(CONFIG), "--backend", "cpu", "--json")
     assert done.returncode == 0, done.stderr

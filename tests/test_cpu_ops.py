@@ -659,6 +659,19 @@ def test_slice_with_empty_result_has_zero_extent() -> None:
     assert result.outputs[0].shape == (0, 7)
 
 
+@pytest.mark.parametrize("begin", [5, -6])
+def test_a_shrunk_axis_index_outside_the_extent_is_an_unsupported_error(begin: int) -> None:
+    x = randn(5, 7)
+    with pytest.raises(UnsupportedError, match="outside its extent"):
+        run_op(strided_slice(shrink=0b01), [x, ints(begin, 0), ints(begin + 1, 7), ints(1, 1)])
+
+
+def test_a_range_with_delta_zero_is_an_unsupported_error() -> None:
+    scalar = lambda v: Const(np.array([v], np.int32))  # noqa: E731
+    with pytest.raises(UnsupportedError, match="delta of 0"):
+        run_op(Op("Range", "range"), [scalar(0), scalar(5), scalar(0)])
+
+
 # ------------------------------------------------------------------ Squeeze / Unsqueeze / ExpandDims / Reshape
 
 def squeeze_param(*dims: int) -> SqueezeParamT:

@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 
 import mnnllm_core
-from mnnllm_core.errors import ConfigError, FormatError, TokenizerError, WeightFileError
+from mnnllm_core.core.dtypes import DT_BFLOAT16, DT_FLOAT
+from mnnllm_core.errors import ConfigError, FormatError, MnnllmError, TokenizerError, WeightFileError
 from mnnllm_core.express.module import Module
+from mnnllm_core.express.pipeline_module import blob_to_array
 from mnnllm_core.express.static_module import Config
-from mnnllm_core.schema.reader import read_net
+from mnnllm_core.express.weight_file import ExternalWeightFile
+from mnnllm_core.schema.MNN.Blob import BlobT
+from mnnllm_core.schema.reader import op_type_name, read_net
 from paths import CONFIG, LLM_MNN, MODEL_DIR
 
 
@@ -68,6 +72,7 @@ def test_an_offset_past_the_end_of_the_weight_file_is_reported(tmp_path):
     with pytest.raises(WeightFileError) as err:
         Module.load([], [], model / "llm.mnn", config=Config(rearrange=True))
     assert conv.name in str(err.value) and "1000000000" in str(err.value)
+    assert err.value.field == "weight"  # the section of external = [offset, weight, alpha, bias, ...]
 
 
 def test_malformed_config_json_names_the_file(tmp_path):
@@ -102,3 +107,53 @@ def test_truncated_tokenizer_is_a_tokenizer_error(tmp_path):
     with pytest.raises(TokenizerError) as err:
         llm.load()
     assert "tokenizer.mtok" in str(err.value)
+
+
+def _rewrite_net(tmp_path, edit) -> object:
+    """A copy of the shared model whose llm.mnn went through `edit(net)`."""
+    net = read_net(LLM_MNN.read_bytes(), str(LLM_MNN))
+    edit(net)
+    builder = flatbuffers.Builder(1 << 20)
+    builder.Finish(net.Pack(builder))
+    model = _copy_model(tmp_path)
+    (model / "llm.mnn").write_bytes(bytes(builder.Output()))
+    return model / "llm.mnn"
+
+
+def test_outputs_needing_an_input_left_out_of_the_module_inputs_is_an_error_at_load():
+    with pytest.raises(MnnllmError, match="attention_mask") as err:
+        Module.load(["input_ids", "position_ids", "logits_index"], ["logits"], LLM_MNN)
+    assert err.value.field == "inputs" and err.value.file == str(LLM_MNN)
+
+
+@pytest.mark.parametrize("op_type", ["Input", "Const"])
+def test_an_input_or_const_op_without_an_output_is_a_format_error(tmp_path, op_type):
+    def edit(net):
+        op = next(op for op in net.oplists if op_type_name(op.type) == op_type)
+        op.outputIndexes = np.zeros(0, np.int32)
+
+    path = _rewrite_net(tmp_path, edit)
+    with pytest.raises(FormatError, match=f"{op_type} op .* has 0 outputs") as err:
+        Module.load([], [], path)
+    assert err.value.file == str(path)
+
+
+def _blob(data_type: int, dims: list[int], external: list[int]) -> BlobT:
+    blob = BlobT()
+    blob.dataType, blob.dims, blob.external = data_type, dims, external
+    return blob
+
+
+def test_external_const_bytes_that_are_not_whole_values_are_a_format_error(tmp_path):
+    (tmp_path / "w").write_bytes(bytes(64))
+    with ExternalWeightFile(tmp_path / "w") as weights, pytest.raises(FormatError, match="whole number") as err:
+        blob_to_array(_blob(DT_FLOAT, [1], [0, 6]), "c", weights, "m.mnn")
+    assert (err.value.file, err.value.field) == ("m.mnn", "external")
+
+
+def test_external_bf16_const_is_widened_to_float32(tmp_path):
+    values = np.array([1.5, -2.25, 3.0e10], np.float32)
+    (tmp_path / "w").write_bytes((values.view(np.uint32) >> 16).astype("<u2").tobytes())
+    with ExternalWeightFile(tmp_path / "w") as weights:
+        np.testing.assert_array_equal(blob_to_array(_blob(DT_BFLOAT16, [3], [0, 6]), "c", weights, "m.mnn"),
+                                      (values.view(np.uint32) >> 16 << 16).view(np.float32))

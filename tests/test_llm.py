@@ -142,3 +142,12 @@ def test_unknown_backend_is_a_clear_error_listing_the_available_ones():
     model.set_config({"backend_type": "tpu9000"})
     with pytest.raises(BackendError, match="tpu9000.*cpu"):
         model.load()
+
+
+def test_set_config_after_load_reaches_the_prompt(llm):
+    llm.set_config({"system_prompt": "You are terse."})
+    try:
+        text = llm.apply_chat_template("Hi")
+    finally:
+        llm.set_config({"system_prompt": ""})
+    assert "You are terse." in text

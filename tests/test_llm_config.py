@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.llm.config import LlmConfig, RuntimeOptions
+from mnnllm_core.llm.runtime import init_runtime
 
 MODEL_DIR = Path(__file__).resolve().parents[2] / "shared/models/smollm2-135m-instruct-mnn-q4"
 MODEL_FILES = ("llm.mnn", "llm.mnn.weight", "tokenizer.mtok")
@@ -322,7 +323,8 @@ def test_non_json_or_non_object_config_is_rejected(tmp_path, text):
 @pytest.mark.parametrize(("key", "value", "field"), [
     ("thread_num", "abc", "thread_num"), ("thread_num", 4.0, "thread_num"),
     ("thread_num", True, "thread_num"), ("max_all_tokens", 2 ** 40, "max_all_tokens"),
-    ("temperature", "hot", "temperature"), ("reuse_kv", 1, "reuse_kv"),
+    ("temperature", "hot", "temperature"),
+    pytest.param("temperature", 10 ** 400, "temperature", id="temperature-huge-int"), ("reuse_kv", 1, "reuse_kv"),
     ("llm_model", 3, "llm_model"), ("mixed_samplers", ["topK", 1], "mixed_samplers"),
     ("key_value_shape", [1.5], "key_value_shape"), ("topK", "40", "topK"),
     ("jinja", "template", "jinja"), ("async", "yes", "async"),
@@ -332,6 +334,16 @@ def test_wrong_value_type_names_file_and_field(tmp_path, key, value, field):
     with pytest.raises(ConfigError) as err:
         LlmConfig.from_file(path)
     assert (err.value.file, err.value.field) == (str(path), field)
+
+
+@pytest.mark.parametrize(("key", "value"), [("allow_fallback", "false"), ("allow_fallback", 0),
+                                            ("backend_hints", ["torch_device", "cuda"])])
+def test_wrongly_typed_runtime_option_is_a_config_error_naming_it(key, value):
+    cfg = LlmConfig({"backend_type": "cpu"})
+    cfg.set_config({key: value})
+    with pytest.raises(ConfigError) as err:
+        init_runtime(cfg)
+    assert (err.value.file, err.value.field) == ("set_config", key)
 
 
 def test_wrong_type_in_llm_config_names_that_file(tmp_path):

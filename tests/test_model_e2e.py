@@ -2,6 +2,7 @@
 runtime on the same files (memory "normal", whose cpu path computes in fp32 as ours does)."""
 import json
 
+import flatbuffers
 import numpy as np
 import pytest
 
@@ -11,6 +12,7 @@ from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.express.static_module import Config
 from mnnllm_core.llm.config import LlmConfig
 from mnnllm_core.llm.embedding import DiskEmbedding
+from mnnllm_core.schema.reader import read_net_file
 from mnn_oracle import run_mnn
 from paths import CONFIG, LLM_MNN, MODEL_DIR, REFERENCE
 
@@ -90,3 +92,25 @@ def test_all_logits_returns_one_row_per_token(loaded):
     assert logits.shape == (1, len(ids), 49152)
     last = _prefill(module, runtime, embedding, ids)
     np.testing.assert_allclose(logits[0, -1], last, rtol=1e-4, atol=1e-4)
+
+
+def test_config_base_shares_the_packed_weights_of_the_same_graph(loaded, tmp_path):
+    module, runtime, _ = loaded
+    twin = Module.load([], [], LLM_MNN, runtime, Config(rearrange=True, base=module))
+    ours = module.static_module.session.pipeline.executions
+    theirs = twin.static_module.session.pipeline.executions
+    conv = next(i for i, (_, e) in ours.items() if hasattr(e, "weight"))
+    assert theirs[conv][1].weight is ours[conv][1].weight
+
+
+def test_config_base_of_another_graph_is_refused(loaded, tmp_path):
+    from mnnllm_core.errors import UnsupportedError
+    module, runtime, _ = loaded
+    net = read_net_file(str(LLM_MNN))
+    net.mnnUuid = "another-graph"
+    builder = flatbuffers.Builder(1 << 20)
+    builder.Finish(net.Pack(builder))
+    other = tmp_path / "llm.mnn"
+    other.write_bytes(bytes(builder.Output()))
+    with pytest.raises(UnsupportedError, match="same graph"):
+        Module.load([], [], other, runtime, Config(rearrange=True, base=module))

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mnnllm_core.core.op import Op
+from mnnllm_core.errors import UnsupportedError
 from mnnllm_core.express.op_weights import OpWeights
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
@@ -96,6 +97,18 @@ def test_a_changed_shape_input_value_resizes_with_the_same_shapes(shape_mutable:
         shapes.append(out.shape)
     assert counts == [1, 1, 2, 2, 3, 4]
     assert shapes == [(48,), (48,), (2, 24), (2, 24), (24, 2), (48,)]
+
+
+def test_a_failed_resize_does_not_leave_the_previous_key_valid() -> None:
+    graph = NormLinearReshape()
+    module = make_module(graph.info)
+    good = feeds(4)
+    module.forward(good)
+    with pytest.raises(UnsupportedError):
+        module.forward(feeds(4, (5, -1)))  # 48 values do not reshape to (5, -1)
+    out = module.forward(good)[0]  # the same shapes as before the failure: it must resize again
+    np.testing.assert_allclose(out, graph.reference(good["x"], good["dims"]), rtol=1e-5, atol=1e-4)
+    assert module.resize_count == 2
 
 
 def packed(module, node: int):

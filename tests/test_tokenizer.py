@@ -243,6 +243,14 @@ def test_tokenizer_json_export_of_the_mtok_tokenizes_the_same(smol: Tokenizer, t
 
 
 @needs_model
+def test_a_tokenizer_config_json_that_is_not_an_object_is_ignored(smol: Tokenizer, tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text(smol.backend.to_str())
+    (tmp_path / "tokenizer_config.json").write_text('["<|im_start|>"]')
+    plain = create_tokenizer(str(tmp_path / "tokenizer.json"))
+    assert (plain.bos_id, plain.eos_id, plain.stop_ids) == (None, None, [])
+
+
+@needs_model
 def test_mtok_without_its_optional_tail_still_loads(tmp_path: Path) -> None:
     data = MTOK.read_bytes()
     tail = 4 + 2 + len("<|im_end|>") + 1 + 2 + len("<|im_start|>")  # template, eos, flags, bos

@@ -35,7 +35,6 @@ def run(job: dict) -> dict:
         samples = []
         for rep in range(job["reps"] + 1):
             model.reset()
-            before = dict(model.context.__dict__) if hasattr(model.context, "__dict__") else None
             ctx0 = _ctx(model)
             if test.gen == 0:
                 start = time.perf_counter()
@@ -54,7 +53,6 @@ def run(job: dict) -> dict:
                     seconds, count = decode_s, max(decoded - 1, 1)
             if rep:  # the first run is the warm-up
                 samples.append(count / seconds)
-            del before
         rows.append({"test": test.name, "n_prompt": prompt, "n_gen": gen, "samples_ts": samples,
                      "avg_ts": statistics.fmean(samples),
                      "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import BackendError, UnsupportedError
+from ..errors import BackendError, MnnllmError, UnsupportedError
 from ..geometry.transform import lower
 from .backend import Backend, Execution
 from .op import Op
@@ -98,6 +98,12 @@ class Pipeline:
                 continue
             needed.add(i)
             stack.extend(self.info.nodes[i].inputs)
+        fed = set(self.info.input_indexes.values())
+        for i in needed:
+            node = self.info.nodes[i]
+            if node.op.type == "Input" and not fed.issuperset(node.outputs):
+                raise MnnllmError(f"the outputs need Input {node.op.name!r}, which is not among the module's "
+                                  f"inputs {list(self.info.input_indexes)}", file=self.info.path, field="inputs")
         return sorted(needed)
 
     # -- encode ------------------------------------------------------------------

@@ -66,6 +66,7 @@ class Session:
             raise MnnllmError(f"missing inputs {sorted(missing)}", file=self.info.path, field="inputs")
         shapes = {n: tuple(np.shape(v)) for n, v in feeds.items()}
         values = {n: feeds[n] for n in self.info.shape_inputs if n in feeds}
+        self._key = None  # a resize that fails part-way leaves no valid encoding behind
         self.pipeline.encode(shapes, values)
         self.pipeline.place()
         self.pipeline.allocate()

@@ -185,6 +185,8 @@ def _fill(op, ins) -> Result:
 
 def _range(op, ins) -> Result:
     start, limit, delta = (ins[i].host.reshape(-1)[0] for i in range(3))
+    if delta == 0:
+        raise UnsupportedError(f"Range {op.name!r}: a delta of 0", field="delta")
     count = max(0, int(np.ceil((limit - start) / delta)))
     return [((count,), ins[0].dtype)]
 

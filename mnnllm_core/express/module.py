@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import UnsupportedError
 from ..schema.reader import read_net_file
 from .pipeline_module import NetInfo, build_schedule
 from .runtime_manager import RuntimeManager
@@ -81,9 +82,12 @@ class Module:
         weight_file = ExternalWeightFile(weight_path) if os.path.exists(weight_path) else None
         if config.base is not None:
             base: NetModule = config.base
-            clone = base.clone()
+            uuid = net.mnnUuid.decode() if isinstance(net.mnnUuid, bytes) else (net.mnnUuid or "")
+            if not uuid or uuid != base.info.uuid:
+                raise UnsupportedError("Config.base shares packed weights only between loads of the same graph "
+                                       f"(uuid {uuid or '-'} vs {base.info.uuid or '-'})", file=path, field="base")
             log.info("loaded %s sharing the weights of an already loaded module", path)
-            return clone
+            return base.clone()
         info, net_info = build_schedule(net, path, weight_file, inputs, outputs)
         module = StaticModule(info, runtime_manager, config)
         return NetModule(PipelineModule([module]), net_info, weight_file)

@@ -32,19 +32,15 @@ class OpWeights:
         self.file = weight_file
         self.path = path
 
-    def _external(self, count: int) -> list[np.ndarray]:
+    def _external(self, *fields: str) -> tuple[np.ndarray, ...]:
         external = [int(v) for v in self.param.external]
-        if len(external) < count + 1:
-            raise FormatError(f"op {self.op_name!r}: external has {len(external)} entries, needs {count + 1}",
+        if len(external) < len(fields) + 1:
+            raise FormatError(f"op {self.op_name!r}: external has {len(external)} entries, needs {len(fields) + 1}",
                               file=self.path, field="external")
         if self.file is None:
             raise FormatError(f"op {self.op_name!r} has external weights but no weight file was found",
                               file=self.path, field="external")
-        offset, parts = external[0], []
-        for i, size in enumerate(external[1:count + 1]):
-            parts.append(self.file.read(offset, size, op_name=self.op_name, field=f"external[{i + 1}]"))
-            offset += size
-        return parts
+        return self.file.read_sections(external, fields, op_name=self.op_name)
 
     def convolution(self) -> ConvolutionWeights:
         p = self.param
@@ -52,7 +48,7 @@ class OpWeights:
         oc, ic = int(common.outputCount), int(common.inputCount)
         quan = p.quanParameter
         if p.external is not None and len(p.external) > 0:
-            weight, alpha, bias = self._external(3)
+            weight, alpha, bias = self._external("weight", "alpha", "bias")
             if quan is None:
                 quantized = decode_convolution_weight(weight, alpha, bits=32, oc=oc, ic=ic, shape_int32=False,
                                                       scale_storage=0, quant_type=None, file=self.file.path,
@@ -84,7 +80,7 @@ class OpWeights:
     def layernorm(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         p = self.param
         if p.external is not None and len(p.external) > 0:
-            gamma, beta = self._external(2)
+            gamma, beta = self._external("gamma", "beta")
             return decode_layernorm(gamma, beta, file=self.file.path, op_name=self.op_name)
         gamma = np.asarray(p.gamma, np.float32) if p.gamma is not None and len(p.gamma) else None
         beta = np.asarray(p.beta, np.float32) if p.beta is not None and len(p.beta) else None

@@ -12,7 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.dtypes import runtime_dtype
+from ..core.dtypes import (DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, DT_INT8, DT_INT16, DT_INT32, DT_INT64,
+                           DT_UINT8, runtime_dtype)
 from ..core.op import Op
 from ..core.schedule import OpNode, ScheduleInfo
 from ..errors import FormatError, UnsupportedError
@@ -48,6 +49,9 @@ OPERATION_NAMES = {
     "Eltwise": (_enum_names(EltwiseType), "type"),
 }
 FORMAT_NAMES = _enum_names(MNN_DATA_FORMAT)
+# how each DataType is stored in the weight file (bf16 as its raw 16 bits, widened on read)
+EXTERNAL_DTYPES = {DT_FLOAT: "<f4", DT_DOUBLE: "<f8", DT_INT32: "<i4", DT_UINT8: "u1", DT_INT16: "<i2", DT_INT8: "i1",
+                   DT_INT64: "<i8", DT_BFLOAT16: "<u2", DT_HALF: "<f2"}
 
 
 @dataclass
@@ -72,8 +76,16 @@ def blob_to_array(blob, op_name: str, weight_file: ExternalWeightFile | None, pa
             raise FormatError(f"const {op_name!r} is external but there is no weight file", file=path, field="external")
         offset, size = int(blob.external[0]), int(blob.external[1])
         raw = weight_file.read(offset, size, op_name=op_name, field="external")
-        source = {1: "<f4", 3: "<i4", 4: "u1", 6: "i1", 9: "<i8", 19: "<f2"}.get(int(blob.dataType), "<f4")
+        source = EXTERNAL_DTYPES.get(int(blob.dataType))
+        if source is None:
+            raise UnsupportedError(f"const {op_name!r}: external data of dataType {blob.dataType}", file=path,
+                                   field="dataType")
+        if size % np.dtype(source).itemsize:
+            raise FormatError(f"const {op_name!r}: {size} external bytes are not a whole number of {source} values",
+                              file=path, field="external")
         data = raw.view(source)
+        if int(blob.dataType) == DT_BFLOAT16:
+            data = (data.astype(np.uint32) << 16).view(np.float32)
     else:
         data = next((v for v in (blob.float32s, blob.int32s, blob.int64s, blob.uint8s, blob.int8s) if v is not None),
                     np.zeros(0, dtype))
@@ -111,6 +123,9 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
             if not 0 <= t < len(names):
                 raise FormatError(f"op {name!r} refers to tensor {t}, the net has {len(names)}", file=path,
                                   field="oplists.inputIndexes")
+        if op_type in ("Const", "Input") and len(out_idx) != 1:
+            raise FormatError(f"{op_type} op {name!r} has {len(out_idx)} outputs, not 1", file=path,
+                              field="oplists.outputIndexes")
         if op_type == "Const":
             constants[out_idx[0]] = blob_to_array(raw.main, name, weight_file if has_external else None, path)
         if op_type == "Input":

@@ -104,6 +104,9 @@ def strided_slice_plan(op: Op, inputs: Sequence[Tensor]) -> tuple[list[int], lis
             break
         if shrink_mask & (1 << i):
             b = begin[i] + shape[dim] if begin[i] < 0 else begin[i]
+            if not 0 <= b < shape[dim]:
+                raise UnsupportedError(f"StridedSlice {op.name!r}: index {begin[i]} of a shrunk axis is outside "
+                                       f"its extent {shape[dim]}", field="begin")
             begins[dim], steps[dim], sizes[dim] = b, 1, 1
         else:
             begins[dim], steps[dim], sizes[dim] = _bounds(

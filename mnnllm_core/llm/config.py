@@ -371,7 +371,10 @@ def _type_problem(value: Any, kind: str) -> str | None:
         ok = _is_int(value) and _INT32_MIN <= value <= _INT32_MAX
         return None if ok else "a 32-bit integer"
     if kind == FLOAT:
-        ok = (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+        try:
+            ok = (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
+        except OverflowError:  # an integer literal beyond the float range
+            ok = False
         return None if ok else "a number"
     if kind == BOOL:
         return None if isinstance(value, bool) else "true or false"

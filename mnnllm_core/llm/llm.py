@@ -81,6 +81,8 @@ class Llm:
         if self.sampler is not None:
             self._init_sampler()
             self.generation = create_generation(self)
+        if self.prompt is not None:
+            self.prompt = Prompt(self.config)
 
     @property
     def kv_meta(self):

@@ -43,8 +43,12 @@ def schedule_config(config: LlmConfig, backend_type: str) -> ScheduleConfig:
 def runtime_hints(config: LlmConfig) -> dict:
     """What MNN's setRuntimeHint passes to the backends, over the config's `backend_hints`
     (options for a plugin backend, e.g. {"torch_device": "cuda:1"}; the core's keys win)."""
+    hints = config.get("backend_hints")
+    if hints is not None and not isinstance(hints, dict):
+        raise ConfigError(f"backend_hints must be a JSON object, got {hints!r}", file=config.origin("backend_hints"),
+                          field="backend_hints")
     return {
-        **(config.get("backend_hints") or {}),
+        **(hints or {}),
         "attention_mode": config.attention_mode, "dynamic_option": config.dynamic_option,
         "kvcache_mmap": config.kvcache_mmap, "use_mmap": config.use_mmap, "mmap_size": config.mmap_size,
         "tmp_path": config.tmp_path, "prefix_cache_path": config.prefix_cache_path,
@@ -55,6 +59,11 @@ def runtime_hints(config: LlmConfig) -> dict:
 
 def init_runtime(config: LlmConfig) -> RuntimeManager:
     choices = backend_choices(config)
+    allow_fallback = config.get("allow_fallback")
+    allow_fallback = True if allow_fallback is None else allow_fallback  # null means unset, as for every key
+    if not isinstance(allow_fallback, bool):
+        raise ConfigError(f"allow_fallback must be true or false, got {allow_fallback!r}",
+                          file=config.origin("allow_fallback"), field="allow_fallback")
     errors = []
     for name in choices:
         try:
@@ -66,7 +75,7 @@ def init_runtime(config: LlmConfig) -> RuntimeManager:
             errors.append(str(err))
             log.warning("backend %s unavailable, trying the next one in backend_type: %s", name, err)
             continue
-        manager.allow_fallback = bool(config.get("allow_fallback", True))
+        manager.allow_fallback = allow_fallback
         return manager
     raise BackendError("no backend of backend_type is available: " + "; ".join(errors),
                        file=config.origin("backend_type"), field="backend_type")

@@ -28,9 +28,4 @@ class RasterExecution(Execution):
                 src, region.src.offset, region.src.stride, region.size)
 
 
-class CopyExecution(Execution):
-    def on_execute(self, inputs, outputs) -> None:
-        outputs[0].storage[...] = inputs[0].storage.reshape(outputs[0].shape)
-
-
 CREATORS = {"Raster": lambda backend, inputs, outputs, op: RasterExecution(backend, op)}

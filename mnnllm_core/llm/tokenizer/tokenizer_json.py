@@ -61,6 +61,9 @@ def _config_tokens(file: str) -> tuple[str, str]:
     except (OSError, ValueError) as exc:
         logger.warning("%s: ignoring unreadable tokenizer_config.json: %s", path, exc)
         return "", ""
+    if not isinstance(config, dict):
+        logger.warning("%s: ignoring tokenizer_config.json, not a JSON object", path)
+        return "", ""
 
     def content(value: object) -> str:
         if isinstance(value, dict):
