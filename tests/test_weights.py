@@ -544,3 +544,14 @@ def test_a_corrupt_quantized_block_raises_format_error_naming_file_and_op(case):
                                   op_name="/layers.7/self_attn/o_proj/Linear")
     assert "/layers.7/self_attn/o_proj/Linear" in str(err.value)
     assert err.value.file == "/models/x/llm.mnn.weight" and "/models/x/llm.mnn.weight" in str(err.value)
+
+
+def test_released_pages_read_back_the_same_bytes(tmp_path):
+    path = tmp_path / "w.bin"
+    data = np.random.default_rng(3).integers(0, 256, 3 * 4096 + 17, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    with ExternalWeightFile(path) as f:
+        before = f.read(4000, 5000, op_name="op", field="weight").copy()
+        f.release(4000, 5000)
+        f.release(0, 0)
+        np.testing.assert_array_equal(f.read(4000, 5000, op_name="op", field="weight"), before)

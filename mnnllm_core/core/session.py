@@ -44,6 +44,8 @@ class Session:
             inputs = [pipeline.tensors[t] for t in node.inputs]
             outputs = [pipeline.tensors[t] for t in node.outputs]
             pipeline.create_execution(Command(node.op, inputs, outputs, node=i))
+            if node.op.weights is not None:
+                node.op.weights.release()
             node.op.weights = None
             self.packed.add(i)
             created += 1

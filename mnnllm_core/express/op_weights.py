@@ -42,6 +42,12 @@ class OpWeights:
                               file=self.path, field="external")
         return self.file.read_sections(external, fields, op_name=self.op_name)
 
+    def release(self) -> None:
+        """The op's bytes of the weight file leave the resident set (its Execution has packed them)."""
+        external = getattr(self.param, "external", None)
+        if self.file is not None and external is not None and len(external) > 1:
+            self.file.release(int(external[0]), int(sum(int(v) for v in external[1:])))
+
     def convolution(self) -> ConvolutionWeights:
         p = self.param
         common = p.common

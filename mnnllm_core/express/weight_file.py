@@ -81,6 +81,16 @@ class ExternalWeightFile:
             offset += int(nbytes)
         return tuple(views)
 
+    def release(self, offset: int, nbytes: int) -> None:
+        """Tell the kernel the pages of this range are no longer needed (they leave the resident
+        set; a later read simply faults them in again). Used once a backend has packed an op."""
+        if self._mmap is None or nbytes <= 0 or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = int(offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(int(offset) + int(nbytes), self._size)
+        if end > start:
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def close(self) -> None:
         """Drop the mapping; views already handed out keep their pages alive until they are freed."""
         self._bytes = None
