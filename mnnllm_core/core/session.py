@@ -44,8 +44,9 @@ class Session:
             inputs = [pipeline.tensors[t] for t in node.inputs]
             outputs = [pipeline.tensors[t] for t in node.outputs]
             pipeline.create_execution(Command(node.op, inputs, outputs, node=i))
-            if node.op.weights is not None:
-                node.op.weights.release()
+            release = getattr(node.op.weights, "release", None)  # weight-file readers drop their pages
+            if release is not None:
+                release()
             node.op.weights = None
             self.packed.add(i)
             created += 1
