@@ -9,7 +9,10 @@ import statistics
 import sys
 import tempfile
 import time
+from importlib import metadata
 
+from ..llm.config import LlmConfig
+from ..llm.tokenizer import create_tokenizer
 from .tests import BenchTest, prompt_tokens
 from .worker import PRECISIONS
 
@@ -28,7 +31,8 @@ def run(job: dict) -> dict:
     model = mnn_llm.create(path)
     model.load()
     load_s = time.perf_counter() - start
-    ids = prompt_tokens(max(t[0] for t in job["tests"]) + 2, 49152)
+    vocab = create_tokenizer(LlmConfig.from_file(job["config"]).tokenizer_file).vocab_size
+    ids = prompt_tokens(max(t[0] for t in job["tests"]) + 2, vocab)  # the same ids our worker uses
     rows = []
     for prompt, gen in job["tests"]:
         test = BenchTest(prompt, gen)
@@ -58,7 +62,7 @@ def run(job: dict) -> dict:
                      "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
     return {"model": job["config"], "backend": f"mnn-cpu({config['memory']})", "threads": job["threads"],
             "precision": config["precision"], "load_s": load_s, "device": "MNN C++ cpu",
-            "versions": {"MNN": getattr(__import__("MNN"), "__version__", "?")}, "rows": rows,
+            "versions": {"MNN": metadata.version("MNN")}, "rows": rows,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
