@@ -800,3 +800,12 @@ def test_logical_reductions_on_ints(operation: str, reference) -> None:
     param.dim, param.keepDims = [1], False
     out = run_op(Op("Reduction", "r", param, extra={"operation": operation}), [x]).outputs[0]
     np.testing.assert_array_equal(out, reference(x != 0, axis=1).astype(np.int32))
+
+
+@pytest.mark.parametrize("operation,expected", [
+    ("MOD", [1, 2, -2, -1]), ("FLOORDIV", [2, -3, -3, 2]), ("REALDIV", [2, -2, -2, 2]), ("DIV", [2, -2, -2, 2])])
+def test_int_division_family_matches_mnn(operation: str, expected: list) -> None:
+    """Values measured with MNN 3.6.1's own runtime (MNN.expr) on [7, -7, 7, -7] op [3, 3, -3, -3]."""
+    a, b = np.array([7, -7, 7, -7], np.int32), np.array([3, 3, -3, -3], np.int32)
+    result = run_op(binary(operation), [a, b]).outputs[0]
+    assert result.dtype == np.int32 and result.tolist() == expected

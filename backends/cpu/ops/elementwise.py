@@ -26,7 +26,7 @@ def _round_half_away(x):
 
 BINARY = {
     "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide,
-    "DIV": lambda a, b: np.divide(a, b) if np.issubdtype(np.result_type(a, b), np.floating) else np.floor_divide(a, b),
+    "DIV": np.divide,  # ints: the float quotient is stored truncated, C division as in MNN (-7 / 3 = -2)
     "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum, "MAXIMUM": np.maximum, "MINIMUM": np.minimum,
     "POW": np.power, "FLOORDIV": np.floor_divide, "FLOORMOD": np.mod, "MOD": _mod,
     "SquaredDifference": lambda a, b: np.square(a - b), "ATAN2": np.arctan2,
