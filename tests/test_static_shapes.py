@@ -22,7 +22,8 @@ from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
 from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 
-from op_harness import Graph, Weights, make_module, new_runtime
+from op_harness import Const, Graph, Weights, make_module, new_runtime, run_op
+from references import conv_param
 
 RNG = np.random.default_rng(7)
 HIDDEN, OUT = 17, 12
@@ -192,3 +193,11 @@ def test_a_clone_decodes_from_the_kv_cache_its_base_filled(clone_before_first_fo
         np.testing.assert_allclose(out.reshape(HEADS, DIM), expected, rtol=1e-5, atol=1e-5)
     assert packed(decode, 0).cache is packed(prefill, 0).cache
     assert (prefill.resize_count, decode.resize_count) == (1, 1)
+
+
+def test_a_packed_op_with_only_constant_inputs_runs_instead_of_folding() -> None:
+    weight = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    op = Op("Convolution", "linear", conv_param(3, 4), weights=Weights.dense(weight))
+    result = run_op(op, [Const(x.reshape(2, 4, 1, 1))])
+    np.testing.assert_allclose(result.outputs[0].reshape(2, 3), x @ weight.T, rtol=1e-6, atol=1e-6)

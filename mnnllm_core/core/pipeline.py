@@ -139,7 +139,8 @@ class Pipeline:
                     command = Command(Op("Raster", op.name, raster, op.index), sources, outputs)
                 else:
                     command = Command(op, inputs, outputs, node=i)
-                if op.type not in STATEFUL and all(t.host is not None for t in command.inputs):
+                packed = command.node in self.executions  # its raw weights are gone: run it, don't fold
+                if op.type not in STATEFUL and not packed and all(t.host is not None for t in command.inputs):
                     self._fold(command)
                     continue
                 commands.append(command)
