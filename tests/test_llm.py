@@ -151,3 +151,11 @@ def test_set_config_after_load_reaches_the_prompt(llm):
     finally:
         llm.set_config({"system_prompt": ""})
     assert "You are terse." in text
+
+
+def test_an_empty_prompt_is_a_clear_error(llm):
+    from mnnllm_core.errors import MnnllmError
+    with pytest.raises(MnnllmError, match="no tokens"):
+        llm.generate([], 4)
+    with pytest.raises(MnnllmError, match="at least one token"):
+        llm.forward([])

@@ -14,7 +14,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ContextLengthError, UnsupportedError
+from ..errors import ContextLengthError, MnnllmError, UnsupportedError
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -98,7 +98,7 @@ class Llm:
         return self.tokenizer.decode(list(ids))
 
     def apply_chat_template(self, messages: Messages) -> str:
-        return self.prompt.apply_chat_template(messages if not isinstance(messages, str) else messages)
+        return self.prompt.apply_chat_template(messages)
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
@@ -118,7 +118,7 @@ class Llm:
         the logits of the last token ([vocab]) or, with all_logits, of every token."""
         ids = [int(t) for t in input_ids]
         if not ids:
-            raise ValueError("forward needs at least one token")
+            raise MnnllmError("forward needs at least one token", field="input_ids")
         past = len(self.context.history_tokens)
         if past + len(ids) > self.config.max_all_tokens:
             raise ContextLengthError(f"{past} cached + {len(ids)} new tokens exceed max_all_tokens "
@@ -145,6 +145,8 @@ class Llm:
     def _start(self, prompt_ids: list[int]) -> list[int]:
         """Reuse the KV cache for the longest common prefix of the history; return what is new."""
         history = self.context.history_tokens
+        if not prompt_ids:
+            raise MnnllmError("the prompt encodes to no tokens", field="input_ids")
         if len(prompt_ids) > self.config.max_all_tokens:
             raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; max_all_tokens is "
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
