@@ -48,6 +48,7 @@ class Llm:
         self.sampler: Sampler | None = None
         self.generation = ARGeneration(self)
         self._decode_mask: np.ndarray | None = None
+        self._decode_position = np.zeros((1, 1), np.int32)
         self._logits_index = {False: np.array([-1], np.int32), True: np.array([0], np.int32)}
 
     # -- load --------------------------------------------------------------------
@@ -110,6 +111,9 @@ class Llm:
 
     def _position_ids(self, seq_len: int) -> np.ndarray:
         past = len(self.context.history_tokens)
+        if seq_len == 1 and not self.config.is_mrope:
+            self._decode_position[0, 0] = past  # prepared once; the session copies it in
+            return self._decode_position
         positions = np.arange(past, past + seq_len, dtype=np.int32).reshape(1, seq_len)
         return np.repeat(positions, 3, axis=0) if self.config.is_mrope else positions
 
