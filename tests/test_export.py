@@ -468,6 +468,35 @@ def test_missing_tensor_and_bad_arguments_are_clear(tmp_path, llama_dir):
         export_model(str(tmp_path / "nothing"), str(tmp_path / "out"))
 
 
+@pytest.mark.parametrize("field,value", [("intermediate_size", None), ("hidden_size", "64"), ("num_hidden_layers", 0)])
+def test_a_missing_or_bad_size_in_config_is_a_config_error_naming_file_and_field(tmp_path, llama_dir, field, value):
+    import shutil
+
+    shutil.copytree(llama_dir, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg.pop(field)
+    if value is not None:
+        cfg[field] = value
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=field) as err:
+        export_model(str(tmp_path / "m"), str(tmp_path / "out"))
+    assert err.value.field == field and err.value.file == str(tmp_path / "m")
+
+
+def test_safetensors_with_a_scalar_tensor_reads_and_a_non_object_header_is_a_format_error(tmp_path):
+    from mnnllm_core.export.sources import HFSource
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    write_safetensors(tmp_path / "x.safetensors", {"a": np.arange(6, dtype=np.float32).reshape(2, 3),
+                                                    "scale": np.array(2.5, np.float32)})
+    source = HFSource(tmp_path)
+    assert source.tensor("a").rows(1, 2).tolist() == [[3.0, 4.0, 5.0]]
+    head = b"[1, 2]"
+    (tmp_path / "x.safetensors").write_bytes(struct.pack("<Q", len(head)) + head)
+    with pytest.raises(FormatError, match="JSON object"):
+        HFSource(tmp_path)
+
+
 def test_truncated_gguf_is_a_format_error(tmp_path):
     write_gguf(tmp_path / "tiny.gguf", random_weights("llama", True))
     data = (tmp_path / "tiny.gguf").read_bytes()
@@ -506,6 +535,34 @@ def test_interrupted_default_export_leaves_no_model(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         ensure_default_model(str(tmp_path / "cache"))
     assert list((tmp_path / "cache" / "models").iterdir()) == []
+
+
+def test_a_default_export_finished_first_by_another_process_is_kept_not_deleted(tmp_path, monkeypatch):
+    monkeypatch.setattr(default_model, "default_gguf", lambda: tmp_path / "tiny.gguf")
+    target = tmp_path / "cache" / "models" / default_model.DEFAULT_MODEL_NAME
+
+    def racing(src, dst, **kwargs):
+        for folder, text in ((Path(dst), "ours"), (target, "theirs")):  # the other process renames first
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in default_model._COMPLETE:
+                (folder / name).write_text(text)
+
+    monkeypatch.setattr(default_model, "export_model", racing)
+    config = Path(ensure_default_model(str(tmp_path / "cache")))
+    assert config == target / "config.json" and config.read_text() == "theirs"
+    assert [p.name for p in target.parent.iterdir()] == [default_model.DEFAULT_MODEL_NAME]
+
+
+def test_the_default_model_folder_is_not_private_to_the_exporting_user(tmp_path, monkeypatch):
+    monkeypatch.setattr(default_model, "default_gguf", lambda: tmp_path / "tiny.gguf")
+
+    def export(src, dst, **kwargs):
+        for name in default_model._COMPLETE:
+            (Path(dst) / name).write_text("x")
+
+    monkeypatch.setattr(default_model, "export_model", export)
+    config = Path(ensure_default_model(str(tmp_path / "cache")))
+    assert config.parent.stat().st_mode & 0o055 == 0o055
 
 
 def test_export_command_writes_a_model_the_run_command_answers_with(tmp_path, llama_dir):

@@ -95,6 +95,13 @@ def test_programs_are_compiled_once_per_process() -> None:
     assert a.kernel.program.int_ptr == b.kernel.program.int_ptr
 
 
+@pytest.mark.parametrize("split", [3, 0, "eight", [8]])
+def test_a_bad_linear_split_hint_is_a_config_error_naming_the_hint(split) -> None:
+    from mnnllm_core.errors import ConfigError
+    with pytest.raises(ConfigError, match="opencl_linear_split"):
+        opencl_runtime(opencl_linear_split=split)
+
+
 def test_without_a_driver_the_backend_is_unavailable_and_selecting_it_names_why(tmp_path) -> None:
     script = textwrap.dedent("""
         from mnnllm_core.core.backend import ScheduleConfig
@@ -204,6 +211,13 @@ def test_groups_two_axes_and_channel_axis_layernorms_match_the_cpu_backend() -> 
              (layernorm_op(1e-5, False, randn(17), randn(17), fmt="NC4HW4"), randn(2, 17, 3, 5))]
     for make, data in cases:
         assert_close(on_opencl(make, [data])[0], on_cpu(make, [data])[0])
+
+
+def test_a_layernorm_gamma_shorter_than_its_rows_is_a_format_error_not_an_out_of_bounds_read() -> None:
+    from mnnllm_core.errors import FormatError
+    make = layernorm_op(1e-5, True, randn(5))
+    with pytest.raises(FormatError, match="gamma"):
+        on_opencl(make, [randn(3, 8)])
 
 
 # ------------------------------------------------------------------ RoPE
@@ -320,6 +334,41 @@ def test_attention_scale_and_no_cache_variants() -> None:
     for tokens in (5, 3):
         q, k, v = randn(tokens, heads, dim), randn(tokens, kv_heads, dim), randn(tokens, kv_heads, dim)
         assert_close(uncached.step(q, k, v, SCALAR_MASK), attention_reference(q, k, v))
+
+
+def test_attention_with_head_dim_not_a_multiple_of_4_falls_back_to_cpu_instead_of_failing() -> None:
+    heads, kv_heads, dim, tokens = 4, 2, 6, 3
+    param = AttentionParamT()
+    param.kvCache, param.outputC4 = True, True
+    graph = Graph()
+    inputs = [graph.input(n) for n in ("q", "k", "v")] + [graph.input("mask")]
+    out = graph.add(Op("Attention", "attn", param, extra={"heads": (heads, kv_heads, dim)}), inputs)
+    module = make_module(graph.schedule(out), opencl_runtime(), shape_mutable=False)
+    q, k, v = randn(tokens, heads, dim), randn(tokens, kv_heads, dim), randn(tokens, kv_heads, dim)
+    got = module.forward({"q": q.reshape(tokens, -1, 1, 1), "k": k.reshape(tokens, -1, 1, 1),
+                          "v": v.reshape(tokens, -1, 1, 1), "mask": SCALAR_MASK})[0]
+    assert [f["type"] for f in module.session.pipeline.placement.fallbacks] == ["Attention"]
+    assert_close(got.reshape(tokens, heads, dim), attention_reference(q, k, v))
+
+
+def test_attention_without_cache_reads_every_key_when_keys_outnumber_queries() -> None:
+    heads, kv_heads, dim, queries, keys = 4, 2, 8, 2, 5
+    attention = AttentionGraph(heads, kv_heads, dim, kv_cache=False)
+    q, k, v = randn(queries, heads, dim), randn(keys, kv_heads, dim), randn(keys, kv_heads, dim)
+    mask = (RNG.standard_normal((queries, keys)) * 2).astype(np.float32)
+    feeds = {"q": q.reshape(queries, -1, 1, 1), "k": k.reshape(keys, -1, 1, 1), "v": v.reshape(keys, -1, 1, 1),
+             "mask": mask.reshape(1, 1, queries, keys)}
+    out = attention.module.forward(feeds)[0].reshape(queries, heads, dim)
+    assert_close(out, attention_reference(q, k, v, bias=mask.astype(np.float64), causal_offset=None))
+
+
+def test_attention_mask_with_fewer_rows_than_queries_is_a_typed_error_not_an_out_of_bounds_read() -> None:
+    from mnnllm_core.errors import UnsupportedError
+    heads, kv_heads, dim, tokens = 4, 2, 8, 7
+    attention = AttentionGraph(heads, kv_heads, dim)
+    q, k, v = randn(tokens, heads, dim), randn(tokens, kv_heads, dim), randn(tokens, kv_heads, dim)
+    with pytest.raises(UnsupportedError, match="attention_mask"):
+        attention.step(q, k, v, np.zeros((1, 1, 1, tokens), np.float32))
 
 
 # ------------------------------------------------------------------ BinaryOp, UnaryOp, Cast

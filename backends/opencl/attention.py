@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.errors import UnsupportedError
 
 MIN_CAPACITY = 256  # tokens
 
@@ -48,26 +49,31 @@ class AttentionExecution(Execution):
         self.cache = cache if cache is not None else DeviceKVCache()
         self.kernel = None
         self.bound = None  # the cache buffer the kernel's k argument points at
-        self.seq = self.row_bytes = 0
+        self.kv_seq = self.row_bytes = 0
 
     def on_resize(self, inputs, outputs) -> None:
         shape = layout(inputs[0], inputs[1], self.heads)
         if shape is None or shape[3] % 4:
-            raise ValueError(f"opencl Attention needs known heads and head_dim % 4 == 0, got {shape}")
+            raise UnsupportedError(f"opencl Attention needs known heads and head_dim % 4 == 0, got {shape}",
+                                   field="heads")
         seq, heads, kv_heads, dim = shape
+        kv_seq = inputs[1].size // (kv_heads * dim)  # keys of this step: q's length only for self-attention
         mask = inputs[3] if len(inputs) > 3 else None
         mask_mode = 0 if mask is None or mask.size == 1 else 1
+        if mask_mode and (len(mask.shape) < 2 or mask.shape[-2] < seq):
+            raise UnsupportedError(f"opencl Attention: a mask of shape {mask.shape} has fewer rows than the "
+                                   f"{seq} queries", field="attention_mask")
         defines = {"HEAD_DIM": dim}
         if mask_mode and mask.dtype.kind in "iu":
             defines["MASK_INT"] = 1
         rows, cols = (mask.shape[-2], mask.shape[-1]) if mask_mode else (1, 1)
         scale = self.scale or 1.0 / np.sqrt(dim)
-        self.seq, self.bound = seq, None
+        self.kv_seq, self.bound = kv_seq, None
         self.row_bytes = kv_heads * dim * self.backend.storage_dtype(inputs[1]).itemsize
         mask_buffer = mask.storage if mask is not None else inputs[0].storage
         self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
             (seq, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
-            outputs[0].storage, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.int32(0), np.int32(seq),
+            outputs[0].storage, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.int32(0), np.int32(kv_seq),
             np.float32(scale), np.int32(mask_mode), np.int32(rows), np.int32(cols))
 
     def on_execute(self, inputs, outputs) -> None:
@@ -76,7 +82,7 @@ class AttentionExecution(Execution):
             if meta is not None:
                 self.cache.truncate(meta.previous - meta.remove)
             past = self.cache.length
-            self.cache.append(self.backend.allocator, inputs[1].storage, inputs[2].storage, self.seq,
+            self.cache.append(self.backend.allocator, inputs[1].storage, inputs[2].storage, self.kv_seq,
                               self.row_bytes)
             kernel = self.kernel.kernel
             if self.bound is not self.cache.k:  # the cache grew (or a clone grew it): rebind
@@ -104,15 +110,18 @@ def layout(q, k, heads: tuple[int, int, int] | None) -> tuple[int, int, int, int
 def create_attention(backend, inputs, outputs, op):
     """None (cpu fallback) when the shapes are known and the heads are not, or head_dim is not a
     multiple of 4. The core creates Attention before shapes are known (so that clones share its
-    cache); on_resize checks again then."""
+    cache): then the op's heads decide, and on_resize checks again."""
+    heads = op.extra.get("heads")
+    if heads is not None and heads[2] % 4:
+        return None
     if inputs[0].shape:
-        shape = layout(inputs[0], inputs[1], op.extra.get("heads"))
+        shape = layout(inputs[0], inputs[1], heads)
         if shape is None or shape[3] % 4:
             return None
     p = op.param
     scale = float(getattr(p, "attnScale", 0.0) or 0.0) if p is not None else 0.0
     use_cache = bool(getattr(p, "kvCache", True)) if p is not None else True
-    return AttentionExecution(backend, use_cache, scale, op.extra.get("heads"))
+    return AttentionExecution(backend, use_cache, scale, heads)
 
 
 CREATORS = {"Attention": create_attention}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.errors import FormatError
 
 
 class LayerNormExecution(Execution):
@@ -30,6 +31,10 @@ class LayerNormExecution(Execution):
             hw = 1
             length = int(np.prod(x.shape[len(x.shape) - self.axis_count:], dtype=np.int64))
             rows = x.size // length
+        for name, (buffer, present) in (("gamma", self.gamma), ("beta", self.beta)):
+            if present and buffer.size != 4 * length:  # the kernel reads `length` of them
+                raise FormatError(f"LayerNorm {name} has {buffer.size // 4} values for rows of {length}",
+                                  field=name)
         residual = len(inputs) == 2
         flags = (1 if self.rms else 0) | (2 if self.gamma[1] else 0) | (4 if self.beta[1] else 0) | \
                 (8 if residual else 0)

@@ -24,6 +24,7 @@ import numpy as np
 
 from mnnllm_core.core.backend import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig
 from mnnllm_core.core.tensor import Tensor
+from mnnllm_core.errors import ConfigError
 
 if TYPE_CHECKING:
     from .device import Program
@@ -118,9 +119,13 @@ class OpenCLRuntime(Runtime):
         split = self.hints.get("opencl_linear_split")
         if split is None:
             split = 1 if self.device.is_cpu else min(64, self.device.device.max_work_group_size)
-        self.linear_split = int(split)
+        try:
+            self.linear_split = int(split)
+        except (TypeError, ValueError):
+            self.linear_split = 0
         if self.linear_split < 1 or self.linear_split & (self.linear_split - 1):
-            raise ValueError(f"opencl_linear_split must be a power of two, got {self.linear_split}")
+            raise ConfigError(f"opencl_linear_split must be a power of two, got {split!r}",
+                              field="opencl_linear_split")
         self.op_creators.update(CREATORS)
 
     def create_backend(self, config: BackendConfig) -> OpenCLBackend:

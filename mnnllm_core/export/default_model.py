@@ -45,7 +45,7 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
     """The config.json path of the default model, exporting it first when the cache lacks it."""
     root = Path(cache_dir) if cache_dir else default_cache_dir()
     target = root / "models" / DEFAULT_MODEL_NAME
-    if all((target / name).is_file() for name in _COMPLETE):
+    if _complete(target):
         return str(target / "config.json")
     gguf = default_gguf()
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -53,10 +53,21 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=target.parent))
     try:
         export_model(str(gguf), str(tmp), quant_bit=4, quant_block=64)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private to this user; the cache folder is not
+        if not _complete(target):  # another process may have finished first: keep its model, in use
+            if target.exists():  # an incomplete leftover: move it aside in one rename, then drop it
+                os.replace(target, tmp.with_name(tmp.name + "-old"))
+            try:
+                os.replace(tmp, target)
+            except OSError:  # a concurrent export renamed its complete model into place meanwhile
+                if not _complete(target):
+                    raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        for leftover in (tmp, tmp.with_name(tmp.name + "-old")):
+            if leftover.exists():
+                shutil.rmtree(leftover, ignore_errors=True)
     return str(target / "config.json")
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in _COMPLETE)

@@ -73,7 +73,7 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     if arch is None:
         raise UnsupportedError(f"architecture {model_type!r} is not supported (supported: "
                                f"{', '.join(sorted(ARCHITECTURES))})", file=source.path, field="model_type")
-    args = arch.ModelArgs.from_dict(source.config)
+    args = arch.ModelArgs.from_dict(source.config, file=source.path)
     model = arch.Model(args)
     spec = source.tokenizer()
     tied = args.tie_word_embeddings and not separate_embed

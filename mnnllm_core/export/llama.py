@@ -5,7 +5,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from mnnllm_core.errors import UnsupportedError
+from mnnllm_core.errors import ConfigError, UnsupportedError
+
+_SIZES = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size",
+          "num_key_value_heads", "head_dim")
 
 
 @dataclass
@@ -28,8 +31,16 @@ class ModelArgs:
     mlp_bias: bool = False
 
     @classmethod
-    def from_dict(cls, config: dict[str, Any]) -> "ModelArgs":
-        names = {f.name for f in dataclasses.fields(cls)}
+    def from_dict(cls, config: dict[str, Any], file: str | None = None) -> "ModelArgs":
+        """A ConfigError naming `file` and the field when a size is missing or not a positive integer."""
+        fields = dataclasses.fields(cls)
+        for f in fields:
+            value = config.get(f.name)
+            required = f.default is dataclasses.MISSING
+            if f.name in _SIZES and (value is not None or required) and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{f.name} must be a positive integer, got {value!r}", file=file, field=f.name)
+        names = {f.name for f in fields}
         return cls(**{k: v for k, v in config.items() if k in names})
 
     def __post_init__(self) -> None:

@@ -159,6 +159,8 @@ def _read_safetensors(path: Path) -> list[LazyTensor]:
             header = json.loads(f.read(n))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(f"header is not JSON: {exc}", file=str(path), field="header") from None
+        if not isinstance(header, dict):
+            raise FormatError("header is not a JSON object", file=str(path), field="header")
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     data = np.frombuffer(mapped, dtype=np.uint8, offset=8 + n)
     tensors = []
@@ -186,7 +188,7 @@ def _read_safetensors(path: Path) -> list[LazyTensor]:
 
 def _safetensors_reader(array: np.ndarray, bf16: bool, mapped: mmap.mmap, base: int) -> Callable[[int, int], np.ndarray]:
     """Rows as fp32 copies; the mapped pages they came from are dropped at once, so RSS stays at a chunk."""
-    row_bytes = array[:1].nbytes
+    row_bytes = array.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))  # a 0-d tensor is one row
 
     def rows(start: int, stop: int) -> np.ndarray:
         part = array[start:stop]

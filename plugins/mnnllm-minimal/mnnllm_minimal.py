@@ -19,7 +19,9 @@ class BinaryExecution(Execution):
 
 def create_binary(backend, inputs, outputs, op):
     function = BINARY.get(op.extra.get("operation"))
-    return None if function is None else BinaryExecution(backend, function)  # None: run it on cpu
+    if function is None or op.param.activationType:  # a fused relu: not here
+        return None  # None: run it on cpu
+    return BinaryExecution(backend, function)
 
 
 class MinimalBackend(Backend):

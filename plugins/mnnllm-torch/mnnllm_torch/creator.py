@@ -31,8 +31,8 @@ def probe(device: str) -> tuple[bool, str]:
     """Run a 2x3 matmul on `device` and check the result: (True, "") or (False, why)."""
     try:
         import torch
-    except ImportError as err:
-        return False, f"torch is not importable: {err}"
+    except Exception as err:  # ImportError, or OSError from broken CUDA libraries
+        return False, f"torch is not importable: {type(err).__name__}: {err}"
     try:
         a = torch.arange(6, dtype=torch.float32, device=device).reshape(2, 3)
         got = (a @ a.T).cpu().tolist()
@@ -50,8 +50,8 @@ class TorchRuntimeCreator(RuntimeCreator):
     def is_available(self) -> tuple[bool, str]:
         try:
             device = choose_device()
-        except ImportError as err:
-            return False, f"torch is not importable: {err}"
+        except Exception as err:  # ImportError, or OSError from broken CUDA libraries
+            return False, f"torch is not importable: {type(err).__name__}: {err}"
         return probe(device)
 
     def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> Runtime:
