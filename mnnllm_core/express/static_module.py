@@ -31,7 +31,10 @@ class StaticModule:
         self.info = info
         self.runtime_manager = runtime_manager
         self.config = config
-        # static-shape backends (opencl, vulkan, npu, plugins that declare it) never mutate shapes
+        # Static-shape backends (opencl, vulkan, npu, plugins that declare it) never mutate shapes.
+        # Either way a session re-encodes only when an input shape or a shape input's value
+        # changes; what static shapes change is the caller's side: the LLM keeps one clone per
+        # shape (ModulePool) so such a module is resized once and never again.
         self.shape_mutable = bool(config.shape_mutable) and not runtime_manager.static_shapes
         if session is None:
             backend, backup = runtime_manager.create_backends()
