@@ -1,0 +1,323 @@
+"""The Vulkan-touching half of the backend: instance and device selection, host-visible storage
+buffers, compute pipelines from the committed SPIR-V, and a Recorder that puts many dispatches
+into one command buffer and submits them at once.
+
+Only this module imports `vulkan`; importing the plugin or the runtime module never touches a
+driver (`import vulkan` without libvulkan raises OSError, which the probe reports).
+
+Device selection: `MNNLLM_VULKAN_DEVICE=<index>` (the order of vkEnumeratePhysicalDevices) or
+the runtime hint "vulkan_device"; default: the first discrete GPU, else the first integrated GPU,
+else the first device (lavapipe on a machine without a GPU).
+
+Memory: every buffer is host-visible and coherent and stays mapped, so upload and download are
+memcpy's (after the recorded work is submitted and waited for). A buffer larger than the
+device's maxStorageBufferRange is never created: callers check `fits()` and fall back to cpu.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+import numpy as np
+import vulkan as vk
+
+ENV_DEVICE = "MNNLLM_VULKAN_DEVICE"
+WHOLE_SIZE = 0xFFFFFFFFFFFFFFFF  # the package's VK_WHOLE_SIZE is -1, which cffi rejects
+MAX_GROUPS = 65535  # a dispatch larger than this many groups along x is folded into y
+DESCRIPTOR_POOL_SETS = 1024
+
+
+@lru_cache(maxsize=None)
+def spirv(name: str) -> bytes:
+    return resources.files("mnnllm_backends.vulkan.shaders").joinpath(f"{name}.spv").read_bytes()
+
+
+@dataclass(eq=False)
+class Pipeline:
+    pipeline: object
+    layout: object
+    set_layout: object
+    bindings: int
+    push_size: int
+
+
+class Buffer:
+    """One VkBuffer with its own host-visible memory, mapped for its whole life."""
+
+    def __init__(self, device: "VulkanDevice", nbytes: int):
+        self.device = device
+        self.size = max(4, int(nbytes))
+        d = device.device
+        self.buffer = vk.vkCreateBuffer(d, vk.VkBufferCreateInfo(
+            size=self.size, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE,
+            usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+            | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT), None)
+        need = vk.vkGetBufferMemoryRequirements(d, self.buffer)
+        self.memory = vk.vkAllocateMemory(d, vk.VkMemoryAllocateInfo(
+            allocationSize=need.size, memoryTypeIndex=device.memory_type(need.memoryTypeBits)), None)
+        vk.vkBindBufferMemory(d, self.buffer, self.memory, 0)
+        self.host = np.frombuffer(vk.vkMapMemory(d, self.memory, 0, self.size, 0), np.uint8)
+
+    def write(self, array: np.ndarray, offset: int = 0) -> None:
+        data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        self.host[offset:offset + data.size] = data
+
+    def read(self, nbytes: int, offset: int = 0) -> np.ndarray:
+        return self.host[offset:offset + nbytes].copy()
+
+    def __del__(self) -> None:
+        try:
+            d = self.device.device
+            self.host = None
+            vk.vkUnmapMemory(d, self.memory)
+            vk.vkDestroyBuffer(d, self.buffer, None)
+            vk.vkFreeMemory(d, self.memory, None)
+        except Exception:  # interpreter shutdown: the driver goes with the process
+            pass
+
+
+def pick_device(physical, spec: str | None):
+    if not physical:
+        raise RuntimeError("the Vulkan loader found no physical device (is mesa-vulkan-drivers installed?)")
+    if spec not in (None, ""):
+        index = int(spec)
+        if not 0 <= index < len(physical):
+            raise RuntimeError(f"Vulkan device {index} does not exist; {len(physical)} found")
+        return physical[index]
+    for kind in (vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU, vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU):
+        for p in physical:
+            if vk.vkGetPhysicalDeviceProperties(p).deviceType == kind:
+                return p
+    return physical[0]
+
+
+class VulkanDevice:
+    """Instance, logical device, one compute queue, the pipeline cache and descriptor pools."""
+
+    def __init__(self, spec: str | None = None):
+        app = vk.VkApplicationInfo(pApplicationName="mnnllm", applicationVersion=1, pEngineName="mnnllm",
+                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 0, 0))
+        self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+        self.physical = pick_device(list(vk.vkEnumeratePhysicalDevices(self.instance)), spec)
+        props = vk.vkGetPhysicalDeviceProperties(self.physical)
+        self.name = vk.ffi.string(props.deviceName).decode() if not isinstance(props.deviceName, str) \
+            else props.deviceName
+        self.max_range = int(props.limits.maxStorageBufferRange)
+        self.max_push = int(props.limits.maxPushConstantsSize)
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        compute = [i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
+        if not compute:
+            raise RuntimeError(f"Vulkan device {self.name} has no compute queue")
+        self.family = compute[0]
+        queue_info = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1,
+                                                pQueuePriorities=[1.0])
+        self.device = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(
+            queueCreateInfoCount=1, pQueueCreateInfos=[queue_info]), None)
+        self.queue = vk.vkGetDeviceQueue(self.device, self.family, 0)
+        self.memory_props = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
+            queueFamilyIndex=self.family, flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
+        self.pipelines: dict[str, Pipeline] = {}
+        self.pools: list = []
+        self.pool_left = 0
+
+    @property
+    def description(self) -> str:
+        return f"{self.name} (Vulkan, maxStorageBufferRange {self.max_range >> 20} MiB)"
+
+    def fits(self, nbytes: int) -> bool:
+        return int(nbytes) <= self.max_range
+
+    def memory_type(self, bits: int) -> int:
+        want = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        best = None
+        for i in range(self.memory_props.memoryTypeCount):
+            flags = self.memory_props.memoryTypes[i].propertyFlags
+            if bits & (1 << i) and flags & want == want:
+                if flags & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT:
+                    return i
+                best = i if best is None else best
+        if best is None:
+            raise RuntimeError("no host-visible coherent Vulkan memory type")
+        return best
+
+    def alloc(self, nbytes: int) -> Buffer:
+        if not self.fits(nbytes):
+            raise ValueError(f"{nbytes} bytes exceed maxStorageBufferRange ({self.max_range})")
+        return Buffer(self, nbytes)
+
+    def constant(self, array: np.ndarray) -> Buffer:
+        data = np.ascontiguousarray(array)
+        buffer = self.alloc(data.nbytes)
+        if data.nbytes:
+            buffer.write(data)
+        return buffer
+
+    # -- pipelines and descriptor sets ---------------------------------------------
+    def pipeline(self, name: str, bindings: int, push_size: int) -> Pipeline:
+        found = self.pipelines.get(name)
+        if found is not None:
+            return found
+        d = self.device
+        code = spirv(name)
+        module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
+        set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=bindings, pBindings=[vk.VkDescriptorSetLayoutBinding(
+                binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(bindings)]), None)
+        ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size)]
+        layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[set_layout], pushConstantRangeCount=1 if push_size else 0,
+            pPushConstantRanges=ranges if push_size else None), None)
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main")
+        pipeline = vk.vkCreateComputePipelines(d, None, 1, [vk.VkComputePipelineCreateInfo(
+            stage=stage, layout=layout)], None)[0]
+        vk.vkDestroyShaderModule(d, module, None)
+        found = self.pipelines[name] = Pipeline(pipeline, layout, set_layout, bindings, push_size)
+        return found
+
+    def descriptor_set(self, pipeline: Pipeline, buffers) -> object:
+        """A descriptor set binding `buffers` (Buffer, in binding order) for `pipeline`."""
+        if self.pool_left == 0:
+            sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                             descriptorCount=DESCRIPTOR_POOL_SETS * 8)]
+            self.pools.append(vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
+                maxSets=DESCRIPTOR_POOL_SETS, poolSizeCount=1, pPoolSizes=sizes), None))
+            self.pool_left = DESCRIPTOR_POOL_SETS
+        self.pool_left -= 1
+        dset = vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
+            descriptorPool=self.pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]))[0]
+        writes = [vk.VkWriteDescriptorSet(
+            dstSet=dset, dstBinding=i, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.buffer, offset=0, range=WHOLE_SIZE)])
+            for i, b in enumerate(buffers)]
+        vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        return dset
+
+
+class Dispatch:
+    """One pipeline with bound buffers and push constants: recorded with `Recorder.dispatch`.
+
+    `buffers` are kept referenced so they outlive every command buffer that uses them."""
+
+    def __init__(self, device: VulkanDevice, name: str, buffers, push: bytes, groups: tuple[int, int, int]):
+        self.pipeline = device.pipeline(name, len(buffers), len(push))
+        self.buffers = list(buffers)
+        self.dset = device.descriptor_set(self.pipeline, self.buffers)
+        self.push = vk.ffi.new("char[]", push) if push else None
+        self.push_size = len(push)
+        self.groups = groups
+
+
+def fold(groups: int, local: int) -> tuple[tuple[int, int, int], int]:
+    """Groups along x (at most MAX_GROUPS) and y for a 1-D launch; and invocations per y row."""
+    groups = max(1, groups)
+    if groups <= MAX_GROUPS:
+        return (groups, 1, 1), groups * local
+    return (MAX_GROUPS, -(-groups // MAX_GROUPS), 1), MAX_GROUPS * local
+
+
+def pack_push(fmt: str, *values) -> bytes:
+    return struct.pack("<" + fmt, *values)
+
+
+class Recorder:
+    """Records dispatches, fills and copies into one command buffer; `flush()` submits it and
+    waits. A barrier separates consecutive commands (ops depend on their predecessors)."""
+
+    def __init__(self, device: VulkanDevice):
+        self.device = device
+        d = device.device
+        self.cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
+            commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+        self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        self.open = False
+        self.count = 0
+        self.submits = 0
+        self.barrier = [vk.VkMemoryBarrier(
+            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
+            | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)]
+        self.stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        self.submit_info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[self.cmd])
+        self.keep: list = []  # Dispatch objects referenced by the open command buffer
+
+    def _begin(self) -> None:
+        if not self.open:
+            vk.vkBeginCommandBuffer(self.cmd, vk.VkCommandBufferBeginInfo(
+                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            self.open = True
+        elif self.count:
+            vk.vkCmdPipelineBarrier(self.cmd, self.stages, self.stages, 0, 1, self.barrier, 0, None, 0, None)
+        self.count += 1
+
+    def dispatch(self, item: Dispatch) -> None:
+        if not all(item.groups):
+            return
+        self._begin()
+        cmd, p = self.cmd, item.pipeline
+        vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.pipeline)
+        vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, p.layout, 0, 1, [item.dset], 0, None)
+        if item.push_size:
+            vk.vkCmdPushConstants(cmd, p.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, item.push_size, item.push)
+        vk.vkCmdDispatch(cmd, *item.groups)
+        self.keep.append(item)
+
+    def fill_zero(self, buffer: Buffer, nbytes: int) -> None:
+        self._begin()
+        vk.vkCmdFillBuffer(self.cmd, buffer.buffer, 0, (int(nbytes) + 3) // 4 * 4 if nbytes < buffer.size
+                           else WHOLE_SIZE, 0)
+        self.keep.append(buffer)
+
+    def copy(self, dst: Buffer, src: Buffer, nbytes: int, dst_offset: int = 0, src_offset: int = 0) -> None:
+        if not nbytes:
+            return
+        self._begin()
+        vk.vkCmdCopyBuffer(self.cmd, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(
+            srcOffset=int(src_offset), dstOffset=int(dst_offset), size=int(nbytes))])
+        self.keep += (src, dst)
+
+    def flush(self) -> None:
+        """Submit what was recorded and wait; then host reads and writes are safe."""
+        if not self.open:
+            return
+        d = self.device.device
+        vk.vkEndCommandBuffer(self.cmd)
+        vk.vkQueueSubmit(self.device.queue, 1, [self.submit_info], self.fence)
+        vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, WHOLE_SIZE)
+        vk.vkResetFences(d, 1, [self.fence])
+        vk.vkResetCommandBuffer(self.cmd, 0)
+        self.open, self.count = False, 0
+        self.submits += 1
+        self.keep.clear()
+
+
+_DEVICES: dict[str | None, VulkanDevice] = {}
+
+
+def open_device(spec: str | None) -> VulkanDevice:
+    """One VulkanDevice per process per selection (pipelines are built once)."""
+    if spec not in _DEVICES:
+        _DEVICES[spec] = VulkanDevice(spec)
+    return _DEVICES[spec]
+
+
+def probe(spec: str | None) -> str:
+    """Build and run the probe shader on the selected device; returns its description."""
+    device = open_device(spec)
+    host = np.arange(4, dtype=np.float32)
+    buffer = device.constant(host)
+    recorder = Recorder(device)
+    recorder.dispatch(Dispatch(device, "probe", [buffer], b"", (1, 1, 1)))
+    recorder.flush()
+    result = buffer.read(16).view(np.float32)
+    if not np.array_equal(result, host * 2):
+        raise RuntimeError(f"the probe shader computed {result.tolist()} instead of {(host * 2).tolist()}")
+    return device.description
+
+
+def device_spec(hints: dict) -> str | None:
+    return hints.get("vulkan_device") or os.environ.get(ENV_DEVICE) or None

@@ -1,0 +1,320 @@
+"""Op creators of the vulkan backend (shaders in shaders/*.comp): Raster, float BinaryOp,
+Convolution 1x1 as a linear layer (4-bit weights packed on the device and dequantized in the
+shader; other weights as fp32), LayerNorm/RMSNorm. Everything else runs on cpu.
+
+Every creator returns None (cpu fallback) for a tensor or weight larger than the device's
+maxStorageBufferRange: one binding must cover a whole tensor.
+
+Packed q4 layout (column-interleaved, so neighbouring invocations read neighbouring words):
+word k of row o at [k, o] holds the row's codes 8k..8k+7 (code 8k+n in bits 4n); value =
+code - 8; w = value * scale + zero with float (scale, zero) at [block, o].
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+from mnnllm_core.errors import FormatError
+from mnnllm_core.express.quant import QuantizedWeight
+
+from .device import Dispatch, fold, pack_push
+
+log = logging.getLogger(__name__)
+
+FLOAT = np.dtype(np.float32)
+LOCAL = 256  # local size of the elementwise shaders (raster, binary)
+
+
+# ------------------------------------------------------------------ Raster
+
+def walks_contiguously(size, stride) -> bool:
+    expected = 1
+    for n, s in zip(reversed(list(size)), reversed(list(stride))):
+        if n != 1 and s != expected:
+            return False
+        expected *= n
+    return True
+
+
+class RasterExecution(Execution):
+    """Each region: a buffer copy when contiguous at both ends, else the strided copy shader."""
+
+    def __init__(self, backend, param):
+        super().__init__(backend)
+        self.param = param
+        self.steps: list = []
+
+    def on_resize(self, inputs, outputs) -> None:
+        device, out = self.backend.device, outputs[0]
+        self.steps = []
+        if self.param.zero_fill:
+            self.steps.append(("fill", out.storage, out.size * 4))
+        for region in self.param.regions:
+            src = inputs[region.origin].storage
+            size = [int(v) for v in region.size]
+            count = int(np.prod(size))
+            if count == 0:
+                continue
+            if walks_contiguously(size, region.src.stride) and walks_contiguously(size, region.dst.stride):
+                self.steps.append(("copy", out.storage, src, count * 4, region.dst.offset * 4, region.src.offset * 4))
+                continue
+            groups, row = fold(-(-count // LOCAL), LOCAL)
+            push = pack_push("4i4i4iI", *size, count, *region.src.stride, region.src.offset,
+                             *region.dst.stride, region.dst.offset, row)
+            self.steps.append(("dispatch", Dispatch(device, "raster", [src, out.storage], push, groups)))
+
+    def on_execute(self, inputs, outputs) -> None:
+        recorder = self.backend.recorder
+        for step in self.steps:
+            if step[0] == "dispatch":
+                recorder.dispatch(step[1])
+            elif step[0] == "copy":
+                recorder.copy(*step[1:])
+            else:
+                recorder.fill_zero(step[1], step[2])
+
+    def on_clone(self, backend, op):
+        return RasterExecution(backend, op.param)
+
+
+def create_raster(backend, inputs, outputs, op):
+    tensors = (*inputs, outputs[0])
+    if any(t.dtype.itemsize != 4 for t in tensors) or not backend.fits(*tensors):
+        return None
+    return RasterExecution(backend, op.param)
+
+
+# ------------------------------------------------------------------ BinaryOp
+
+BINARY = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3, "MUL_SILU": 4, "MAXIMUM": 5, "MAX_TEMP": 5,
+          "MINIMUM": 6, "MIN_TEMP": 6}
+
+
+def broadcast_strides(out_shape, in_shapes) -> tuple[list[int], list[list[int]]] | None:
+    """The output walked as at most 4 dims, with each input's element stride per dim (0 where
+    the input broadcasts): extent-1 dims dropped, neighbours merged when every input allows it."""
+    rank = len(out_shape)
+    per_input = []
+    for shape in in_shapes:
+        shape = (1,) * (rank - len(shape)) + tuple(shape)
+        strides, step = [0] * rank, 1
+        for d in range(rank - 1, -1, -1):
+            strides[d] = 0 if shape[d] == 1 else step
+            step *= shape[d]
+        per_input.append(strides)
+    dims: list[int] = []
+    strides = [[] for _ in in_shapes]
+    for d in range(rank):
+        n = int(out_shape[d])
+        if n == 1:
+            continue
+        if dims and all(s[-1] == own[d] * n for s, own in zip(strides, per_input)):
+            dims[-1] *= n
+            for s, own in zip(strides, per_input):
+                s[-1] = own[d]
+            continue
+        dims.append(n)
+        for s, own in zip(strides, per_input):
+            s.append(own[d])
+    if len(dims) > 4:
+        return None
+    pad = 4 - len(dims)
+    return [1] * pad + dims, [[0] * pad + s for s in strides]
+
+
+class BinaryExecution(Execution):
+    def __init__(self, backend, code: int, act: int):
+        super().__init__(backend)
+        self.code, self.act = code, act
+        self.dispatch = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        view = broadcast_strides(outputs[0].shape, [t.shape for t in inputs])
+        if view is None:
+            raise ValueError(f"vulkan BinaryOp: {[t.shape for t in inputs]} need more than 4 dims")
+        dims, (sa, sb) = view
+        total = outputs[0].size
+        groups, row = fold(-(-total // LOCAL), LOCAL)
+        push = pack_push("4i4i4iiiiI", *dims, *sa, *sb, total, self.code, self.act, row)
+        self.dispatch = Dispatch(self.backend.device, "binary",
+                                 [inputs[0].storage, inputs[1].storage, outputs[0].storage], push,
+                                 groups if total else (0, 0, 0))
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.backend.recorder.dispatch(self.dispatch)
+
+    def on_clone(self, backend, op):
+        return BinaryExecution(backend, self.code, self.act)
+
+
+def create_binary(backend, inputs, outputs, op):
+    code = BINARY.get(op.extra.get("operation"))
+    act = int(getattr(op.param, "activationType", 0) or 0)
+    if code is None or len(inputs) != 2 or act not in (0, 1, 2):
+        return None
+    if any(t.dtype != FLOAT for t in (*inputs, outputs[0])) or not backend.fits(*inputs, outputs[0]):
+        return None
+    if broadcast_strides(outputs[0].shape, [t.shape for t in inputs]) is None:
+        return None
+    return BinaryExecution(backend, code, act)
+
+
+# ------------------------------------------------------------------ Convolution 1x1 (linear)
+
+@dataclass(eq=False)
+class PackedLinear:
+    """Device buffers of one linear layer, shared by every clone of its Execution."""
+
+    shader: str  # "linear_q4" | "linear_f"
+    oc: int
+    ic: int
+    block: int
+    weight: object
+    scales: object
+    bias: object
+    has_bias: bool
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.size + self.scales.size + self.bias.size
+
+
+def pack_linear(backend, weights) -> PackedLinear | None:
+    """The layer's weights in its shader's layout, uploaded once; None when a buffer would
+    exceed maxStorageBufferRange."""
+    device = backend.device
+    w, bias = weights.quantized, weights.bias
+    has_bias = bias is not None and bool(np.any(bias))
+    if isinstance(w, QuantizedWeight) and w.bits == 4 and w.is_linear and w.block_size % 8 == 0 \
+            and w.ic % w.block_size == 0:
+        if not device.fits(w.oc * w.ic // 2) or not device.fits(w.oc * w.n_blocks * 8):
+            return None
+        codes = w.unpack().astype(np.uint32).reshape(w.oc, w.ic // 8, 8)
+        words = np.zeros((w.oc, w.ic // 8), np.uint32)
+        for n in range(8):
+            words |= codes[:, :, n] << np.uint32(4 * n)
+        words = np.ascontiguousarray(words.T)
+        scales = np.ascontiguousarray(np.stack([w.scale, w.zero], axis=-1).astype(np.float32).transpose(1, 0, 2))
+        return PackedLinear("linear_q4", w.oc, w.ic, w.block_size, device.constant(words), device.constant(scales),
+                            device.constant(np.asarray(bias if has_bias else np.zeros(1), np.float32)), has_bias)
+    oc, ic = w.oc, w.ic
+    if not device.fits(oc * ic * 4):
+        return None
+    dense = w.dequantize() if isinstance(w, QuantizedWeight) else np.asarray(w.data, np.float32)
+    return PackedLinear("linear_f", oc, ic, ic, device.constant(np.ascontiguousarray(dense, np.float32)),
+                        device.constant(np.zeros(2, np.float32)),
+                        device.constant(np.asarray(bias if has_bias else np.zeros(1), np.float32)), has_bias)
+
+
+Q4_TILE = 8  # tokens per invocation in linear_q4_tile.comp (linear_q4.comp: 1, for decode)
+
+
+class LinearExecution(Execution):
+    def __init__(self, backend, packed: PackedLinear, act: int):
+        super().__init__(backend)
+        self.packed, self.act = packed, act
+        self.packed_bytes = packed.nbytes
+        self.dispatch = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        p = self.packed
+        rows = inputs[0].size // p.ic
+        shader, tile = p.shader, 1
+        if shader == "linear_q4" and rows > 1:
+            shader, tile = "linear_q4_tile", Q4_TILE
+        push = pack_push("6i", p.ic, p.oc, rows, p.block, int(p.has_bias), self.act)
+        groups = (-(-p.oc // 64), -(-rows // tile), 1) if rows else (0, 0, 0)
+        self.dispatch = Dispatch(self.backend.device, shader,
+                                 [inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage], push, groups)
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.backend.recorder.dispatch(self.dispatch)
+
+    def on_clone(self, backend, op):
+        return LinearExecution(backend, self.packed, self.act)
+
+
+def create_linear(backend, inputs, outputs, op):
+    common = op.param.common
+    if int(common.kernelX or 1) != 1 or int(common.kernelY or 1) != 1 or int(common.group or 1) != 1:
+        return None
+    if op.weights is None:
+        return None
+    packed = pack_linear(backend, op.weights.convolution())
+    if packed is None:
+        log.debug("vulkan refused %s: a weight buffer exceeds maxStorageBufferRange", op.name)
+        return None
+    act = 2 if common.relu6 else 1 if common.relu else 0
+    return LinearExecution(backend, packed, act)
+
+
+# ------------------------------------------------------------------ LayerNorm / RMSNorm
+
+class LayerNormExecution(Execution):
+    """As the cpu backend: last `axis_count` dims, groups (every dim after the first), the
+    channel axis of NC4HW4 tensors, and the fused residual form (two inputs, two outputs)."""
+
+    def __init__(self, backend, gamma, beta, eps: float, rms: bool, axis_count: int, group: int,
+                 channel_axis: bool):
+        super().__init__(backend)
+        self.gamma, self.beta = gamma, beta  # (Buffer, present)
+        self.eps, self.rms = eps, rms
+        self.axis_count, self.group, self.channel_axis = axis_count, group, channel_axis
+        self.dispatch = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        x = inputs[0]
+        if self.channel_axis and len(x.shape) == 4:
+            hw = x.shape[2] * x.shape[3]
+            length, rows = x.shape[1], x.shape[0] * hw
+        elif self.group > 1:
+            hw, rows = 1, x.shape[0] * self.group
+            length = x.size // rows
+        else:
+            hw = 1
+            length = int(np.prod(x.shape[len(x.shape) - self.axis_count:], dtype=np.int64))
+            rows = x.size // length if length else 0
+        for name, (buffer, present) in (("gamma", self.gamma), ("beta", self.beta)):
+            if present and buffer.size != 4 * length:
+                raise FormatError(f"LayerNorm {name} has {buffer.size // 4} values for rows of {length}", field=name)
+        residual = len(inputs) == 2
+        flags = (1 if self.rms else 0) | (2 if self.gamma[1] else 0) | (4 if self.beta[1] else 0) | \
+                (8 if residual else 0)
+        target = outputs[1] if residual else outputs[0]
+        second = inputs[1] if residual else inputs[0]
+        push = pack_push("3ifi", rows, length, hw, self.eps, flags)
+        self.dispatch = Dispatch(self.backend.device, "norm",
+                                 [x.storage, second.storage, outputs[0].storage, target.storage,
+                                  self.gamma[0], self.beta[0]], push, (-(-rows // 64), 1, 1) if rows else (0, 0, 0))
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.backend.recorder.dispatch(self.dispatch)
+
+    def on_clone(self, backend, op):
+        return LayerNormExecution(backend, self.gamma, self.beta, self.eps, self.rms, self.axis_count,
+                                  self.group, self.channel_axis)
+
+
+def constant_or_placeholder(backend, values) -> tuple[object, bool]:
+    if values is None:
+        return backend.device.constant(np.zeros(1, np.float32)), False
+    return backend.device.constant(np.asarray(values, np.float32).reshape(-1)), True
+
+
+def create_layernorm(backend, inputs, outputs, op):
+    param = op.param
+    if any(t.dtype != FLOAT for t in (*inputs, *outputs)) or not backend.fits(*inputs, *outputs):
+        return None
+    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    axis = list(param.axis) if param.axis is not None else [-1]
+    return LayerNormExecution(backend, constant_or_placeholder(backend, gamma),
+                              constant_or_placeholder(backend, beta), float(param.epsilon or 0.0),
+                              bool(param.useRmsnorm), max(1, len(axis)), int(param.group or 1),
+                              op.extra.get("format") == "NC4HW4")
+
+
+CREATORS = {"Raster": create_raster, "BinaryOp": create_binary, "Convolution": create_linear,
+            "LayerNorm": create_layernorm}

@@ -1,0 +1,9 @@
+"""Registers the vulkan backend through the same hook any third-party backend uses.
+Nothing here imports `vulkan` or touches a driver: probing happens in `is_available()`."""
+from mnnllm_core.plugins.hookspecs import hookimpl
+
+
+@hookimpl
+def mnnllm_register_runtime_creators():
+    from .runtime import VulkanRuntimeCreator
+    return [VulkanRuntimeCreator()]

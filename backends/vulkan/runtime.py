@@ -1,0 +1,142 @@
+"""The vulkan backend: RuntimeCreator (probe), Runtime (device), Backend (buffers, host copies,
+the per-run command buffer). `vulkan` is imported lazily, so importing this module never
+touches a driver.
+
+Runtime hint (optional): "vulkan_device": an index into vkEnumeratePhysicalDevices (else
+$MNNLLM_VULKAN_DEVICE, else the first discrete GPU, integrated GPU, or any device).
+
+A run records every dispatch of this backend into one command buffer (on_execute_begin opens
+it lazily, on_execute_end submits and waits). Any host access to a buffer in between (a copy
+to or from the cpu backend around a fallback op, an upload, a download) first submits what was
+recorded, so the host sees and changes memory only when the device is idle.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from mnnllm_core.core.backend import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig
+from mnnllm_core.core.tensor import Tensor
+
+log = logging.getLogger(__name__)
+
+
+class VulkanBackend(Backend):
+    """Storage of a tensor is a device.Buffer (fp32, int32 as they are on the host)."""
+
+    name = "vulkan"
+
+    def __init__(self, runtime: "VulkanRuntime", config: BackendConfig):
+        super().__init__(runtime, config)
+        self.device = runtime.device
+        self.recorder = runtime.recorder
+        self._free: dict[int, list] = defaultdict(list)
+        self._pooled: set[int] = set()
+
+    def fits(self, *tensors: Tensor) -> bool:
+        """Whether every tensor (with a known shape) fits one storage buffer binding."""
+        return all(self.device.fits(t.size * t.dtype.itemsize) for t in tensors)
+
+    # -- memory ------------------------------------------------------------------
+    def on_acquire_buffer(self, tensor: Tensor) -> None:
+        nbytes = max(4, tensor.size * tensor.dtype.itemsize)
+        pool = self._free.get(nbytes)
+        if pool:
+            tensor.storage = pool.pop()
+            self._pooled.discard(id(tensor.storage))
+        else:
+            tensor.storage = self.device.alloc(nbytes)
+
+    def on_release_buffer(self, tensor: Tensor) -> None:
+        buffer = tensor.storage
+        if buffer is not None and id(buffer) not in self._pooled:
+            self._pooled.add(id(buffer))
+            self._free[buffer.size].append(buffer)
+
+    def on_clear_buffer(self) -> None:
+        self._free.clear()
+        self._pooled.clear()
+
+    def upload(self, tensor: Tensor, array: np.ndarray) -> None:
+        self.recorder.flush()
+        tensor.storage.write(np.asarray(array, dtype=tensor.dtype))
+
+    def download(self, tensor: Tensor) -> np.ndarray:
+        self.recorder.flush()
+        nbytes = tensor.size * tensor.dtype.itemsize
+        return tensor.storage.read(nbytes).view(tensor.dtype).reshape(tensor.shape)
+
+    def on_copy_buffer(self, src: Tensor, dst: Tensor) -> None:
+        other = src.backend
+        if isinstance(other, VulkanBackend) and other.device is self.device:
+            self.recorder.copy(dst.storage, src.storage, dst.size * dst.dtype.itemsize)
+        else:
+            self.upload(dst, other.download(src))
+
+    def on_execute_end(self) -> None:
+        self.recorder.flush()
+
+
+class VulkanRuntime(Runtime):
+    """One device, one recorder (command buffer + fence) shared by the backends it creates."""
+
+    name = "vulkan"
+    static_shapes = True
+
+    def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
+        super().__init__(config, hints)
+        from . import device
+        from .ops import CREATORS
+        self.device = device.open_device(device.device_spec(self.hints))
+        self.recorder = device.Recorder(self.device)
+        self.op_creators.update(CREATORS)
+
+    def create_backend(self, config: BackendConfig) -> VulkanBackend:
+        return VulkanBackend(self, config)
+
+    def device_name(self) -> str:
+        return self.device.description
+
+
+class VulkanRuntimeCreator(RuntimeCreator):
+    name = "vulkan"
+    static_shapes = True
+
+    def __init__(self) -> None:
+        self._probed: dict[str | None, tuple[bool, str]] = {}
+
+    def is_available(self) -> tuple[bool, str]:
+        """Builds and runs the probe shader on the selected device; never raises."""
+        try:
+            from . import device
+        except Exception as err:  # the package missing, or libvulkan not loadable (OSError)
+            return False, f"the vulkan package cannot be imported: {type(err).__name__}: {err}"
+        spec = device.device_spec({})
+        if spec not in self._probed:
+            try:
+                described = device.probe(spec)
+                self._probed[spec] = (True, "")
+                log.debug("vulkan probe ran on %s", described)
+            except Exception as err:  # no ICD, no device, a driver or shader failure: unavailable
+                detail = str(err).strip() or ("no Vulkan driver (ICD) or device the loader can use; on a machine "
+                                              "without a GPU install mesa-vulkan-drivers (lavapipe)")
+                self._probed[spec] = (False, f"{type(err).__name__}: {detail}")
+        return self._probed[spec]
+
+    def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> VulkanRuntime:
+        return VulkanRuntime(config, hints)
+
+    def devices(self) -> list[str]:
+        try:
+            import vulkan as vk
+            instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(), None)
+            try:
+                return [f"{i} {vk.vkGetPhysicalDeviceProperties(p).deviceName}"
+                        for i, p in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
+            finally:
+                vk.vkDestroyInstance(instance, None)
+        except Exception:  # no driver: no devices to list
+            return []

@@ -1,0 +1,275 @@
+"""The vulkan backend (the `vulkan` package; lavapipe on machines without a GPU) against the cpu
+backend and float64 numpy.
+
+Every op runs through the real core path (op_harness: shape inference, lowering, placement) on
+a vulkan RuntimeManager and must not fall back to cpu. Tolerances, relative to the largest
+expected magnitude: 1e-5 (fp32 everywhere); 2e-5 for linear layers, whose shader sums in
+another order than BLAS and dequantizes as scale * sum(v x) + zero * sum(x).
+Skipped only when Vulkan cannot build and run the probe shader (with the probe's reason).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from functools import lru_cache
+
+import numpy as np
+import pytest
+
+from mnnllm_core.core.backend import ScheduleConfig
+from mnnllm_core.core.op import Op
+from mnnllm_core.express.op_weights import ConvolutionWeights, OpWeights
+from mnnllm_core.express.quant import FloatWeight
+from mnnllm_core.express.runtime_manager import RuntimeManager
+from mnnllm_core.plugins.manager import registry
+from mnnllm_core.schema.MNN.Axis import AxisT
+from mnnllm_core.schema.MNN.BinaryOp import BinaryOpT
+from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
+from mnnllm_core.schema.MNN.Permute import PermuteT
+
+from op_harness import Weights, new_runtime, run_op
+from paths import CONFIG, REFERENCE
+from references import conv_param, linear_reference, quantize
+
+def vulkan_creator():
+    """The vulkan RuntimeCreator, registered through the project's `mnnllm` entry points."""
+    return registry().get("vulkan")
+
+
+AVAILABLE, REASON = vulkan_creator().is_available()
+pytestmark = pytest.mark.skipif(not AVAILABLE, reason=f"Vulkan unavailable: {REASON}")
+
+RNG = np.random.default_rng(11)
+FP32, LINEAR_TOL = 1e-5, 2e-5
+
+
+def randn(*shape: int) -> np.ndarray:
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@lru_cache(maxsize=None)
+def shared_vulkan() -> RuntimeManager:
+    return RuntimeManager.create(ScheduleConfig(backend_type="vulkan", thread_num=2))
+
+
+def assert_close(actual: np.ndarray, expected: np.ndarray, tol: float = FP32) -> None:
+    expected = np.asarray(expected, np.float64)
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=tol, atol=tol * scale)
+
+
+def on_vulkan(make_op, inputs, outputs: int = 1) -> list[np.ndarray]:
+    """Run a fresh op on vulkan; every command must have stayed there."""
+    result = run_op(make_op(), inputs, outputs, runtime=shared_vulkan())
+    placement = result.placement
+    assert not placement["fallbacks"] and placement["copies"] == 0, placement
+    return result.outputs
+
+
+def on_cpu(make_op, inputs, outputs: int = 1) -> list[np.ndarray]:
+    return run_op(make_op(), inputs, outputs, runtime=new_runtime()).outputs
+
+
+# ------------------------------------------------------------------ runtime and availability
+
+def test_runtime_reports_the_device_and_forces_static_shapes() -> None:
+    runtime = shared_vulkan()
+    assert runtime.static_shapes
+    assert "maxStorageBufferRange" in runtime.runtime.device_name()
+    assert vulkan_creator().devices()
+
+
+def test_importing_the_plugin_does_not_touch_vulkan() -> None:
+    script = ("import sys, mnnllm_backends.vulkan.plugin; assert 'vulkan' not in sys.modules, 'vulkan imported'; "
+              "print('ok')")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr
+
+
+def test_without_a_driver_the_backend_is_unavailable_with_a_reason_and_never_raises(tmp_path) -> None:
+    script = textwrap.dedent("""
+        from mnnllm_backends.vulkan.runtime import VulkanRuntimeCreator
+        ok, reason = VulkanRuntimeCreator().is_available()
+        assert not ok and reason, (ok, reason)
+        print("unavailable:", reason)
+    """)
+    env = dict(os.environ, VK_ICD_FILENAMES=str(tmp_path / "none.json"), VK_DRIVER_FILES=str(tmp_path / "none.json"))
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "unavailable:" in done.stdout
+
+
+# ------------------------------------------------------------------ Raster (data movement)
+
+@pytest.mark.parametrize("shape,perm", [((3, 5, 7), (2, 0, 1)), ((2, 3, 4, 5), (0, 2, 1, 3)), ((37, 9, 64), (1, 0, 2))])
+def test_permute_runs_as_raster_regions_on_the_device(shape, perm) -> None:
+    x = randn(*shape)
+
+    def make():
+        param = PermuteT()
+        param.dims = list(perm)
+        return Op("Permute", "p", param)
+    np.testing.assert_array_equal(on_vulkan(make, [x])[0], x.transpose(perm))
+
+
+def test_concat_of_int_and_float_tensors_copies_every_source() -> None:
+    def make():
+        param = AxisT()
+        param.axis = 1
+        return Op("Concat", "c", param)
+    for dtype in (np.float32, np.int32):
+        parts = [(randn(3, n, 5) * 100).astype(dtype) for n in (2, 1, 4)]
+        np.testing.assert_array_equal(on_vulkan(make, parts)[0], np.concatenate(parts, axis=1))
+
+
+# ------------------------------------------------------------------ BinaryOp
+
+def binary(operation: str, activation: int = 0):
+    def make():
+        param = BinaryOpT()
+        param.activationType = activation
+        return Op("BinaryOp", operation.lower(), param, extra={"operation": operation})
+    return make
+
+
+@pytest.mark.parametrize("operation", ["ADD", "SUB", "MUL", "REALDIV", "MUL_SILU", "MAXIMUM", "MINIMUM"])
+@pytest.mark.parametrize("shape_a,shape_b", [((37, 1536, 1, 1), (37, 1536, 1, 1)), ((37, 1), (33,)),
+                                             ((2, 1, 5), (3, 1)), ((7,), ()), ((2, 3, 5, 1, 3), (3, 5, 4, 1))])
+def test_float_binary_ops_broadcast_like_the_cpu_backend(operation, shape_a, shape_b) -> None:
+    a, b = randn(*shape_a), randn(*shape_b)
+    if operation == "REALDIV":
+        b = np.where(np.abs(b) < 0.1, 0.5, b).astype(np.float32)
+    make = binary(operation)
+    assert_close(on_vulkan(make, [a, b])[0], on_cpu(make, [a, b])[0])
+
+
+@pytest.mark.parametrize("activation", [1, 2])
+def test_binary_op_applies_its_activation(activation) -> None:
+    a, b = randn(5, 9) * 5, randn(5, 9) * 5
+    make = binary("ADD", activation)
+    assert_close(on_vulkan(make, [a, b])[0], on_cpu(make, [a, b])[0])
+
+
+def test_integer_binary_ops_fall_back_to_cpu() -> None:
+    a, b = np.arange(6, dtype=np.int32), np.full(6, 3, np.int32)
+    result = run_op(binary("ADD")(), [a, b], runtime=shared_vulkan())
+    assert [f["type"] for f in result.placement["fallbacks"]] == ["BinaryOp"]
+    np.testing.assert_array_equal(result.outputs[0], a + b)
+
+
+# ------------------------------------------------------------------ Convolution as linear
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+@pytest.mark.parametrize("bits,ic,block", [(4, 576, 64), (4, 96, 32), (4, 48, 16), (4, 40, 8), (8, 30, 30)])
+def test_quantized_linear_matches_float64_on_the_dequantized_weight(tokens, bits, ic, block) -> None:
+    oc = 37
+    quantized, dense = quantize(randn(oc, ic), bits, block)
+    bias, x = randn(oc), randn(tokens, ic, 1, 1)
+    op = lambda: Op("Convolution", "q", conv_param(oc, ic), weights=Weights(conv=ConvolutionWeights(quantized, bias)))
+    out, = on_vulkan(op, [x])
+    assert_close(out, linear_reference(x, dense, bias).reshape(tokens, oc, 1, 1), LINEAR_TOL)
+
+
+@pytest.mark.parametrize("tokens", [1, 5])
+@pytest.mark.parametrize("oc,ic", [(3, 5), (31, 35), (64, 576)])
+def test_float_linear_matches_float64(tokens, oc, ic) -> None:
+    weight, x = randn(oc, ic), randn(tokens, ic, 1, 1)
+    weights = Weights(conv=ConvolutionWeights(FloatWeight(oc, ic, weight), None))
+    out, = on_vulkan(lambda: Op("Convolution", "f", conv_param(oc, ic), weights=weights), [x])
+    assert_close(out, linear_reference(x, weight, None).reshape(tokens, oc, 1, 1), LINEAR_TOL)
+
+
+@pytest.mark.parametrize("relu,relu6", [(True, False), (False, True)])
+def test_linear_applies_its_fused_relu(relu, relu6) -> None:
+    weight, bias, x = randn(12, 17) * 3, randn(12), randn(7, 17) * 3
+    op = lambda: Op("Convolution", "act", conv_param(12, 17, relu, relu6), weights=Weights.dense(weight, bias))
+    out, = on_vulkan(op, [x])
+    assert_close(out, np.clip(linear_reference(x, weight, bias), 0, 6 if relu6 else np.inf), LINEAR_TOL)
+
+
+def test_a_weight_over_max_storage_buffer_range_is_refused_and_runs_on_cpu() -> None:
+    limit = shared_vulkan().runtime.device.max_range
+    oc, ic = 8, limit // (8 * 4) + 1  # one fp32 weight buffer just over the limit
+    weight = np.zeros((oc, ic), np.float32)
+    weight[:, :3] = randn(oc, 3)
+    x = np.zeros((1, ic, 1, 1), np.float32)
+    x[0, :3, 0, 0] = randn(3)
+    weights = Weights(conv=ConvolutionWeights(FloatWeight(oc, ic, weight), None))
+    result = run_op(Op("Convolution", "big", conv_param(oc, ic), weights=weights), [x], runtime=shared_vulkan())
+    assert [f["type"] for f in result.placement["fallbacks"]] == ["Convolution"]
+    assert_close(result.outputs[0], (weight[:, :3] @ x[0, :3, 0, 0]).reshape(1, oc, 1, 1), LINEAR_TOL)
+
+
+# ------------------------------------------------------------------ LayerNorm
+
+def layernorm_op(eps, rms, gamma=None, beta=None, group=1, axis=(-1,), fmt="NCHW"):
+    def make():
+        p = LayerNormT()
+        p.axis, p.epsilon, p.useRmsnorm, p.group = list(axis), eps, rms, group
+        p.gamma = None if gamma is None else gamma.tolist()
+        p.beta = None if beta is None else beta.tolist()
+        return Op("LayerNorm", "ln", p, weights=OpWeights("ln", p, None, "<test>"), extra={"format": fmt})
+    return make
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+@pytest.mark.parametrize("width", [5, 17, 576])
+@pytest.mark.parametrize("rms", [True, False])
+def test_layernorm_matches_the_cpu_backend(tokens, width, rms) -> None:
+    x, gamma, beta = randn(tokens, width) * 2 + 0.5, randn(width), None if rms else randn(width)
+    make = layernorm_op(1e-5, rms, gamma, beta)
+    assert_close(on_vulkan(make, [x])[0], on_cpu(make, [x])[0])
+
+
+@pytest.mark.parametrize("tokens", [1, 7])
+def test_fused_residual_layernorm_returns_the_sum_and_its_norm(tokens) -> None:
+    a, b, gamma = randn(tokens, 576, 1, 1), randn(tokens, 576, 1, 1), randn(576)
+    make = layernorm_op(1e-5, True, gamma, fmt="NC4HW4")
+    for got, want in zip(on_vulkan(make, [a, b], 2), on_cpu(make, [a, b], 2)):
+        assert_close(got, want)
+
+
+def test_groups_two_axes_and_channel_axis_layernorms_match_the_cpu_backend() -> None:
+    gamma, beta = randn(8), randn(8)
+    cases = [(layernorm_op(1e-5, False, gamma, beta, group=3), randn(2, 6, 4) * 3 + 1),
+             (layernorm_op(1e-6, False, axis=(-2, -1)), randn(3, 4, 5)),
+             (layernorm_op(1e-5, False, randn(17), randn(17), fmt="NC4HW4"), randn(2, 17, 3, 5))]
+    for make, data in cases:
+        assert_close(on_vulkan(make, [data])[0], on_cpu(make, [data])[0])
+
+
+# ------------------------------------------------------------------ the shared model
+
+def test_the_shared_model_gives_the_reference_greedy_tokens_with_vulkan_in_use() -> None:
+    import mnnllm_core
+    prompt = json.loads(REFERENCE.read_text())["prompts"][0]
+    expected = prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:16]
+    got = {}
+    for backend in ("vulkan", "cpu"):
+        llm = mnnllm_core.create(CONFIG)
+        llm.set_config({"backend_type": backend, "sampler_type": "greedy", "thread_num": 2})
+        llm.load()
+        got[backend] = llm.generate(prompt["prompt_ids"], 16)[:len(expected)]
+        if backend == "vulkan":
+            placement = llm.placement()
+    assert got["vulkan"] == got["cpu"] == expected, got
+    on_vulkan_types = placement["op_types_per_backend"]["vulkan"]
+    assert {"Convolution", "LayerNorm", "BinaryOp"} <= set(on_vulkan_types), placement
+    assert placement["ops_per_backend"]["vulkan"] > placement["ops_per_backend"].get("cpu", 0), placement
+
+
+@pytest.mark.skipif(shutil.which("glslangValidator") is None, reason="glslangValidator (glslang-tools) is not installed")
+def test_committed_spirv_matches_the_glsl_sources(tmp_path) -> None:
+    shaders = Path(__file__).resolve().parents[1] / "backends" / "vulkan" / "shaders"
+    copy = tmp_path / "shaders"
+    shutil.copytree(shaders, copy)
+    for source in sorted(copy.glob("*.comp")):
+        subprocess.run(["glslangValidator", "-V", "--quiet", str(source), "-o", str(source.with_suffix(".spv"))],
+                       check=True, cwd=copy, capture_output=True)
+        assert source.with_suffix(".spv").read_bytes() == (shaders / source.with_suffix(".spv").name).read_bytes()
