@@ -22,19 +22,24 @@ import numpy as np
 import pytest
 
 from mnnllm_core.core.backend import ScheduleConfig
+from mnnllm_core.core.dtypes import DT_FLOAT, DT_INT32
 from mnnllm_core.core.op import Op
 from mnnllm_core.express.op_weights import ConvolutionWeights, OpWeights
 from mnnllm_core.express.quant import FloatWeight
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
+from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.Axis import AxisT
 from mnnllm_core.schema.MNN.BinaryOp import BinaryOpT
+from mnnllm_core.schema.MNN.CastParam import CastParamT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 from mnnllm_core.schema.MNN.Permute import PermuteT
+from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
+from mnnllm_core.schema.MNN.UnaryOp import UnaryOpT
 
-from op_harness import Weights, new_runtime, run_op
+from op_harness import Graph, Weights, make_module, new_runtime, run_op
 from paths import CONFIG, REFERENCE
-from references import conv_param, linear_reference, quantize
+from references import attention_reference, conv_param, linear_reference, quantize, rope_tables
 
 def vulkan_creator():
     """The vulkan RuntimeCreator, registered through the project's `mnnllm` entry points."""
@@ -244,6 +249,257 @@ def test_groups_two_axes_and_channel_axis_layernorms_match_the_cpu_backend() -> 
         assert_close(on_vulkan(make, [data])[0], on_cpu(make, [data])[0])
 
 
+# ------------------------------------------------------------------ UnaryOp, Cast
+
+UNARY_INPUTS = {"SQRT": "positive", "RSQRT": "positive", "LOG": "positive", "RECIPROCAL": "nonzero"}
+
+
+@pytest.mark.parametrize("operation", ["ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN",
+                                       "COS", "TAN", "ATAN", "RECIPROCAL", "SIGN", "SIGMOID", "TANH", "HARDSWISH",
+                                       "SILU", "GELU"])
+def test_unary_ops_match_the_cpu_backend_and_float64(operation) -> None:
+    x = randn(37, 33) * 2
+    if operation in ("SIN", "COS", "TANH", "SIGMOID", "SILU", "GELU", "HARDSWISH"):
+        x[0, :6] = [0.0, -30.0, 30.0, 95.0, -0.5, 0.5]  # saturation, a large angle, halves
+    if UNARY_INPUTS.get(operation) == "positive":
+        x = np.abs(x) + 0.05
+    elif UNARY_INPUTS.get(operation) == "nonzero":
+        x = np.where(np.abs(x) < 0.1, 0.5, x)
+    if operation == "TAN":
+        x = np.tanh(x) * 1.4  # away from the poles
+    x = x.astype(np.float32)
+    make = lambda: Op("UnaryOp", operation.lower(), UnaryOpT(), extra={"operation": operation})
+    got, want = on_vulkan(make, [x])[0], on_cpu(make, [x])[0]
+    assert got.dtype == np.float32
+    assert_close(got, want, 2e-5)
+    from mnnllm_backends.cpu.ops.elementwise import UNARY
+    assert_close(got, UNARY[operation](x.astype(np.float64)), 2e-5)
+
+
+def test_an_unsupported_unary_op_falls_back_to_cpu() -> None:
+    x = randn(3, 5)
+    make = lambda: Op("UnaryOp", "erf", UnaryOpT(), extra={"operation": "ERF"})
+    result = run_op(make(), [x], runtime=shared_vulkan())
+    assert [f["type"] for f in result.placement["fallbacks"]] == ["UnaryOp"]
+    assert_close(result.outputs[0], on_cpu(make, [x])[0])
+
+
+def cast(dst: int):
+    def make():
+        param = CastParamT()
+        param.dstT = dst
+        return Op("Cast", "cast", param)
+    return make
+
+
+def test_cast_between_int32_and_float32_matches_the_cpu_backend() -> None:
+    x = np.array([[1.7, -1.7, 2.5, -0.2, 37.0, -2.5, 1e6 + 0.5, 0.0, 3.0]], np.float32)
+    ids = np.arange(-3, 40, dtype=np.int32).reshape(1, -1)
+    ids[0, -1] = 16777217  # not representable in fp32: rounds as the cpu backend does
+    out, = on_vulkan(cast(DT_INT32), [x])
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, on_cpu(cast(DT_INT32), [x])[0])
+    np.testing.assert_array_equal(out, x.astype(np.int32))
+    floats, = on_vulkan(cast(DT_FLOAT), [ids])
+    assert floats.dtype == np.float32
+    np.testing.assert_array_equal(floats, on_cpu(cast(DT_FLOAT), [ids])[0])
+
+
+# ------------------------------------------------------------------ RoPE
+
+def rope_op(heads, kv_heads, dim, cut=0, q_norm=None, k_norm=None):
+    def make():
+        p = RoPEParamT()
+        p.numHead, p.kvNumHead, p.headDim, p.ropeCutHeadDim = heads, kv_heads, dim, cut
+        p.qNorm, p.kNorm = q_norm, k_norm
+        return Op("RoPE", "rope", p)
+    return make
+
+
+def norm_table(gamma: np.ndarray, rms: bool = True, beta: np.ndarray | None = None) -> LayerNormT:
+    p = LayerNormT()
+    p.axis, p.epsilon, p.useRmsnorm, p.gamma = [-1], 1e-6, rms, gamma.tolist()
+    p.beta = None if beta is None else beta.tolist()
+    return p
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 37])
+@pytest.mark.parametrize("heads,kv_heads,dim,cut,norm", [(9, 3, 64, 0, None), (4, 1, 6, 0, None),
+                                                         (5, 5, 10, 0, None), (4, 2, 16, 8, None),
+                                                         (3, 1, 14, 7, None), (4, 2, 32, 0, "rms"),
+                                                         (3, 3, 10, 6, "layer")])
+def test_rope_matches_the_cpu_backend(tokens, heads, kv_heads, dim, cut, norm) -> None:
+    q, k = randn(tokens, heads * dim, 1, 1) * 3, randn(tokens, kv_heads * dim, 1, 1) * 3
+    cos, sin = rope_tables(np.arange(5, 5 + tokens), (cut or dim) // 2 * 2)
+    if norm == "rms":
+        norms = (norm_table(randn(dim)), norm_table(randn(dim)))
+    elif norm == "layer":
+        norms = (norm_table(randn(dim), False, randn(dim)), norm_table(randn(dim), False))
+    else:
+        norms = (None, None)
+    make = rope_op(heads, kv_heads, dim, cut, *norms)
+    for got, want in zip(on_vulkan(make, [q, k, cos, sin], 2), on_cpu(make, [q, k, cos, sin], 2)):
+        assert_close(got, want)
+
+
+# ------------------------------------------------------------------ Attention
+
+def vulkan_runtime() -> RuntimeManager:
+    return RuntimeManager.create(ScheduleConfig(backend_type="vulkan", thread_num=2))
+
+
+class AttentionGraph:
+    """One packed Attention op on its own vulkan runtime (which owns the KV meta)."""
+
+    def __init__(self, heads, kv_heads, dim, kv_cache=True, scale=0.0, mask_dtype=np.float32):
+        param = AttentionParamT()
+        param.kvCache, param.attnScale, param.outputC4 = kv_cache, scale, True
+        graph = Graph()
+        inputs = [graph.input(n) for n in ("q", "k", "v")] + [graph.input("mask", mask_dtype)]
+        out = graph.add(Op("Attention", "attn", param, extra={"heads": (heads, kv_heads, dim)}), inputs)
+        self.runtime = vulkan_runtime()
+        self.module = make_module(graph.schedule(out), self.runtime, shape_mutable=False)
+        self.heads, self.dim = heads, dim
+
+    def forward(self, q, k, v, mask) -> np.ndarray:
+        feeds = {"q": q.reshape(q.shape[0], -1, 1, 1), "k": k.reshape(k.shape[0], -1, 1, 1),
+                 "v": v.reshape(v.shape[0], -1, 1, 1), "mask": mask}
+        out = self.module.forward(feeds)[0]
+        placement = self.module.session.pipeline.placement
+        assert not placement.fallbacks, placement.fallbacks
+        return out.reshape(q.shape[0], self.heads, self.dim)
+
+    def step(self, q, k, v, mask, remove: int = 0) -> np.ndarray:
+        meta = self.runtime.kv_meta
+        meta.remove, meta.add = remove, q.shape[0]
+        out = self.forward(q, k, v, mask)
+        meta.sync()
+        return out
+
+
+SCALAR_MASK = np.zeros((1, 1, 1, 1), np.float32)
+
+
+def attention_cpu(q, k, v, mask, kv_cache=True, scale=0.0) -> np.ndarray:
+    """The cpu backend on one prefill step."""
+    param = AttentionParamT()
+    param.kvCache, param.attnScale, param.outputC4 = kv_cache, scale, True
+    heads, dim = q.shape[1], q.shape[2]
+    op = Op("Attention", "attn", param, extra={"heads": (heads, k.shape[1], dim)})
+    feeds = [q.reshape(q.shape[0], -1, 1, 1), k.reshape(k.shape[0], -1, 1, 1), v.reshape(v.shape[0], -1, 1, 1), mask]
+    return run_op(op, feeds, runtime=new_runtime()).outputs[0].reshape(q.shape)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 37])
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 4, 8), (6, 1, 12), (3, 1, 5)])
+def test_attention_prefill_with_scalar_mask_is_causal(tokens, heads, kv_heads, dim) -> None:
+    attention = AttentionGraph(heads, kv_heads, dim)
+    q, k, v = randn(tokens, heads, dim), randn(tokens, kv_heads, dim), randn(tokens, kv_heads, dim)
+    got = attention.step(q, k, v, SCALAR_MASK)
+    assert_close(got, attention_reference(q, k, v))
+    assert_close(got, attention_cpu(q, k, v, SCALAR_MASK))
+
+
+def test_attention_decode_grows_the_device_cache_past_its_first_capacity() -> None:
+    from mnnllm_backends.vulkan.ops import MIN_CAPACITY
+    heads, kv_heads, dim, prompt, steps = 9, 3, 64, MIN_CAPACITY - 3, 7
+    attention = AttentionGraph(heads, kv_heads, dim)
+    total = prompt + steps
+    q, k, v = randn(total, heads, dim), randn(total, kv_heads, dim), randn(total, kv_heads, dim)
+    attention.step(q[:prompt], k[:prompt], v[:prompt], SCALAR_MASK)
+    for t in range(prompt, total):
+        out = attention.step(q[t:t + 1], k[t:t + 1], v[t:t + 1], SCALAR_MASK)
+        assert_close(out, attention_reference(q[t:t + 1], k[:t + 1], v[:t + 1], causal_offset=t))
+    assert attention.module.resize_count == 2, "prefill shape, then one decode shape"
+    caches = {id(e.cache) for e in executions(attention.module)}
+    assert len(caches) == 1, "prefill and decode clones share one KV cache"
+    cache = next(e.cache for e in executions(attention.module))
+    assert cache.length == total and cache.capacity == 2 * MIN_CAPACITY
+
+
+def executions(module):
+    from mnnllm_backends.vulkan.ops import AttentionExecution
+    found, seen = [], set()
+
+    def walk(value, depth):
+        if id(value) in seen or depth > 6:
+            return
+        seen.add(id(value))
+        if isinstance(value, AttentionExecution):
+            found.append(value)
+            return
+        if isinstance(value, dict):
+            children = list(value.values())
+        elif isinstance(value, (list, tuple, set)):
+            children = list(value)
+        elif hasattr(value, "__dict__") and type(value).__module__.startswith(("mnnllm", "op_harness")):
+            children = list(vars(value).values())
+        else:
+            return
+        for child in children:
+            walk(child, depth + 1)
+    walk(module, 0)
+    assert found, "no vulkan AttentionExecution reachable from the module"
+    return found
+
+
+def test_attention_meta_remove_truncates_the_cache_before_appending() -> None:
+    heads, kv_heads, dim = 4, 2, 8
+    attention = AttentionGraph(heads, kv_heads, dim)
+    q, k, v = randn(9, heads, dim), randn(9, kv_heads, dim), randn(9, kv_heads, dim)
+    attention.step(q[:7], k[:7], v[:7], SCALAR_MASK)
+    out = attention.step(q[7:9], k[7:9], v[7:9], SCALAR_MASK, remove=3)
+    keys, values = np.concatenate([k[:4], k[7:9]]), np.concatenate([v[:4], v[7:9]])
+    assert_close(out, attention_reference(q[7:9], keys, values, causal_offset=4))
+
+
+@pytest.mark.parametrize("mask_dtype", [np.float32, np.int32])
+def test_attention_applies_a_full_mask(mask_dtype) -> None:
+    heads, kv_heads, dim, tokens = 4, 2, 8, 7
+    attention = AttentionGraph(heads, kv_heads, dim, mask_dtype=mask_dtype)
+    q, k, v = randn(tokens, heads, dim), randn(tokens, kv_heads, dim), randn(tokens, kv_heads, dim)
+    if mask_dtype == np.int32:
+        mask = (RNG.random((tokens, tokens)) < 0.6).astype(np.int32)
+        np.fill_diagonal(mask, 1)
+        bias = np.where(mask == 0, -np.inf, 0.0)
+    else:
+        mask = (RNG.standard_normal((tokens, tokens)) * 2).astype(np.float32)
+        bias = mask.astype(np.float64)
+    mask = mask.reshape(1, 1, tokens, tokens)
+    got = attention.step(q, k, v, mask)
+    assert_close(got, attention_reference(q, k, v, bias=bias, causal_offset=None))
+    assert_close(got, attention_cpu(q, k, v, mask))
+
+
+def test_attention_scale_and_no_cache_variants() -> None:
+    heads, kv_heads, dim = 4, 2, 16
+    scaled = AttentionGraph(heads, kv_heads, dim, scale=0.5)
+    uncached = AttentionGraph(heads, kv_heads, dim, kv_cache=False)
+    q, k, v = randn(7, heads, dim), randn(7, kv_heads, dim), randn(7, kv_heads, dim)
+    assert_close(scaled.step(q, k, v, SCALAR_MASK), attention_reference(q, k, v, scale=0.5))
+    for tokens in (5, 3, 1):  # no cache: each run sees only its own keys
+        q, k, v = randn(tokens, heads, dim), randn(tokens, kv_heads, dim), randn(tokens, kv_heads, dim)
+        assert_close(uncached.step(q, k, v, SCALAR_MASK), attention_reference(q, k, v))
+
+
+def test_attention_without_cache_reads_every_key_when_keys_outnumber_queries() -> None:
+    heads, kv_heads, dim, queries, keys = 4, 2, 8, 2, 5
+    attention = AttentionGraph(heads, kv_heads, dim, kv_cache=False)
+    q, k, v = randn(queries, heads, dim), randn(keys, kv_heads, dim), randn(keys, kv_heads, dim)
+    mask = (RNG.standard_normal((queries, keys)) * 2).astype(np.float32)
+    out = attention.forward(q, k, v, mask.reshape(1, 1, queries, keys))
+    assert_close(out, attention_reference(q, k, v, bias=mask.astype(np.float64), causal_offset=None))
+
+
+def test_attention_mask_with_fewer_rows_than_queries_is_a_typed_error_not_an_out_of_bounds_read() -> None:
+    from mnnllm_core.errors import UnsupportedError
+    heads, kv_heads, dim, tokens = 4, 2, 8, 7
+    attention = AttentionGraph(heads, kv_heads, dim)
+    q, k, v = randn(tokens, heads, dim), randn(tokens, kv_heads, dim), randn(tokens, kv_heads, dim)
+    with pytest.raises(UnsupportedError, match="attention_mask"):
+        attention.step(q, k, v, np.zeros((1, 1, 1, tokens), np.float32))
+
+
 # ------------------------------------------------------------------ the shared model
 
 def test_the_shared_model_gives_the_reference_greedy_tokens_with_vulkan_in_use() -> None:
@@ -260,8 +516,9 @@ def test_the_shared_model_gives_the_reference_greedy_tokens_with_vulkan_in_use()
             placement = llm.placement()
     assert got["vulkan"] == got["cpu"] == expected, got
     on_vulkan_types = placement["op_types_per_backend"]["vulkan"]
-    assert {"Convolution", "LayerNorm", "BinaryOp"} <= set(on_vulkan_types), placement
-    assert placement["ops_per_backend"]["vulkan"] > placement["ops_per_backend"].get("cpu", 0), placement
+    assert {"Convolution", "LayerNorm", "BinaryOp", "RoPE", "Attention", "UnaryOp", "Cast"} <= set(on_vulkan_types), \
+        placement
+    assert set(placement["ops_per_backend"]) == {"vulkan"} and placement["copies"] == 0, placement
 
 
 @pytest.mark.skipif(shutil.which("glslangValidator") is None, reason="glslangValidator (glslang-tools) is not installed")

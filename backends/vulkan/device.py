@@ -183,7 +183,7 @@ class VulkanDevice:
         """A descriptor set binding `buffers` (Buffer, in binding order) for `pipeline`."""
         if self.pool_left == 0:
             sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                             descriptorCount=DESCRIPTOR_POOL_SETS * 8)]
+                                             descriptorCount=DESCRIPTOR_POOL_SETS * 12)]
             self.pools.append(vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
                 maxSets=DESCRIPTOR_POOL_SETS, poolSizeCount=1, pPoolSizes=sizes), None))
             self.pool_left = DESCRIPTOR_POOL_SETS

@@ -1,6 +1,8 @@
 """Op creators of the vulkan backend (shaders in shaders/*.comp): Raster, float BinaryOp,
 Convolution 1x1 as a linear layer (4-bit weights packed on the device and dequantized in the
-shader; other weights as fp32), LayerNorm/RMSNorm. Everything else runs on cpu.
+shader; other weights as fp32), LayerNorm/RMSNorm, float UnaryOp (the ops in UNARY), Cast
+int32 <-> float32, RoPE (cut dim, optional q/k norm tables) and Attention with a device-resident
+KV cache (causal scalar mask, float or int full mask, GQA). Everything else runs on cpu.
 
 Every creator returns None (cpu fallback) for a tensor or weight larger than the device's
 maxStorageBufferRange: one binding must cover a whole tensor.
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
-from mnnllm_core.errors import FormatError
+from mnnllm_core.errors import FormatError, UnsupportedError
 from mnnllm_core.express.quant import QuantizedWeight
 
 from .device import Dispatch, fold, pack_push
@@ -318,3 +320,272 @@ def create_layernorm(backend, inputs, outputs, op):
 
 CREATORS = {"Raster": create_raster, "BinaryOp": create_binary, "Convolution": create_linear,
             "LayerNorm": create_layernorm}
+
+
+# ------------------------------------------------------------------ UnaryOp, Cast
+
+UNARY = {"ABS": 0, "NEG": 1, "FLOOR": 2, "CEIL": 3, "SQUARE": 4, "SQRT": 5, "RSQRT": 6, "EXP": 7, "LOG": 8,
+         "SIN": 9, "COS": 10, "TAN": 11, "ATAN": 12, "RECIPROCAL": 13, "SIGN": 14, "SIGMOID": 15, "TANH": 16,
+         "HARDSWISH": 17, "SILU": 18, "GELU": 19}
+
+
+class ElementwiseExecution(Execution):
+    """One shader over every element: unary.comp (code: the op) or cast.comp (code: the mode)."""
+
+    def __init__(self, backend, shader: str, code: int):
+        super().__init__(backend)
+        self.shader, self.code = shader, code
+        self.dispatch = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        total = outputs[0].size
+        groups, row = fold(-(-total // LOCAL), LOCAL)
+        self.dispatch = Dispatch(self.backend.device, self.shader, [inputs[0].storage, outputs[0].storage],
+                                 pack_push("iiI", total, self.code, row), groups if total else (0, 0, 0))
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.backend.recorder.dispatch(self.dispatch)
+
+    def on_clone(self, backend, op):
+        return ElementwiseExecution(backend, self.shader, self.code)
+
+
+def create_unary(backend, inputs, outputs, op):
+    code = UNARY.get(op.extra.get("operation"))
+    if code is None or len(inputs) != 1:
+        return None
+    if any(t.dtype != FLOAT for t in (*inputs, outputs[0])) or not backend.fits(*inputs, outputs[0]):
+        return None
+    return ElementwiseExecution(backend, "unary", code)
+
+
+INT = np.dtype(np.int32)
+
+
+def create_cast(backend, inputs, outputs, op):
+    pair = (inputs[0].dtype, outputs[0].dtype)
+    mode = {(FLOAT, INT): 0, (INT, FLOAT): 1}.get(pair)
+    if mode is None or not backend.fits(inputs[0], outputs[0]):
+        return None
+    return ElementwiseExecution(backend, "cast", mode)
+
+
+CREATORS.update({"UnaryOp": create_unary, "Cast": create_cast})
+
+
+# ------------------------------------------------------------------ RoPE
+
+class HeadNorm:
+    """A RoPEParam q_norm/k_norm LayerNorm table on the device: gamma, beta, eps, shader flags."""
+
+    def __init__(self, backend, table):
+        present = table is not None and table.gamma is not None and len(table.gamma) > 0
+        gamma = np.asarray(table.gamma, np.float32) if present else None
+        beta = None
+        if present and table.beta is not None and len(table.beta) == len(gamma):
+            beta = np.asarray(table.beta, np.float32)
+        self.size = len(gamma) if present else 0
+        self.gamma = constant_or_placeholder(backend, gamma)[0]
+        self.beta = constant_or_placeholder(backend, beta)[0]
+        self.eps = float(table.epsilon or 0.0) if present else 0.0
+        self.flags = (1 | (2 if table.useRmsnorm else 0) | (4 if beta is not None else 0)) if present else 0
+
+
+class RoPEExecution(Execution):
+    def __init__(self, backend, num_head: int, kv_num_head: int, head_dim: int, rope_dim: int,
+                 q_norm: HeadNorm, k_norm: HeadNorm):
+        super().__init__(backend)
+        self.num_head, self.kv_num_head, self.head_dim, self.rope_dim = num_head, kv_num_head, head_dim, rope_dim
+        self.q_norm, self.k_norm = q_norm, k_norm
+        self.dispatch = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        seq = inputs[0].size // (self.num_head * self.head_dim)
+        cs_stride = inputs[2].size // seq if seq else 0
+        if seq and cs_stride < self.rope_dim:
+            raise FormatError(f"RoPE cos/sin rows of {cs_stride} values for rope_dim {self.rope_dim}", field="cos")
+        q, k = self.q_norm, self.k_norm
+        push = pack_push("6iffii", seq, self.num_head, self.kv_num_head, self.head_dim, self.rope_dim, cs_stride,
+                         q.eps, k.eps, q.flags, k.flags)
+        count = seq * (self.num_head + self.kv_num_head)
+        self.dispatch = Dispatch(self.backend.device, "rope",
+                                 [*(t.storage for t in inputs[:4]), outputs[0].storage, outputs[1].storage,
+                                  q.gamma, q.beta, k.gamma, k.beta], push,
+                                 (-(-count // 64), 1, 1) if count else (0, 0, 0))
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.backend.recorder.dispatch(self.dispatch)
+
+    def on_clone(self, backend, op):
+        return RoPEExecution(backend, self.num_head, self.kv_num_head, self.head_dim, self.rope_dim,
+                             self.q_norm, self.k_norm)
+
+
+def create_rope(backend, inputs, outputs, op):
+    p = op.param
+    if p is None or not p.numHead or not p.kvNumHead or not p.headDim or len(inputs) < 4:
+        return None
+    tensors = (*inputs[:4], *outputs[:2])
+    if any(t.dtype != FLOAT for t in tensors) or not backend.fits(*tensors):
+        return None
+    head_dim, cut = int(p.headDim), int(p.ropeCutHeadDim or 0)
+    rope_dim = (cut if 0 < cut <= head_dim else head_dim) // 2 * 2
+    norms = HeadNorm(backend, getattr(p, "qNorm", None)), HeadNorm(backend, getattr(p, "kNorm", None))
+    if any(n.flags and n.size != head_dim for n in norms):
+        return None
+    return RoPEExecution(backend, int(p.numHead), int(p.kvNumHead), head_dim, rope_dim, *norms)
+
+
+# ------------------------------------------------------------------ Attention
+
+MIN_CAPACITY = 256  # tokens in a KV cache when it is first allocated
+
+
+class DeviceKVCache:
+    """Keys and values of one layer on the device, token-major [capacity, kv_heads, dim] (the
+    layout of the k/v inputs, so a step appends with one buffer copy each). Shared by the clones
+    (prefill and decode) of its Execution; grows by doubling with a device-side copy."""
+
+    def __init__(self) -> None:
+        self.k = self.v = None
+        self.capacity = self.length = 0
+
+    def truncate(self, length: int) -> None:
+        self.length = max(0, min(self.length, length))
+
+    def append(self, backend, k, v, seq: int, row_bytes: int) -> None:
+        need = self.length + seq
+        recorder, device = backend.recorder, backend.device
+        if need > self.capacity:
+            capacity = max(need, 2 * self.capacity, MIN_CAPACITY)
+            if not device.fits(capacity * row_bytes):
+                capacity = need
+            grown_k, grown_v = device.alloc(capacity * row_bytes), device.alloc(capacity * row_bytes)
+            if self.k is not None:
+                recorder.copy(grown_k, self.k, self.length * row_bytes)
+                recorder.copy(grown_v, self.v, self.length * row_bytes)
+            self.k, self.v, self.capacity = grown_k, grown_v, capacity
+        recorder.copy(self.k, k, seq * row_bytes, dst_offset=self.length * row_bytes)
+        recorder.copy(self.v, v, seq * row_bytes, dst_offset=self.length * row_bytes)
+        self.length = need
+
+
+def attention_layout(q, k, heads) -> tuple[int, int, int, int] | None:
+    """(seq, heads, kv_heads, dim) from the input shapes (and the op's heads when packed)."""
+    if len(q.shape) == 4 and q.shape[2] == 1 and q.shape[3] == 1:
+        if heads is None:
+            return None
+        num_head, kv_num_head, dim = heads
+        return q.shape[0], num_head, kv_num_head, dim
+    if len(q.shape) < 3 or len(k.shape) < 3:
+        return None
+    return q.shape[-3], q.shape[-2], k.shape[-2], q.shape[-1]
+
+
+class AttentionExecution(Execution):
+    """Three dispatches per run: scores (+ mask), softmax in place, context; scores live in a
+    scratch buffer of [seq, heads, capacity]. With the cache, k and v are first appended."""
+
+    def __init__(self, backend, use_cache: bool, scale: float, heads, cache: DeviceKVCache | None = None):
+        super().__init__(backend)
+        self.use_cache, self.scale, self.heads = use_cache, scale, heads
+        self.cache = cache if cache is not None else DeviceKVCache()
+        self.shape = None
+        self.kv_seq = self.row_bytes = 0
+        self.mask = (0, 1, 1)
+        self.scratch = None
+        self.bound = None  # (keys, values, scratch) the dispatches bind
+        self.dispatches = None
+        self.inputs = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        shape = attention_layout(inputs[0], inputs[1], self.heads)
+        if shape is None or shape[1] % shape[2]:
+            raise UnsupportedError(f"vulkan Attention needs known heads (a multiple of kv heads), got {shape}",
+                                   field="heads")
+        seq, heads, kv_heads, dim = shape
+        self.shape = shape
+        self.kv_seq = inputs[1].size // (kv_heads * dim)
+        self.row_bytes = kv_heads * dim * 4
+        mask = inputs[3] if len(inputs) > 3 else None
+        if mask is None or mask.size == 1:
+            self.mask = (1 if seq > 1 else 0, 1, 1)
+        else:
+            if len(mask.shape) < 2 or mask.shape[-2] < seq:
+                raise UnsupportedError(f"vulkan Attention: a mask of shape {mask.shape} has fewer rows than the "
+                                       f"{seq} queries", field="attention_mask")
+            self.mask = (3 if mask.dtype.kind in "iu" else 2, int(mask.shape[-2]), int(mask.shape[-1]))
+        self.bound = self.dispatches = None
+
+    def _dispatches(self, inputs, outputs, keys, values, stride):
+        device = self.backend.device
+        seq, heads, kv_heads, dim = self.shape
+        if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
+            self.scratch = device.alloc(seq * heads * stride * 4)
+        mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
+        if self.bound != (keys, values, self.scratch, stride):
+            self.dispatches = (
+                Dispatch(device, "attn_scores", [inputs[0].storage, keys, mask, self.scratch], pack_push("12i", *[0] * 12),
+                         (0, 0, 0)),
+                Dispatch(device, "attn_softmax", [self.scratch], pack_push("3i", 0, 0, 0), (0, 0, 0)),
+                Dispatch(device, "attn_context", [self.scratch, values, outputs[0].storage], pack_push("7i", *[0] * 7),
+                         (0, 0, 0)))
+            self.bound = (keys, values, self.scratch, stride)
+        return self.dispatches
+
+    def on_execute(self, inputs, outputs) -> None:
+        from .device import vk
+        seq, heads, kv_heads, dim = self.shape
+        if self.use_cache:
+            meta = self.backend.runtime.hints.get("kv_meta")
+            past = meta.previous - meta.remove if meta is not None else self.cache.length
+            self.cache.truncate(past)
+            past = self.cache.length
+            self.cache.append(self.backend, inputs[1].storage, inputs[2].storage, self.kv_seq, self.row_bytes)
+            keys, values, total, stride = self.cache.k, self.cache.v, self.cache.length, self.cache.capacity
+        else:
+            past, total = 0, self.kv_seq
+            keys, values, stride = inputs[1].storage, inputs[2].storage, self.kv_seq
+        if not self.backend.device.fits(seq * heads * stride * 4):
+            raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange",
+                                   field="attention")
+        scores, softmax, context = self._dispatches(inputs, outputs, keys, values, stride)
+        scale = self.scale or 1.0 / np.sqrt(dim)
+        mode, rows, cols = self.mask
+        count = seq * heads * total
+        scores.groups, row = fold(-(-count // LOCAL), LOCAL)
+        scores.push = vk.ffi.new("char[]", pack_push("7if3iI", seq, heads, kv_heads, dim, past, total, stride,
+                                                     float(np.float32(scale)), mode, rows, cols, row))
+        softmax.groups = (-(-(seq * heads) // 64), 1, 1)
+        softmax.push = vk.ffi.new("char[]", pack_push("3i", seq * heads, total, stride))
+        count = seq * heads * dim
+        context.groups, row = fold(-(-count // LOCAL), LOCAL)
+        context.push = vk.ffi.new("char[]", pack_push("6iI", seq, heads, kv_heads, dim, total, stride, row))
+        if seq and total:
+            recorder = self.backend.recorder
+            for item in (scores, softmax, context):
+                recorder.dispatch(item)
+
+    def on_clone(self, backend, op):
+        return AttentionExecution(backend, self.use_cache, self.scale, self.heads, self.cache)
+
+
+def create_attention(backend, inputs, outputs, op):
+    """The core may create Attention before shapes are known (so that clones share its cache):
+    then the op's heads decide, and on_resize checks again."""
+    heads = op.extra.get("heads")
+    if heads is not None and heads[0] % heads[1]:
+        return None
+    if any(t.dtype != FLOAT for t in (*inputs[:3], outputs[0])):
+        return None
+    if len(inputs) > 3 and inputs[3].dtype not in (FLOAT, INT):
+        return None
+    if inputs[0].shape and attention_layout(inputs[0], inputs[1], heads) is None:
+        return None
+    p = op.param
+    scale = float(getattr(p, "attnScale", 0.0) or 0.0) if p is not None else 0.0
+    use_cache = bool(getattr(p, "kvCache", True)) if p is not None else True
+    return AttentionExecution(backend, use_cache, scale, heads)
+
+
+CREATORS.update({"RoPE": create_rope, "Attention": create_attention})

@@ -1,0 +1,38 @@
+#version 450
+// Float UnaryOp, one invocation per element. op codes: see UNARY in ops.py.
+layout(local_size_x = 256) in;
+layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 1) writeonly buffer Y { float y[]; };
+layout(push_constant) uniform Params { int total; int op; uint row; } p;
+float tanh_safe(float v) {
+    float t = exp(-2.0 * abs(v));
+    return sign(v) * (1.0 - t) / (1.0 + t);
+}
+void main() {
+    int i = int(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * p.row);
+    if (i >= p.total) return;
+    float v = x[i], r;
+    switch (p.op) {
+    case 0: r = abs(v); break;
+    case 1: r = -v; break;
+    case 2: r = floor(v); break;
+    case 3: r = ceil(v); break;
+    case 4: r = v * v; break;
+    case 5: r = sqrt(v); break;
+    case 6: r = 1.0 / sqrt(v); break;
+    case 7: r = exp(v); break;
+    case 8: r = log(v); break;
+    case 9: r = sin(v); break;
+    case 10: r = cos(v); break;
+    case 11: r = tan(v); break;
+    case 12: r = atan(v); break;
+    case 13: r = 1.0 / v; break;
+    case 14: r = sign(v); break;
+    case 15: r = 1.0 / (1.0 + exp(-v)); break;
+    case 16: r = tanh_safe(v); break;
+    case 17: r = v * clamp(v + 3.0, 0.0, 6.0) / 6.0; break;
+    case 18: r = v / (1.0 + exp(-v)); break;
+    default: r = 0.5 * v * (1.0 + tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v))); break;
+    }
+    y[i] = r;
+}
