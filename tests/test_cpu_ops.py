@@ -809,3 +809,14 @@ def test_int_division_family_matches_mnn(operation: str, expected: list) -> None
     a, b = np.array([7, -7, 7, -7], np.int32), np.array([3, 3, -3, -3], np.int32)
     result = run_op(binary(operation), [a, b]).outputs[0]
     assert result.dtype == np.int32 and result.tolist() == expected
+
+
+def test_rope_params_decode_the_cut_dim_and_the_norm_tables_once_for_every_backend() -> None:
+    from mnnllm_core.core.op_params import rope_params
+    table = LayerNormT()
+    table.gamma, table.beta, table.epsilon, table.useRmsnorm = [1.0] * 8, [0.5] * 3, 1e-6, True
+    param = rope_param(4, 2, 8, cut=7, q_norm=table)
+    p = rope_params(Op("RoPE", "rope", param))
+    assert (p.num_head, p.kv_num_head, p.head_dim, p.rope_dim) == (4, 2, 8, 6)
+    assert p.q_norm.rms and p.q_norm.beta is None and p.k_norm is None  # beta of another length is ignored
+    assert rope_params(Op("RoPE", "rope", RoPEParamT())) is None

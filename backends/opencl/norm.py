@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.core.op_params import layernorm_params
 from mnnllm_core.errors import FormatError
 
 
@@ -61,13 +62,10 @@ def constant_or_placeholder(backend, values) -> tuple[object, bool]:
 
 
 def create_layernorm(backend, inputs, outputs, op):
-    param = op.param
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
-    axis = list(param.axis) if param.axis is not None else [-1]
-    return LayerNormExecution(backend, constant_or_placeholder(backend, gamma),
-                              constant_or_placeholder(backend, beta), float(param.epsilon or 0.0),
-                              bool(param.useRmsnorm), max(1, len(axis)), int(param.group or 1),
-                              op.extra.get("format") == "NC4HW4")
+    p = layernorm_params(op)
+    return LayerNormExecution(backend, constant_or_placeholder(backend, p.gamma),
+                              constant_or_placeholder(backend, p.beta), p.epsilon, p.rms, p.axis_count, p.group,
+                              p.channel_axis)
 
 
 CREATORS = {"LayerNorm": create_layernorm}

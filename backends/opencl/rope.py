@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.core.op_params import NormParams, rope_params
 
 from .norm import constant_or_placeholder
 
@@ -11,16 +12,11 @@ from .norm import constant_or_placeholder
 class HeadNorm:
     """A RoPEParam q_norm/k_norm table on the device: gamma, beta, eps and kernel flags."""
 
-    def __init__(self, backend, table):
-        present = table is not None and table.gamma is not None and len(table.gamma) > 0
-        gamma = np.asarray(table.gamma, np.float32) if present else None
-        beta = None
-        if present and table.beta is not None and len(table.beta) == len(gamma):
-            beta = np.asarray(table.beta, np.float32)
-        self.gamma = constant_or_placeholder(backend, gamma)[0]
-        self.beta = constant_or_placeholder(backend, beta)[0]
-        self.eps = float(table.epsilon or 0.0) if present else 0.0
-        self.flags = (1 | (2 if table.useRmsnorm else 0) | (4 if beta is not None else 0)) if present else 0
+    def __init__(self, backend, norm: NormParams | None):
+        self.gamma = constant_or_placeholder(backend, None if norm is None else norm.gamma)[0]
+        self.beta = constant_or_placeholder(backend, None if norm is None else norm.beta)[0]
+        self.eps = norm.epsilon if norm is not None else 0.0
+        self.flags = (1 | (2 if norm.rms else 0) | (4 if norm.beta is not None else 0)) if norm is not None else 0
 
 
 class RoPEExecution(Execution):
@@ -51,13 +47,11 @@ class RoPEExecution(Execution):
 
 
 def create_rope(backend, inputs, outputs, op):
-    p = op.param
-    if p is None or not p.numHead or not p.kvNumHead or not p.headDim:
+    p = rope_params(op)
+    if p is None:
         return None
-    head_dim, cut = int(p.headDim), int(p.ropeCutHeadDim or 0)
-    rope_dim = (cut if 0 < cut <= head_dim else head_dim) // 2 * 2
-    return RoPEExecution(backend, int(p.numHead), int(p.kvNumHead), head_dim, rope_dim,
-                         HeadNorm(backend, getattr(p, "qNorm", None)), HeadNorm(backend, getattr(p, "kNorm", None)))
+    return RoPEExecution(backend, p.num_head, p.kv_num_head, p.head_dim, p.rope_dim,
+                         HeadNorm(backend, p.q_norm), HeadNorm(backend, p.k_norm))
 
 
 CREATORS = {"RoPE": create_rope}

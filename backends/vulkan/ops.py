@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.core.op_params import NormParams, layernorm_params, rope_params
 from mnnllm_core.errors import FormatError, UnsupportedError
 from mnnllm_core.express.quant import QuantizedWeight
 
@@ -307,15 +308,12 @@ def constant_or_placeholder(backend, values) -> tuple[object, bool]:
 
 
 def create_layernorm(backend, inputs, outputs, op):
-    param = op.param
     if any(t.dtype != FLOAT for t in (*inputs, *outputs)) or not backend.fits(*inputs, *outputs):
         return None
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
-    axis = list(param.axis) if param.axis is not None else [-1]
-    return LayerNormExecution(backend, constant_or_placeholder(backend, gamma),
-                              constant_or_placeholder(backend, beta), float(param.epsilon or 0.0),
-                              bool(param.useRmsnorm), max(1, len(axis)), int(param.group or 1),
-                              op.extra.get("format") == "NC4HW4")
+    p = layernorm_params(op)
+    return LayerNormExecution(backend, constant_or_placeholder(backend, p.gamma),
+                              constant_or_placeholder(backend, p.beta), p.epsilon, p.rms, p.axis_count, p.group,
+                              p.channel_axis)
 
 
 CREATORS = {"Raster": create_raster, "BinaryOp": create_binary, "Convolution": create_linear,
@@ -378,17 +376,11 @@ CREATORS.update({"UnaryOp": create_unary, "Cast": create_cast})
 class HeadNorm:
     """A RoPEParam q_norm/k_norm LayerNorm table on the device: gamma, beta, eps, shader flags."""
 
-    def __init__(self, backend, table):
-        present = table is not None and table.gamma is not None and len(table.gamma) > 0
-        gamma = np.asarray(table.gamma, np.float32) if present else None
-        beta = None
-        if present and table.beta is not None and len(table.beta) == len(gamma):
-            beta = np.asarray(table.beta, np.float32)
-        self.size = len(gamma) if present else 0
-        self.gamma = constant_or_placeholder(backend, gamma)[0]
-        self.beta = constant_or_placeholder(backend, beta)[0]
-        self.eps = float(table.epsilon or 0.0) if present else 0.0
-        self.flags = (1 | (2 if table.useRmsnorm else 0) | (4 if beta is not None else 0)) if present else 0
+    def __init__(self, backend, norm: NormParams | None):
+        self.gamma = constant_or_placeholder(backend, None if norm is None else norm.gamma)[0]
+        self.beta = constant_or_placeholder(backend, None if norm is None else norm.beta)[0]
+        self.eps = norm.epsilon if norm is not None else 0.0
+        self.flags = (1 | (2 if norm.rms else 0) | (4 if norm.beta is not None else 0)) if norm is not None else 0
 
 
 class RoPEExecution(Execution):
@@ -422,18 +414,16 @@ class RoPEExecution(Execution):
 
 
 def create_rope(backend, inputs, outputs, op):
-    p = op.param
-    if p is None or not p.numHead or not p.kvNumHead or not p.headDim or len(inputs) < 4:
+    p = rope_params(op)
+    if p is None or len(inputs) < 4:
         return None
     tensors = (*inputs[:4], *outputs[:2])
     if any(t.dtype != FLOAT for t in tensors) or not backend.fits(*tensors):
         return None
-    head_dim, cut = int(p.headDim), int(p.ropeCutHeadDim or 0)
-    rope_dim = (cut if 0 < cut <= head_dim else head_dim) // 2 * 2
-    norms = HeadNorm(backend, getattr(p, "qNorm", None)), HeadNorm(backend, getattr(p, "kNorm", None))
-    if any(n.flags and n.size != head_dim for n in norms):
+    if any(n is not None and len(n.gamma) != p.head_dim for n in (p.q_norm, p.k_norm)):
         return None
-    return RoPEExecution(backend, int(p.numHead), int(p.kvNumHead), head_dim, rope_dim, *norms)
+    return RoPEExecution(backend, p.num_head, p.kv_num_head, p.head_dim, p.rope_dim,
+                         HeadNorm(backend, p.q_norm), HeadNorm(backend, p.k_norm))
 
 
 # ------------------------------------------------------------------ Attention

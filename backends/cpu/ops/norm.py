@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.core.op_params import layernorm_params
 
 
 def normalize(x: np.ndarray, gamma, beta, eps: float, rms: bool) -> np.ndarray:
@@ -59,12 +60,8 @@ class LayerNormExecution(Execution):
 
 
 def create_layernorm(backend, inputs, outputs, op):
-    param = op.param
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
-    axis = list(param.axis) if param.axis is not None else [-1]
-    channel_axis = op.extra.get("format") == "NC4HW4"
-    return LayerNormExecution(backend, gamma, beta, float(param.epsilon or 0.0), bool(param.useRmsnorm),
-                              max(1, len(axis)), int(param.group or 1), channel_axis)
+    p = layernorm_params(op)
+    return LayerNormExecution(backend, p.gamma, p.beta, p.epsilon, p.rms, p.axis_count, p.group, p.channel_axis)
 
 
 CREATORS = {"LayerNorm": create_layernorm}

@@ -4,17 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.core.op_params import NormParams, RoPEParams, rope_params
 
 from .norm import normalize
-
-
-def _inline_norm(table):
-    """(gamma, beta, eps, rms) of a RoPEParam q_norm/k_norm LayerNorm table, or None."""
-    if table is None or table.gamma is None or len(table.gamma) == 0:
-        return None
-    gamma = np.asarray(table.gamma, dtype=np.float32)
-    beta = np.asarray(table.beta, dtype=np.float32) if table.beta is not None and len(table.beta) == len(gamma) else None
-    return gamma, beta, float(table.epsilon or 0.0), bool(table.useRmsnorm)
 
 
 def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int) -> np.ndarray:
@@ -29,41 +21,33 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int) -> np
 
 
 class RoPEExecution(Execution):
-    def __init__(self, backend, num_head: int, kv_num_head: int, head_dim: int, cut: int, q_norm, k_norm):
+    def __init__(self, backend, params: RoPEParams):
         super().__init__(backend)
-        self.num_head, self.kv_num_head, self.head_dim = num_head, kv_num_head, head_dim
-        rope_dim = cut if 0 < cut <= head_dim else head_dim
-        self.rope_dim = (rope_dim // 2) * 2
-        self.q_norm, self.k_norm = q_norm, k_norm
+        self.params = params
 
-    def _apply(self, x, heads, norm, cos, sin, out):
-        seq = cos.shape[0]
-        h = x.reshape(seq, heads, self.head_dim)
+    def _apply(self, x, heads: int, norm: NormParams | None, cos, sin, out) -> None:
+        seq, head_dim = cos.shape[0], self.params.head_dim
+        h = x.reshape(seq, heads, head_dim)
         if norm is not None:
-            h = normalize(h, norm[0], norm[1], norm[2], norm[3])
-        out.reshape(seq, heads, self.head_dim)[...] = rotate(h, cos, sin, self.rope_dim)
+            h = normalize(h, norm.gamma, norm.beta, norm.epsilon, norm.rms)
+        out.reshape(seq, heads, head_dim)[...] = rotate(h, cos, sin, self.params.rope_dim)
 
     def on_execute(self, inputs, outputs) -> None:
+        p = self.params
         q, k = inputs[0].storage, inputs[1].storage
-        seq = q.size // (self.num_head * self.head_dim)
-        cos = inputs[2].storage.reshape(seq, -1)[:, :self.rope_dim]
-        sin = inputs[3].storage.reshape(seq, -1)[:, :self.rope_dim]
-        self._apply(q, self.num_head, self.q_norm, cos, sin, outputs[0].storage)
-        self._apply(k, self.kv_num_head, self.k_norm, cos, sin, outputs[1].storage)
+        seq = q.size // (p.num_head * p.head_dim)
+        cos = inputs[2].storage.reshape(seq, -1)[:, :p.rope_dim]
+        sin = inputs[3].storage.reshape(seq, -1)[:, :p.rope_dim]
+        self._apply(q, p.num_head, p.q_norm, cos, sin, outputs[0].storage)
+        self._apply(k, p.kv_num_head, p.k_norm, cos, sin, outputs[1].storage)
 
     def on_clone(self, backend, op):
-        twin = RoPEExecution(backend, self.num_head, self.kv_num_head, self.head_dim, self.rope_dim,
-                             self.q_norm, self.k_norm)
-        return twin
+        return RoPEExecution(backend, self.params)
 
 
 def create_rope(backend, inputs, outputs, op):
-    p = op.param
-    if p is None or not p.numHead or not p.kvNumHead or not p.headDim:
-        return None
-    return RoPEExecution(backend, int(p.numHead), int(p.kvNumHead), int(p.headDim),
-                         int(p.ropeCutHeadDim or 0), _inline_norm(getattr(p, "qNorm", None)),
-                         _inline_norm(getattr(p, "kNorm", None)))
+    params = rope_params(op)
+    return None if params is None else RoPEExecution(backend, params)
 
 
 CREATORS = {"RoPE": create_rope}
