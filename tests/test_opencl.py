@@ -22,21 +22,19 @@ import pytest
 from mnnllm_core.core.backend import ScheduleConfig
 from mnnllm_core.core.dtypes import DT_FLOAT, DT_INT32
 from mnnllm_core.core.op import Op
-from mnnllm_core.express.op_weights import ConvolutionWeights, OpWeights
+from mnnllm_core.express.op_weights import ConvolutionWeights
 from mnnllm_core.express.quant import FloatWeight
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.Axis import AxisT
-from mnnllm_core.schema.MNN.BinaryOp import BinaryOpT
-from mnnllm_core.schema.MNN.CastParam import CastParamT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 from mnnllm_core.schema.MNN.Permute import PermuteT
-from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
 from mnnllm_core.schema.MNN.UnaryOp import UnaryOpT
 
 from op_harness import Graph, Weights, make_module, new_runtime, run_op
 from references import attention_reference, conv_param, linear_reference, quantize, rope_tables
+from backend_ops import assert_close, binary, cast, layernorm_op, on_cpu, rope_op
 from paths import SHARED
 
 AVAILABLE, REASON = registry().get("opencl").is_available()
@@ -60,23 +58,12 @@ def shared_opencl(**hints) -> RuntimeManager:
     return opencl_runtime(**hints)
 
 
-def assert_close(actual: np.ndarray, expected: np.ndarray, tol: float = FP32) -> None:
-    expected = np.asarray(expected, np.float64)
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=tol, atol=tol * scale)
-
-
 def on_opencl(make_op, inputs, outputs: int = 1, runtime: RuntimeManager | None = None) -> list[np.ndarray]:
     """Run a fresh op on opencl; every command must have stayed there."""
     result = run_op(make_op(), inputs, outputs, runtime=runtime or shared_opencl())
     placement = result.placement
     assert not placement["fallbacks"] and placement["copies"] == 0, placement
     return result.outputs
-
-
-def on_cpu(make_op, inputs, outputs: int = 1) -> list[np.ndarray]:
-    return run_op(make_op(), inputs, outputs, runtime=new_runtime()).outputs
 
 
 # ------------------------------------------------------------------ runtime and availability
@@ -176,16 +163,6 @@ def test_linear_applies_its_fused_relu(relu, relu6) -> None:
 
 # ------------------------------------------------------------------ LayerNorm
 
-def layernorm_op(eps, rms, gamma=None, beta=None, group=1, axis=(-1,), fmt="NCHW"):
-    def make():
-        p = LayerNormT()
-        p.axis, p.epsilon, p.useRmsnorm, p.group = list(axis), eps, rms, group
-        p.gamma = None if gamma is None else gamma.tolist()
-        p.beta = None if beta is None else beta.tolist()
-        return Op("LayerNorm", "ln", p, weights=OpWeights("ln", p, None, "<test>"), extra={"format": fmt})
-    return make
-
-
 @pytest.mark.parametrize("tokens", [1, 3, 37])
 @pytest.mark.parametrize("width", [5, 17, 576])
 @pytest.mark.parametrize("rms", [True, False])
@@ -221,15 +198,6 @@ def test_a_layernorm_gamma_shorter_than_its_rows_is_a_format_error_not_an_out_of
 
 
 # ------------------------------------------------------------------ RoPE
-
-def rope_op(heads, kv_heads, dim, cut=0, q_norm=None, k_norm=None):
-    def make():
-        p = RoPEParamT()
-        p.numHead, p.kvNumHead, p.headDim, p.ropeCutHeadDim = heads, kv_heads, dim, cut
-        p.qNorm, p.kNorm = q_norm, k_norm
-        return Op("RoPE", "rope", p)
-    return make
-
 
 def rms_table(gamma: np.ndarray) -> LayerNormT:
     p = LayerNormT()
@@ -373,14 +341,6 @@ def test_attention_mask_with_fewer_rows_than_queries_is_a_typed_error_not_an_out
 
 # ------------------------------------------------------------------ BinaryOp, UnaryOp, Cast
 
-def binary(operation: str, activation: int = 0):
-    def make():
-        param = BinaryOpT()
-        param.activationType = activation
-        return Op("BinaryOp", operation.lower(), param, extra={"operation": operation})
-    return make
-
-
 @pytest.mark.parametrize("operation", ["ADD", "SUB", "MUL", "REALDIV", "MAXIMUM", "MINIMUM", "POW",
                                        "SquaredDifference", "ATAN2", "MOD", "FLOORDIV", "FLOORMOD", "MUL_SILU"])
 @pytest.mark.parametrize("shape_a,shape_b", [((37, 1536, 1, 1), (37, 1536, 1, 1)), ((37, 1), (32,)),
@@ -424,14 +384,6 @@ def test_unary_ops_match_the_cpu_backend(operation) -> None:
     x = x.astype(np.float32)
     make = lambda: Op("UnaryOp", operation.lower(), UnaryOpT(), extra={"operation": operation})
     assert_close(on_opencl(make, [x])[0], on_cpu(make, [x])[0], 2e-5)
-
-
-def cast(dst: int):
-    def make():
-        param = CastParamT()
-        param.dstT = dst
-        return Op("Cast", "cast", param)
-    return make
 
 
 def test_cast_between_int32_and_float32_matches_the_cpu_backend() -> None:

@@ -24,22 +24,20 @@ import pytest
 from mnnllm_core.core.backend import ScheduleConfig
 from mnnllm_core.core.dtypes import DT_FLOAT, DT_INT32
 from mnnllm_core.core.op import Op
-from mnnllm_core.express.op_weights import ConvolutionWeights, OpWeights
+from mnnllm_core.express.op_weights import ConvolutionWeights
 from mnnllm_core.express.quant import FloatWeight
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.Axis import AxisT
-from mnnllm_core.schema.MNN.BinaryOp import BinaryOpT
-from mnnllm_core.schema.MNN.CastParam import CastParamT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 from mnnllm_core.schema.MNN.Permute import PermuteT
-from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
 from mnnllm_core.schema.MNN.UnaryOp import UnaryOpT
 
 from op_harness import Graph, Weights, make_module, new_runtime, run_op
 from paths import CONFIG, REFERENCE
 from references import attention_reference, conv_param, linear_reference, quantize, rope_tables
+from backend_ops import assert_close, binary, cast, layernorm_op, on_cpu, rope_op
 
 def vulkan_creator():
     """The vulkan RuntimeCreator, registered through the project's `mnnllm` entry points."""
@@ -62,23 +60,12 @@ def shared_vulkan() -> RuntimeManager:
     return RuntimeManager.create(ScheduleConfig(backend_type="vulkan", thread_num=2))
 
 
-def assert_close(actual: np.ndarray, expected: np.ndarray, tol: float = FP32) -> None:
-    expected = np.asarray(expected, np.float64)
-    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=tol, atol=tol * scale)
-
-
 def on_vulkan(make_op, inputs, outputs: int = 1) -> list[np.ndarray]:
     """Run a fresh op on vulkan; every command must have stayed there."""
     result = run_op(make_op(), inputs, outputs, runtime=shared_vulkan())
     placement = result.placement
     assert not placement["fallbacks"] and placement["copies"] == 0, placement
     return result.outputs
-
-
-def on_cpu(make_op, inputs, outputs: int = 1) -> list[np.ndarray]:
-    return run_op(make_op(), inputs, outputs, runtime=new_runtime()).outputs
 
 
 # ------------------------------------------------------------------ runtime and availability
@@ -134,14 +121,6 @@ def test_concat_of_int_and_float_tensors_copies_every_source() -> None:
 
 
 # ------------------------------------------------------------------ BinaryOp
-
-def binary(operation: str, activation: int = 0):
-    def make():
-        param = BinaryOpT()
-        param.activationType = activation
-        return Op("BinaryOp", operation.lower(), param, extra={"operation": operation})
-    return make
-
 
 @pytest.mark.parametrize("operation", ["ADD", "SUB", "MUL", "REALDIV", "MUL_SILU", "MAXIMUM", "MINIMUM"])
 @pytest.mark.parametrize("shape_a,shape_b", [((37, 1536, 1, 1), (37, 1536, 1, 1)), ((37, 1), (33,)),
@@ -213,16 +192,6 @@ def test_a_weight_over_max_storage_buffer_range_is_refused_and_runs_on_cpu() -> 
 
 # ------------------------------------------------------------------ LayerNorm
 
-def layernorm_op(eps, rms, gamma=None, beta=None, group=1, axis=(-1,), fmt="NCHW"):
-    def make():
-        p = LayerNormT()
-        p.axis, p.epsilon, p.useRmsnorm, p.group = list(axis), eps, rms, group
-        p.gamma = None if gamma is None else gamma.tolist()
-        p.beta = None if beta is None else beta.tolist()
-        return Op("LayerNorm", "ln", p, weights=OpWeights("ln", p, None, "<test>"), extra={"format": fmt})
-    return make
-
-
 @pytest.mark.parametrize("tokens", [1, 3, 37])
 @pytest.mark.parametrize("width", [5, 17, 576])
 @pytest.mark.parametrize("rms", [True, False])
@@ -284,14 +253,6 @@ def test_an_unsupported_unary_op_falls_back_to_cpu() -> None:
     assert_close(result.outputs[0], on_cpu(make, [x])[0])
 
 
-def cast(dst: int):
-    def make():
-        param = CastParamT()
-        param.dstT = dst
-        return Op("Cast", "cast", param)
-    return make
-
-
 def test_cast_between_int32_and_float32_matches_the_cpu_backend() -> None:
     x = np.array([[1.7, -1.7, 2.5, -0.2, 37.0, -2.5, 1e6 + 0.5, 0.0, 3.0]], np.float32)
     ids = np.arange(-3, 40, dtype=np.int32).reshape(1, -1)
@@ -306,15 +267,6 @@ def test_cast_between_int32_and_float32_matches_the_cpu_backend() -> None:
 
 
 # ------------------------------------------------------------------ RoPE
-
-def rope_op(heads, kv_heads, dim, cut=0, q_norm=None, k_norm=None):
-    def make():
-        p = RoPEParamT()
-        p.numHead, p.kvNumHead, p.headDim, p.ropeCutHeadDim = heads, kv_heads, dim, cut
-        p.qNorm, p.kNorm = q_norm, k_norm
-        return Op("RoPE", "rope", p)
-    return make
-
 
 def norm_table(gamma: np.ndarray, rms: bool = True, beta: np.ndarray | None = None) -> LayerNormT:
     p = LayerNormT()
