@@ -27,7 +27,7 @@ from .tensor import Tensor
 
 log = logging.getLogger(__name__)
 
-STATEFUL = {"Attention", "Input"}  # never folded, even with constant inputs
+STATEFUL = {"Attention"}  # own state (the KV cache): made once at load, shared by clones, never folded
 MULTI_SOURCE_RASTER = {"Concat"}
 
 
@@ -73,6 +73,7 @@ class Pipeline:
         self.info = info
         self.backend = backend
         self.backup = backup
+        self.backends = (backend,) if backup is backend else (backend, backup)  # each once per phase
         self.allow_fallback = allow_fallback
         self.executions = executions if executions is not None else {}
         self.tensors = [Tensor(i, name) for i, name in enumerate(info.tensor_names)]
@@ -234,7 +235,7 @@ class Pipeline:
 
     # -- allocate ----------------------------------------------------------------
     def allocate(self) -> None:
-        for backend in {self.backend, self.backup}:
+        for backend in self.backends:
             backend.on_clear_buffer()
             backend.on_resize_begin()
         keep = {id(self.tensors[i]) for i in self.info.output_indexes.values()}
@@ -260,12 +261,12 @@ class Pipeline:
             for tensor in {id(t): t for t in command.inputs}.values():  # Concat(x, x) reads x twice
                 if last_use[id(tensor)] == position and id(tensor) not in keep:
                     tensor.backend.on_release_buffer(tensor)
-        for backend in {self.backend, self.backup}:
+        for backend in self.backends:
             backend.on_resize_end()
 
     # -- execute -----------------------------------------------------------------
     def execute(self) -> None:
-        for backend in (self.backend, self.backup):
+        for backend in self.backends:
             backend.on_execute_begin()
         if self.profile is None:
             for command in self.commands:
@@ -277,5 +278,5 @@ class Pipeline:
                 command.backend.on_execute_end()
                 key = (command.backend.name, command.op.type)
                 self.profile[key] = self.profile.get(key, 0.0) + time.perf_counter() - start
-        for backend in (self.backend, self.backup):
+        for backend in self.backends:
             backend.on_execute_end()

@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import MnnllmError
 from ..progress import Progress
 from .backend import Backend
-from .pipeline import Command, Pipeline
+from .pipeline import STATEFUL, Command, Pipeline
 from .schedule import ScheduleInfo
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ class Session:
         created = 0
         pipeline = self.pipeline
         todo = [i for i in pipeline.nodes if (self.info.nodes[i].op.weights is not None
-                                               or self.info.nodes[i].op.type == "Attention")
+                                               or self.info.nodes[i].op.type in STATEFUL)
                 and i not in pipeline.executions]
         progress = Progress(len(todo), f"packing weights ({pipeline.backend.name})", unit=" ops", delay=1.0)
         for i in todo:
@@ -102,7 +102,7 @@ class Session:
             twin = execution.on_clone(target, op)
             if twin is not None:
                 executions[index] = (target, twin)
-            elif op.weights is None and (op.type == "Attention" or index in self.packed):
+            elif op.weights is None and (op.type in STATEFUL or index in self.packed):
                 # its weights were packed and dropped, or it owns the KV cache: it must be shared
                 raise MnnllmError(f"{owner.name} execution of {op.type} {op.name!r} cannot be cloned",
                                   file=self.info.path)
