@@ -1,4 +1,4 @@
-"""The `mnnllm` command: run, chat, inspect, backends, export, bench."""
+"""The `mnnllm` command: run, chat, inspect, backends, test-backend, export, bench."""
 from __future__ import annotations
 
 import argparse
@@ -144,7 +144,7 @@ def cmd_backends(args) -> int:
         ok, reason = creator.is_available()
         rows.append({"name": name, "plugin": reg.plugin_of(name), "version": reg.version_of(name),
                      "devices": creator.devices() if ok else [], "available": ok, "reason": reason,
-                     "static_shapes": bool(creator.static_shapes)})
+                     "static_shapes": bool(creator.static_shapes), "settings": sorted(creator.settings)})
     errors = [{"plugin": e.name, "error": e.error, "traceback": e.traceback} for e in reg.load_errors()]
     if args.json:
         print(json.dumps({"backends": rows, "plugin_errors": errors}, indent=2))
@@ -152,11 +152,27 @@ def cmd_backends(args) -> int:
     for row in rows:
         state = "available" if row["available"] else f"unavailable: {row['reason']}"
         print(f"{row['name']:<10} {state}  (plugin {row['plugin']} {row['version']}, "
-              f"static_shapes={row['static_shapes']}, devices: {', '.join(row['devices']) or '-'})")
+              f"static_shapes={row['static_shapes']}, honours: {', '.join(row['settings']) or '-'}, "
+              f"devices: {', '.join(row['devices']) or '-'})")
     for e in errors:
         print(f"plugin {e['plugin']} failed to load: {e['error']}")
         print("\n".join("    " + line for line in e["traceback"].splitlines()))
     return 0
+
+
+def cmd_test_backend(args) -> int:
+    from .plugins.manager import registry
+    from .testing import render, run_suite, select
+    hints = _parse_set(args.hint)
+    cases = select(args.op, args.perf, args.case)
+    if not cases:
+        types = sorted({c.op_type for c in select(perf=args.perf)})
+        raise SystemExit(f"error: no case matches; op types: {', '.join(types)}")
+    results = run_suite(args.name, precision=args.precision, hints=hints, thread_num=args.threads, cases=cases,
+                        perf=args.perf)
+    device = registry().get(args.name).devices()
+    print(render(args.name, ", ".join(device) or "-", results, "json" if args.json else "md", args.perf))
+    return 1 if any(r.status == "fail" for r in results) else 0
 
 
 def cmd_export(args) -> int:
@@ -224,6 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
     backends = sub.add_parser("backends", help="list registered backends and their availability")
     backends.add_argument("--json", action="store_true")
     backends.set_defaults(func=cmd_backends)
+
+    test_backend = sub.add_parser("test-backend", help="the conformance suite on a backend: pass / fail / not "
+                                                       "supported per op case, against float64 references")
+    test_backend.add_argument("name", help="a backend name, as `mnnllm backends` lists it")
+    test_backend.add_argument("--op", help="only this op type (as the backend sees it: Convolution, Raster, ...)")
+    test_backend.add_argument("--case", help="only cases whose name contains this text")
+    test_backend.add_argument("--perf", action="store_true", help="time each op at a real model's sizes (us/run)")
+    test_backend.add_argument("--precision", choices=("low", "normal", "high"), default="normal")
+    test_backend.add_argument("--threads", type=int, default=2)
+    test_backend.add_argument("--hint", action="append", default=[], metavar="KEY=VALUE",
+                              help="a runtime hint for the backend (value parsed as JSON when it parses)")
+    test_backend.add_argument("--json", action="store_true")
+    test_backend.set_defaults(func=cmd_test_backend)
 
     export = sub.add_parser("export", help="HF safetensors folder or GGUF -> MNN-LLM model directory")
     export.add_argument("src")

@@ -6,12 +6,17 @@ class MnnllmError(Exception):
     """Base of every error mnnllm raises on purpose."""
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
+        self.message = message
         self.file = str(file) if file is not None else None
         self.field = field
         where = ", ".join(p for p in (
             f"file {self.file}" if self.file else "",
             f"field {field}" if field else "") if p)
         super().__init__(f"{message} ({where})" if where else message)
+
+    def at(self, *, file: str | None = None, field: str | None = None) -> "MnnllmError":
+        """The same error, placed at another file and field (e.g. the config key that chose it)."""
+        return type(self)(self.message, file=file, field=field)
 
 
 class FormatError(MnnllmError):

@@ -88,6 +88,8 @@ def test_backends_json_lists_the_installed_plugins_with_version_devices_and_avai
     minimal = rows["minimal"]
     assert (minimal["plugin"], minimal["version"], minimal["available"], minimal["static_shapes"]) == (
         "minimal", "0.1.0", True, False)
+    assert (minimal["settings"], rows["cpu"]["settings"], rows["torch"]["settings"]) == ([], ["thread_num"],
+                                                                                       ["thread_num"])
     assert minimal["devices"] == ["host memory (numpy)"]
     torch_row = rows["torch"]
     assert (torch_row["plugin"], torch_row["version"], torch_row["static_shapes"]) == ("torch", "0.1.0", False)
@@ -219,8 +221,7 @@ raise RuntimeError("libmydevice.so: cannot open shared object file")
 """
 
 FAILING_PROBE = """
-from mnnllm_core.core.backend import RuntimeCreator
-from mnnllm_core.plugins.hookspecs import hookimpl
+from mnnllm_core.backend_api import RuntimeCreator, hookimpl
 
 
 class BrokenCreator(RuntimeCreator):
@@ -239,22 +240,11 @@ def mnnllm_register_runtime_creators():
 """
 
 STATIC_SHAPES = """
-import numpy as np
-from mnnllm_core.core.backend import Backend, Runtime, RuntimeCreator
-from mnnllm_core.plugins.hookspecs import hookimpl
+from mnnllm_core.backend_api import HostBackend, Runtime, RuntimeCreator, hookimpl
 
 
-class StaticBackend(Backend):
+class StaticBackend(HostBackend):
     name = "static"
-
-    def on_acquire_buffer(self, tensor):
-        tensor.storage = np.empty(tensor.shape, tensor.dtype)
-
-    def upload(self, tensor, array):
-        tensor.storage[...] = np.reshape(array, tensor.shape)
-
-    def download(self, tensor):
-        return tensor.storage
 
 
 class StaticRuntime(Runtime):
@@ -282,8 +272,7 @@ def mnnllm_register_runtime_creators():
 
 EXTRA_OPS = """
 import numpy as np
-from mnnllm_core.core.backend import Execution
-from mnnllm_core.plugins.hookspecs import hookimpl
+from mnnllm_core.backend_api import Execution, hookimpl
 
 
 class Trig(Execution):
@@ -296,7 +285,7 @@ class Trig(Execution):
 
 
 def create_unary(backend, inputs, outputs, op):
-    function = {"SIN": np.sin, "COS": np.cos}.get(op.extra.get("operation"))
+    function = {"SIN": np.sin, "COS": np.cos}.get(op.param.operation)
     return None if function is None else Trig(backend, function)
 
 
@@ -403,6 +392,36 @@ def test_the_minimal_example_runs_the_model_with_binary_ops_on_it_and_the_rest_o
     kinds = {(f["type"], f["reason"]) for f in placement["fallbacks"]}
     assert ("RoPE", "minimal has no RoPE kernel") in kinds
     assert ("BinaryOp", "minimal refused this BinaryOp") in kinds  # MUL_SILU is not in its table
+
+
+def test_the_minimal_example_passes_the_conformance_suite_running_binary_ops_and_handing_the_rest_to_cpu(plugins):
+    from mnnllm_core.testing import run_suite
+    plugins("mnnllm_minimal")
+    results = run_suite("minimal")
+    assert [r.case.id for r in results if r.status == "fail"] == []
+    assert all(r.matches for r in results), "the fallback to cpu must give the right numbers"
+    ran = {(r.case.op_type, r.case.operation) for r in results if r.status == "pass"}
+    assert ran == {("BinaryOp", op) for op in ("ADD", "SUB", "MUL", "REALDIV")}
+    binary = [r for r in results if r.case.op_type == "BinaryOp" and r.case.operation in ("ADD", "SUB", "MUL")
+              and r.case.dtype == "float32" and "fused" not in r.case.name]
+    assert binary and all(r.status == "pass" for r in binary)
+    reasons = {r.reason for r in results if r.status == "unsupported"}
+    assert {"minimal has no RoPE kernel", "minimal refused this BinaryOp"} <= reasons
+
+
+def test_test_backend_prints_the_table_and_json_for_a_plugin_backend(plugins):
+    env = plugins("mnnllm_minimal")
+    command = [sys.executable, "-m", "mnnllm_core.cli", "test-backend", "minimal", "--op", "BinaryOp"]
+    table = subprocess.run(command + ["--case", "MUL_SILU (7, 17)"], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert table.returncode == 0, table.stderr
+    assert "| BinaryOp | MUL_SILU (7, 17) x (7, 17) | float32 | not supported | - | minimal refused this BinaryOp |" \
+        in table.stdout
+    done = subprocess.run(command + ["--json"], capture_output=True, text=True, env=env, timeout=300)
+    report = json.loads(done.stdout)
+    statuses = {(r["case"], r["status"]) for r in report["results"]}
+    assert ("ADD (7, 17) x (7, 17)", "pass") in statuses and ("MUL_SILU (7, 17) x (7, 17)", "unsupported") in statuses
+    assert report["backend"] == "minimal" and report["device"] == "host memory (numpy)"
 
 
 def test_a_plugin_can_add_op_creators_to_a_backend_it_does_not_own(plugins):

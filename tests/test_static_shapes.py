@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from mnnllm_core.core.op import Op
+from mnnllm_core.core.op_params import ConvolutionParams
 from mnnllm_core.errors import UnsupportedError
 from mnnllm_core.express.op_weights import OpWeights
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
@@ -22,8 +23,7 @@ from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
 from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 
-from op_harness import Const, Graph, Weights, make_module, new_runtime, run_op
-from references import conv_param
+from mnnllm_core.testing import Const, Graph, Weights, make_module, new_runtime, run_op
 
 RNG = np.random.default_rng(7)
 HIDDEN, OUT = 17, 12
@@ -198,6 +198,6 @@ def test_a_clone_decodes_from_the_kv_cache_its_base_filled(clone_before_first_fo
 def test_a_packed_op_with_only_constant_inputs_runs_instead_of_folding() -> None:
     weight = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
     x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
-    op = Op("Convolution", "linear", conv_param(3, 4), weights=Weights.dense(weight))
+    op = Op("Convolution", "linear", param=ConvolutionParams(3, 4), weights=Weights.dense(weight))
     result = run_op(op, [Const(x.reshape(2, 4, 1, 1))])
     np.testing.assert_allclose(result.outputs[0].reshape(2, 3), x @ weight.T, rtol=1e-6, atol=1e-6)

@@ -1,5 +1,5 @@
 """Registers the numpy cpu backend through the same hook any third-party backend uses."""
-from mnnllm_core.plugins.hookspecs import hookimpl
+from mnnllm_core.backend_api import hookimpl
 
 
 @hookimpl

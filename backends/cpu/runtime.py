@@ -4,43 +4,19 @@ from __future__ import annotations
 import logging
 import os
 import platform
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
-from mnnllm_core.core.backend import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig
-from mnnllm_core.core.tensor import Tensor
+from mnnllm_core.backend_api import BackendConfig, HostBackend, Runtime, RuntimeCreator, ScheduleConfig
 
 from .ops import CREATORS
 
 log = logging.getLogger(__name__)
 
 
-class CPUBackend(Backend):
+class CPUBackend(HostBackend):
     name = "cpu"
-
-    def __init__(self, runtime: "CPURuntime", config: BackendConfig):
-        super().__init__(runtime, config)
-        self._free: dict[tuple, list[np.ndarray]] = defaultdict(list)
-
-    def on_acquire_buffer(self, tensor: Tensor) -> None:
-        key = (tensor.shape, tensor.dtype.str)
-        pool = self._free.get(key)
-        tensor.storage = pool.pop() if pool else np.empty(tensor.shape, dtype=tensor.dtype)
-
-    def on_release_buffer(self, tensor: Tensor) -> None:
-        if tensor.storage is not None:
-            self._free[(tensor.shape, tensor.dtype.str)].append(tensor.storage)
-
-    def on_clear_buffer(self) -> None:
-        self._free.clear()
-
-    def upload(self, tensor: Tensor, array: np.ndarray) -> None:
-        tensor.storage[...] = np.asarray(array).reshape(tensor.shape)
-
-    def download(self, tensor: Tensor) -> np.ndarray:
-        return tensor.storage
 
 
 class CPURuntime(Runtime):
@@ -71,8 +47,11 @@ def _limit_blas_threads(threads: int):
 
 
 class CPURuntimeCreator(RuntimeCreator):
+    """fp32 on every precision; weights dequantized once at load whatever `memory` says."""
+
     name = "cpu"
     static_shapes = False
+    settings = frozenset({"thread_num"})
 
     def is_available(self) -> tuple[bool, str]:
         a = np.arange(6, dtype=np.float32).reshape(2, 3)

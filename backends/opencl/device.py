@@ -20,6 +20,8 @@ from importlib import resources
 import numpy as np
 import pyopencl as cl
 
+from mnnllm_core.backend_api import Execution
+
 log = logging.getLogger(__name__)
 
 ENV_DEVICE = "MNNLLM_OPENCL_DEVICE"
@@ -130,6 +132,17 @@ class Program:
     def __call__(self, queue: cl.CommandQueue) -> None:
         if all(self.global_size):
             cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size)
+
+
+class KernelExecution(Execution):
+    """An Execution that enqueues one Program bound in on_resize."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.kernel: Program | None = None
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.kernel(self.backend.queue)
 
 
 class Allocator:

@@ -1,6 +1,6 @@
 """Registers the opencl backend through the same hook any third-party backend uses.
 Nothing here imports pyopencl or touches a driver: probing happens in `is_available()`."""
-from mnnllm_core.plugins.hookspecs import hookimpl
+from mnnllm_core.backend_api import hookimpl
 
 
 @hookimpl

@@ -17,14 +17,11 @@ Runtime hints (all optional):
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mnnllm_core.core.backend import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig
-from mnnllm_core.core.tensor import Tensor
-from mnnllm_core.errors import ConfigError
+from mnnllm_core.backend_api import Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator, ScheduleConfig, Tensor
 
 if TYPE_CHECKING:
     from .device import Program
@@ -44,8 +41,6 @@ class OpenCLBackend(Backend):
             config.precision == "low" and runtime.device.has_fp16)
         self.queue = runtime.queue
         self.allocator = runtime.allocator
-        self._free: dict[int, list] = defaultdict(list)
-        self._pooled: set[int] = set()
 
     # -- kernels -----------------------------------------------------------------
     def program(self, file: str, kernel: str, **defines: Any) -> "Program":
@@ -62,25 +57,11 @@ class OpenCLBackend(Backend):
         return tensor.dtype
 
     # -- memory ------------------------------------------------------------------
-    def on_acquire_buffer(self, tensor: Tensor) -> None:
-        nbytes = max(4, tensor.size * self.storage_dtype(tensor).itemsize)
-        pool = self._free.get(nbytes)
-        if pool:
-            tensor.storage = pool.pop()
-            self._pooled.discard(tensor.storage.int_ptr)
-        else:
-            tensor.storage = self.allocator.alloc(nbytes)
+    def buffer_key(self, tensor: Tensor) -> int:
+        return max(4, tensor.size * self.storage_dtype(tensor).itemsize)
 
-    def on_release_buffer(self, tensor: Tensor) -> None:
-        # a tensor read twice by its last command (Concat(x, x)) is released twice: pool it once
-        buffer = tensor.storage
-        if buffer is not None and buffer.int_ptr not in self._pooled:
-            self._pooled.add(buffer.int_ptr)
-            self._free[buffer.size].append(buffer)
-
-    def on_clear_buffer(self) -> None:
-        self._free.clear()
-        self._pooled.clear()
+    def alloc(self, tensor: Tensor):
+        return self.allocator.alloc(self.buffer_key(tensor))
 
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
         self.allocator.copyin(tensor.storage, np.asarray(array, dtype=self.storage_dtype(tensor)).reshape(-1))
@@ -104,7 +85,6 @@ class OpenCLRuntime(Runtime):
     """One device, one in-order queue, and the process-wide program cache of that device."""
 
     name = "opencl"
-    static_shapes = True
 
     def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
         super().__init__(config, hints)
@@ -136,8 +116,12 @@ class OpenCLRuntime(Runtime):
 
 
 class OpenCLRuntimeCreator(RuntimeCreator):
+    """precision "low" stores activations as fp16 (see opencl_fp16); weights stay packed
+    whatever `memory` says; OpenCL schedules its own work-items, so thread_num has no meaning."""
+
     name = "opencl"
     static_shapes = True
+    settings = frozenset({"precision"})
 
     def __init__(self) -> None:
         self._probed: dict[str | None, tuple[bool, str]] = {}

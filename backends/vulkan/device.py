@@ -24,6 +24,8 @@ from importlib import resources
 import numpy as np
 import vulkan as vk
 
+from mnnllm_core.backend_api import Execution
+
 ENV_DEVICE = "MNNLLM_VULKAN_DEVICE"
 WHOLE_SIZE = 0xFFFFFFFFFFFFFFFF  # the package's VK_WHOLE_SIZE is -1, which cffi rejects
 MAX_GROUPS = 65535  # a dispatch larger than this many groups along x is folded into y
@@ -321,3 +323,14 @@ def probe(spec: str | None) -> str:
 
 def device_spec(hints: dict) -> str | None:
     return hints.get("vulkan_device") or os.environ.get(ENV_DEVICE) or None
+
+
+class DispatchExecution(Execution):
+    """An Execution that records one prepared Dispatch per run (prepared in on_resize)."""
+
+    def __init__(self, backend):
+        super().__init__(backend)
+        self.dispatch: Dispatch | None = None
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.backend.recorder.dispatch(self.dispatch)

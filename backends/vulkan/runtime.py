@@ -13,13 +13,11 @@ recorded, so the host sees and changes memory only when the device is idle.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from typing import Any
 
 import numpy as np
 
-from mnnllm_core.core.backend import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig
-from mnnllm_core.core.tensor import Tensor
+from mnnllm_core.backend_api import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig, Tensor
 
 log = logging.getLogger(__name__)
 
@@ -33,32 +31,17 @@ class VulkanBackend(Backend):
         super().__init__(runtime, config)
         self.device = runtime.device
         self.recorder = runtime.recorder
-        self._free: dict[int, list] = defaultdict(list)
-        self._pooled: set[int] = set()
 
     def fits(self, *tensors: Tensor) -> bool:
         """Whether every tensor (with a known shape) fits one storage buffer binding."""
         return all(self.device.fits(t.size * t.dtype.itemsize) for t in tensors)
 
     # -- memory ------------------------------------------------------------------
-    def on_acquire_buffer(self, tensor: Tensor) -> None:
-        nbytes = max(4, tensor.size * tensor.dtype.itemsize)
-        pool = self._free.get(nbytes)
-        if pool:
-            tensor.storage = pool.pop()
-            self._pooled.discard(id(tensor.storage))
-        else:
-            tensor.storage = self.device.alloc(nbytes)
+    def buffer_key(self, tensor: Tensor) -> int:
+        return max(4, tensor.size * tensor.dtype.itemsize)
 
-    def on_release_buffer(self, tensor: Tensor) -> None:
-        buffer = tensor.storage
-        if buffer is not None and id(buffer) not in self._pooled:
-            self._pooled.add(id(buffer))
-            self._free[buffer.size].append(buffer)
-
-    def on_clear_buffer(self) -> None:
-        self._free.clear()
-        self._pooled.clear()
+    def alloc(self, tensor: Tensor):
+        return self.device.alloc(self.buffer_key(tensor))
 
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
         self.recorder.flush()
@@ -84,7 +67,6 @@ class VulkanRuntime(Runtime):
     """One device, one recorder (command buffer + fence) shared by the backends it creates."""
 
     name = "vulkan"
-    static_shapes = True
 
     def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
         super().__init__(config, hints)
@@ -102,6 +84,9 @@ class VulkanRuntime(Runtime):
 
 
 class VulkanRuntimeCreator(RuntimeCreator):
+    """fp32 everywhere and int4 weights packed whatever precision and memory say; the device
+    schedules its own invocations, so thread_num has no meaning."""
+
     name = "vulkan"
     static_shapes = True
 

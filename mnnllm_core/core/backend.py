@@ -1,17 +1,23 @@
 """The contract every backend implements: RuntimeCreator -> Runtime -> Backend -> Execution.
 
-Names follow MNN's `Backend.hpp` in snake_case. A backend author subclasses these, registers
-op creators on the backend, and exposes a `RuntimeCreator` through the `mnnllm` plugin hooks.
+Names follow MNN's `Backend.hpp` in snake_case. A backend author subclasses these (all of them
+reachable from `mnnllm_core.backend_api`), registers op creators on the runtime, and exposes a
+`RuntimeCreator` through the `mnnllm` plugin hooks.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 
+from .allocator import BufferPool
+from .kv_meta import KVMeta
 from .op import Op
 from .tensor import Tensor
+
+# The settings of ScheduleConfig a backend may honour; RuntimeCreator.settings names its own.
+SETTINGS = ("thread_num", "precision", "memory", "power")
 
 
 @dataclass
@@ -31,6 +37,10 @@ class ScheduleConfig:
     thread_num: int = 4
     backup_type: str = "cpu"
     backend_config: BackendConfig = field(default_factory=BackendConfig)
+
+    def setting(self, name: str) -> Any:
+        """The value of one of SETTINGS."""
+        return self.thread_num if name == "thread_num" else getattr(self.backend_config, name)
 
 
 class Execution:
@@ -55,15 +65,31 @@ class Execution:
         return None
 
 
-OpCreator = Callable[["Backend", Sequence[Tensor], Sequence[Tensor], Op], "Execution | None"]
+@dataclass(frozen=True)
+class Refused:
+    """What a creator returns instead of an Execution for an op it does not run as given,
+    with the reason (shown in the placement summary and by `mnnllm test-backend`). Returning
+    None means the same without a reason; either way the op runs on the backup cpu backend."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+OpCreator = Callable[["Backend", Sequence[Tensor], Sequence[Tensor], Op], "Execution | Refused | None"]
 
 
 class Backend:
     """Per-session memory and op creation on one device.
 
     `creators` maps an MNN op type name (e.g. "Convolution", "Raster") to a function
-    returning an Execution, or None when this backend cannot run that op as given;
-    the pipeline then runs it on the backup cpu backend and inserts the copies.
+    returning an Execution, or a `Refused` (or None) when this backend cannot run that op as
+    given; the pipeline then runs it on the backup cpu backend and inserts the copies.
+
+    Memory: a backend says how to make storage for a tensor (`alloc`) and which tensors can
+    share storage (`buffer_key`); reuse across a resize is the core's `BufferPool`. `upload`
+    and `download` move values between the host and that storage.
     """
 
     name = "abstract"
@@ -72,21 +98,40 @@ class Backend:
         self.runtime = runtime
         self.config = config
         self.creators: dict[str, OpCreator] = dict(runtime.op_creators)
+        self.pool = BufferPool(self.alloc, self.buffer_key, self.free)
+
+    @property
+    def kv_meta(self) -> KVMeta:
+        """How many tokens every KV cache keeps and adds this step (set by the LLM)."""
+        return self.runtime.kv_meta
 
     # -- op creation -------------------------------------------------------------
-    def on_create(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: Op) -> Execution | None:
+    def on_create(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: Op) -> Execution | Refused | None:
         creator = self.creators.get(op.type)
         return None if creator is None else creator(self, inputs, outputs, op)
 
     # -- memory ------------------------------------------------------------------
-    def on_acquire_buffer(self, tensor: Tensor) -> None:
+    def alloc(self, tensor: Tensor) -> Any:
+        """New storage for `tensor.shape` and `tensor.dtype` (a host array, a device buffer)."""
         raise NotImplementedError
+
+    def free(self, storage: Any) -> None:
+        """Give back storage the pool drops; by default the garbage collector does."""
+
+    def buffer_key(self, tensor: Tensor) -> Hashable:
+        """Tensors with equal keys can share storage; by default the same shape and dtype."""
+        return tensor.shape, tensor.dtype.str
+
+    def on_acquire_buffer(self, tensor: Tensor) -> None:
+        tensor.storage = self.pool.acquire(tensor)
 
     def on_release_buffer(self, tensor: Tensor) -> None:
         """The tensor's storage may be reused by a later tensor of this resize."""
+        self.pool.release(tensor)
 
     def on_clear_buffer(self) -> None:
         """Drop every dynamic buffer (before a new resize)."""
+        self.pool.clear()
 
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
         """Host -> this backend's storage of `tensor`."""
@@ -114,16 +159,33 @@ class Backend:
         pass
 
 
+class HostBackend(Backend):
+    """A backend whose storage is host numpy arrays (the cpu backend, numpy-based plugins)."""
+
+    def alloc(self, tensor: Tensor) -> np.ndarray:
+        return np.empty(tensor.shape, dtype=tensor.dtype)
+
+    def upload(self, tensor: Tensor, array: np.ndarray) -> None:
+        tensor.storage[...] = np.asarray(array).reshape(tensor.shape)
+
+    def download(self, tensor: Tensor) -> np.ndarray:
+        return tensor.storage
+
+
 class Runtime:
-    """Shared device state (contexts, queues, kernel caches) for every backend it creates."""
+    """Shared device state (contexts, queues, kernel caches) for every backend it creates.
+
+    `hints` are MNN's runtime hints and the config's `backend_hints`; `kv_meta` is the KV
+    cache state of the LLM driving this runtime (the RuntimeManager shares one among its
+    runtimes)."""
 
     name = "abstract"
-    static_shapes = False
 
     def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
         self.config = config
         self.hints: dict[str, Any] = dict(hints or {})
         self.op_creators: dict[str, OpCreator] = {}
+        self.kv_meta = KVMeta()
 
     def create_backend(self, config: BackendConfig) -> Backend:
         raise NotImplementedError
@@ -136,10 +198,15 @@ class Runtime:
 
 
 class RuntimeCreator:
-    """Entry point of a backend: probes the device and creates the Runtime."""
+    """Entry point of a backend: probes the device and creates the Runtime.
+
+    `static_shapes`: the backend cannot change shapes cheaply, so the LLM keeps one resized
+    module per shape (the only place this is declared). `settings`: which of SETTINGS the
+    backend honours; any other one is logged as ignored when a runtime is created."""
 
     name = "abstract"
     static_shapes = False
+    settings: frozenset[str] = frozenset()
 
     def is_available(self) -> tuple[bool, str]:
         """(True, "") when a tiny kernel really built and ran; else (False, why)."""

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import BackendError, MnnllmError, UnsupportedError
 from ..geometry.transform import lower
-from .backend import Backend, Execution
+from .backend import Backend, Execution, Refused
 from .op import Op
 from .schedule import ScheduleInfo
 from .size_computer import compute_size
@@ -69,13 +69,14 @@ class _CopyExecution(Execution):
 class Pipeline:
     def __init__(self, info: ScheduleInfo, backend: Backend, backup: Backend,
                  executions: dict[int, tuple[Backend, Execution]] | None = None,
-                 allow_fallback: bool = True):
+                 allow_fallback: bool = True, fallback_reasons: dict[int, str] | None = None):
         self.info = info
         self.backend = backend
         self.backup = backup
         self.backends = (backend,) if backup is backend else (backend, backup)  # each once per phase
         self.allow_fallback = allow_fallback
         self.executions = executions if executions is not None else {}
+        self.fallback_reasons = dict(fallback_reasons or {})  # graph op -> why it left the backend
         self.tensors = [Tensor(i, name) for i, name in enumerate(info.tensor_names)]
         for index, value in info.constants.items():
             self.tensors[index].host = value
@@ -137,7 +138,7 @@ class Pipeline:
                 raster = lower(op, inputs, outputs)
                 if raster is not None:
                     sources = inputs if op.type in MULTI_SOURCE_RASTER else inputs[:1]
-                    command = Command(Op("Raster", op.name, raster, op.index), sources, outputs)
+                    command = Command(Op("Raster", op.name, index=op.index, param=raster), sources, outputs)
                 else:
                     command = Command(op, inputs, outputs, node=i)
                 packed = command.node in self.executions  # its raw weights are gone: run it, don't fold
@@ -160,7 +161,7 @@ class Pipeline:
         for tensor in outputs:
             backup.on_acquire_buffer(tensor)
         execution = backup.on_create(inputs, outputs, command.op)
-        if execution is None:
+        if not isinstance(execution, Execution):
             raise UnsupportedError(f"cannot fold {command.op.type} {command.op.name!r}: the backup backend "
                                    f"{backup.name} has no kernel for it", field="type")
         execution.on_resize(inputs, outputs)
@@ -207,31 +208,35 @@ class Pipeline:
         if command.node is not None and command.node in self.executions:
             backend, execution = self.executions[command.node]
             if backend is not self.backend:  # created at load (rearrange): still a fallback
-                self._record_fallback(op)
+                self._record_fallback(op, self.fallback_reasons.get(command.node) or self._fallback_reason(op, None))
             return backend, execution
         execution = self.backend.on_create(command.inputs, command.outputs, op)
         backend = self.backend
-        if execution is None and self.backup is not self.backend:
+        if not isinstance(execution, Execution) and self.backup is not self.backend:
+            reason = self._fallback_reason(op, execution)
             if not self.allow_fallback:
                 raise BackendError(f"op {op.type} {op.name!r} cannot run on {self.backend.name} "
-                                   f"({self._fallback_reason(op)}) and allow_fallback is false",
-                                   field="allow_fallback")
+                                   f"({reason}) and allow_fallback is false", field="allow_fallback")
             execution, backend = self.backup.on_create(command.inputs, command.outputs, op), self.backup
-            self._record_fallback(op)
-        if execution is None:
-            raise UnsupportedError(f"op type {op.type} ({op.name!r}) has no kernel on {backend.name}", field="type")
+            self._record_fallback(op, reason)
+            if command.node is not None:
+                self.fallback_reasons[command.node] = reason
+        if not isinstance(execution, Execution):
+            why = f": {execution.reason}" if isinstance(execution, Refused) else ""
+            raise UnsupportedError(f"op type {op.type} ({op.name!r}) has no kernel on {backend.name}{why}",
+                                   field="type")
         if command.node is not None:
             self.executions[command.node] = (backend, execution)
         return backend, execution
 
-    def _fallback_reason(self, op: Op) -> str:
+    def _fallback_reason(self, op: Op, refusal: Refused | None) -> str:
         if op.type not in self.backend.creators:
             return f"{self.backend.name} has no {op.type} kernel"
-        return f"{self.backend.name} refused this {op.type}"
+        detail = f": {refusal.reason}" if isinstance(refusal, Refused) else ""
+        return f"{self.backend.name} refused this {op.type}{detail}"
 
-    def _record_fallback(self, op: Op) -> None:
-        self.placement.fallbacks.append({"op": op.name, "type": op.type, "to": self.backup.name,
-                                         "reason": self._fallback_reason(op)})
+    def _record_fallback(self, op: Op, reason: str) -> None:
+        self.placement.fallbacks.append({"op": op.name, "type": op.type, "to": self.backup.name, "reason": reason})
 
     # -- allocate ----------------------------------------------------------------
     def allocate(self) -> None:

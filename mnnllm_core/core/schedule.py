@@ -1,4 +1,5 @@
-"""MNN's ScheduleInfo: the op list, the tensors and which of them are inputs, outputs and constants."""
+"""MNN's ScheduleInfo: the op list, the tensors and which of them are inputs, outputs and constants.
+Building one decodes every op's parameters (`op_params.decode`), once for all its sessions."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .op import Op
+from .op_params import decode
 
 
 @dataclass
@@ -27,3 +29,7 @@ class ScheduleInfo:
     output_indexes: dict[str, int] = field(default_factory=dict)
     path: str = "<memory>"
     shape_inputs: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for node in self.nodes:
+            node.op.param = decode(node.op)

@@ -17,9 +17,9 @@ log = logging.getLogger(__name__)
 
 class Session:
     def __init__(self, info: ScheduleInfo, backend: Backend, backup: Backend, allow_fallback: bool = True,
-                 executions: dict | None = None):
+                 executions: dict | None = None, fallback_reasons: dict[int, str] | None = None):
         self.info = info
-        self.pipeline = Pipeline(info, backend, backup, executions, allow_fallback)
+        self.pipeline = Pipeline(info, backend, backup, executions, allow_fallback, fallback_reasons)
         self.resize_count = 0
         self.packed: set[int] = set()  # ops whose executions were made at load (rearrange)
         self._key: tuple | None = None
@@ -106,6 +106,7 @@ class Session:
                 # its weights were packed and dropped, or it owns the KV cache: it must be shared
                 raise MnnllmError(f"{owner.name} execution of {op.type} {op.name!r} cannot be cloned",
                                   file=self.info.path)
-        twin = Session(self.info, backend, backup, self.pipeline.allow_fallback, executions)
+        twin = Session(self.info, backend, backup, self.pipeline.allow_fallback, executions,
+                       self.pipeline.fallback_reasons)
         twin.packed = set(self.packed)
         return twin

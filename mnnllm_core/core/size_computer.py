@@ -9,7 +9,7 @@ from ..errors import UnsupportedError
 from ..geometry.shape_args import (concat_axis, gather_axis, normalize_axis, permute_axes,
                                    reshape_dims, squeeze_axes, strided_slice_output_shape,
                                    strided_slice_plan)
-from .dtypes import FLOAT32, INT32, runtime_dtype
+from .dtypes import INT32
 from .op import Op
 from .tensor import Tensor
 
@@ -20,7 +20,8 @@ COMPARISONS = {"GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL", "EQUAL", "NOTEQ
 
 
 def _param(op: Op, name: str, default=None):
-    value = getattr(op.param, name, None) if op.param is not None else None
+    """A field of the op's MNN table, for the ops without typed params (`op_params`)."""
+    value = getattr(op.table, name, None) if op.table is not None else None
     return default if value is None else value
 
 
@@ -40,20 +41,21 @@ def _layernorm(op, ins) -> Result:
 
 
 def _binary(op, ins) -> Result:
-    dtype = INT32 if op.extra.get("operation") in COMPARISONS else ins[0].dtype
+    dtype = INT32 if op.param.operation in COMPARISONS else ins[0].dtype
     return [(broadcast(ins[0].shape, ins[1].shape), dtype)]
 
 
 def _convolution(op, ins) -> Result:
-    common = op.param.common
+    p = op.param
+    if p is None:
+        raise UnsupportedError(f"Convolution {op.name!r} has no parameter table", field="common")
     shape = list(ins[0].shape)
     if len(shape) == 2:
-        return [((shape[0], int(common.outputCount)), ins[0].dtype)]
-    kx, ky = int(common.kernelX or 1), int(common.kernelY or 1)
-    if (kx, ky) != (1, 1) or int(common.strideX or 1) != 1 or int(common.strideY or 1) != 1:
+        return [((shape[0], p.oc), ins[0].dtype)]
+    if p.kernel != (1, 1) or p.stride != (1, 1):
         raise UnsupportedError(f"Convolution {op.name!r}: only 1x1 stride-1 convolutions (linear layers) "
-                               f"are supported, got kernel {kx}x{ky}", field="common.kernelX")
-    shape[1] = int(common.outputCount)
+                               f"are supported, got kernel {p.kernel[0]}x{p.kernel[1]}", field="common.kernelX")
+    shape[1] = p.oc
     return [(tuple(shape), ins[0].dtype)]
 
 
@@ -65,13 +67,13 @@ def _attention(op, ins) -> Result:
     q = ins[0].shape
     if len(q) == 4 and q[2] == 1 and q[3] == 1:  # packed [seq, heads*dim, 1, 1]
         return [(q, ins[0].dtype)]
-    if bool(_param(op, "outputC4", False)):
+    if op.param.output_c4:
         return [((q[0] * q[1], q[2] * q[3], 1, 1), ins[0].dtype)]
     return [((q[0], q[1], q[2] * q[3]), ins[0].dtype)]
 
 
 def _cast(op, ins) -> Result:
-    return [(ins[0].shape, runtime_dtype(_param(op, "dstT"), FLOAT32))]
+    return [(ins[0].shape, op.param.dtype)]
 
 
 def _shape(op, ins) -> Result:
@@ -156,9 +158,9 @@ def _permute(op, ins) -> Result:
 
 def _matmul(op, ins) -> Result:
     a, b = list(ins[0].shape), list(ins[1].shape)
-    if bool(_param(op, "transposeA", False)):
+    if op.param.transpose_a:
         a[-2], a[-1] = a[-1], a[-2]
-    if bool(_param(op, "transposeB", False)):
+    if op.param.transpose_b:
         b[-2], b[-1] = b[-1], b[-2]
     batch = broadcast(tuple(a[:-2]), tuple(b[:-2]))
     return [(batch + (a[-2], b[-1]), ins[0].dtype)]
@@ -166,11 +168,11 @@ def _matmul(op, ins) -> Result:
 
 def _reduction(op, ins) -> Result:
     shape = list(ins[0].shape)
-    dims = _param(op, "dim")
+    dims = op.param.dims
     if len(ins) > 1 and ins[1].host is not None:
         dims = ins[1].host.reshape(-1).tolist()
-    axes = sorted({normalize_axis(int(d), len(shape)) for d in dims}) if dims is not None and len(dims) else list(range(len(shape)))
-    keep = bool(_param(op, "keepDims", False))
+    axes = sorted({normalize_axis(int(d), len(shape)) for d in dims}) if len(dims) else list(range(len(shape)))
+    keep = op.param.keep_dims
     out = [1 if i in axes else d for i, d in enumerate(shape)] if keep else [d for i, d in enumerate(shape) if i not in axes]
     return [(tuple(out), ins[0].dtype)]
 

@@ -1,6 +1,6 @@
 """Write llm.mnn.weight the way MNN's exporter does, one tensor at a time, in row chunks.
 
-A linear layer's block is what `mnnllm_core.express.quant` reads back:
+A linear layer's block is what `mnnllm_core.core.quant` reads back:
 
     u8 2 | oc, ic as 16-bit (32-bit when either exceeds 65535: shapeInt32)
     | u8 map count (0 means 256) | the map -2^(bits-1) .. 2^(bits-1)-1 as int8

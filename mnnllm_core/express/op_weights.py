@@ -5,27 +5,17 @@ what it needs in its own layout; the static module then drops this reader from t
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from ..core.quant import decode_bias, decode_convolution_weight, decode_layernorm, is_asymmetric
+from ..core.weights import ConvolutionWeights, FloatWeight
 from ..errors import FormatError
-from .quant import (ConvolutionWeight, FloatWeight, decode_bias, decode_convolution_weight, decode_layernorm,
-                    is_asymmetric)
 from .weight_file import ExternalWeightFile
 
 
-@dataclass
-class ConvolutionWeights:
-    quantized: ConvolutionWeight | None  # QuantizedWeight or FloatWeight
-    bias: np.ndarray | None
-
-    @property
-    def dense(self) -> np.ndarray | None:
-        return self.quantized.dequantize() if isinstance(self.quantized, FloatWeight) else None
-
-
 class OpWeights:
+    """The `WeightReader` of one op of a loaded model (see `mnnllm_core.core.weights`)."""
+
     def __init__(self, op_name: str, param, weight_file: ExternalWeightFile | None, path: str):
         self.op_name = op_name
         self.param = param

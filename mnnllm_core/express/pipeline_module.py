@@ -17,11 +17,7 @@ from ..core.dtypes import (DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, DT_INT8, D
 from ..core.op import Op
 from ..core.schedule import OpNode, ScheduleInfo
 from ..errors import FormatError, UnsupportedError
-from ..schema.MNN.BinaryOpOperation import BinaryOpOperation
-from ..schema.MNN.EltwiseType import EltwiseType
 from ..schema.MNN.MNN_DATA_FORMAT import MNN_DATA_FORMAT
-from ..schema.MNN.ReductionType import ReductionType
-from ..schema.MNN.UnaryOpOperation import UnaryOpOperation
 from ..schema.reader import op_type_name
 from .op_weights import OpWeights
 from .weight_file import ExternalWeightFile
@@ -42,12 +38,6 @@ def _enum_names(enum_class) -> dict[int, str]:
     return {v: k for k, v in vars(enum_class).items() if not k.startswith("_") and isinstance(v, int)}
 
 
-OPERATION_NAMES = {
-    "BinaryOp": (_enum_names(BinaryOpOperation), "opType"),
-    "UnaryOp": (_enum_names(UnaryOpOperation), "opType"),
-    "Reduction": (_enum_names(ReductionType), "operation"),
-    "Eltwise": (_enum_names(EltwiseType), "type"),
-}
 FORMAT_NAMES = _enum_names(MNN_DATA_FORMAT)
 # how each DataType is stored in the weight file (bf16 as its raw 16 bits, widened on read)
 EXTERNAL_DTYPES = {DT_FLOAT: "<f4", DT_DOUBLE: "<f8", DT_INT32: "<i4", DT_UINT8: "u1", DT_INT16: "<i2", DT_INT8: "i1",
@@ -111,12 +101,9 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
             raise UnsupportedError(f"{op_type} op {name!r}: control-flow sub-modules are not supported", file=path,
                                    field="oplists")
         extra = {"format": FORMAT_NAMES.get(raw.defaultDimentionFormat, "NHWC")}
-        if op_type in OPERATION_NAMES:
-            table, field = OPERATION_NAMES[op_type]
-            extra["operation"] = table.get(int(getattr(raw.main, field, 0) or 0)) if raw.main is not None else None
         has_external = raw.main is not None and getattr(raw.main, "external", None) is not None
         weights = OpWeights(name, raw.main, weight_file, path) if op_type in WEIGHTED and raw.main is not None else None
-        op = Op(op_type, name, raw.main, i, weights, extra)
+        op = Op(op_type, name, table=raw.main, index=i, weights=weights, extra=extra)
         in_idx = [int(t) for t in (raw.inputIndexes if raw.inputIndexes is not None else [])]
         out_idx = [int(t) for t in (raw.outputIndexes if raw.outputIndexes is not None else [])]
         for t in in_idx + out_idx:
@@ -176,7 +163,7 @@ def _annotate_attention_heads(nodes: list[OpNode]) -> None:
         if node.op.type != "Attention" or not node.inputs:
             continue
         source = producer.get(node.inputs[0])
-        p = source.op.param if source is not None and source.op.type == "RoPE" else None
+        p = source.op.table if source is not None and source.op.type == "RoPE" else None
         if p is not None and p.numHead and p.kvNumHead and p.headDim:
             node.op.extra["heads"] = (int(p.numHead), int(p.kvNumHead), int(p.headDim))
 

@@ -1,47 +1,47 @@
 """MNN's Executor::RuntimeManager: one Runtime (plus the backup cpu one) shared by modules.
 
-It carries what MNN passes through runtime hints: the KV meta, attention mode, dynamic
-quant option, tmp/prefix-cache paths, mmap sizes, and the external weight file override.
+It carries what MNN passes through runtime hints (attention mode, dynamic quant option,
+tmp/prefix-cache paths, mmap sizes, the config's `backend_hints`), the KV meta every
+Attention of its runtimes reads, whether the backend has static shapes (its RuntimeCreator
+says so), and the external weight file override.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from ..core.backend import Backend, Runtime, ScheduleConfig
+from ..core.backend import SETTINGS, Backend, Runtime, RuntimeCreator, ScheduleConfig
 from ..core.kv_meta import KVMeta
 from ..errors import BackendError
 from ..plugins.manager import registry
 
 log = logging.getLogger(__name__)
 
+_REPORTED: set[tuple[str, str, str]] = set()  # (backend, setting, value) already logged as ignored
+
 
 class RuntimeManager:
-    def __init__(self, config: ScheduleConfig, runtime: Runtime, backup: Runtime):
+    def __init__(self, config: ScheduleConfig, runtime: Runtime, backup: Runtime, static_shapes: bool = False):
         self.config = config
         self.runtime = runtime
         self.backup_runtime = backup
+        self.static_shapes = static_shapes
         self.external_file: str | None = None
         self.allow_fallback = True
         self.kv_meta = KVMeta()
-        self.set_hint("kv_meta", self.kv_meta)
+        for each in {runtime, backup}:
+            each.kv_meta = self.kv_meta
 
     @classmethod
     def create(cls, config: ScheduleConfig | None = None, hints: dict[str, Any] | None = None) -> "RuntimeManager":
         """Create the Runtime for `config.backend_type` through the plugin registry."""
         config = config or ScheduleConfig()
-        runtime = _create_runtime(config.backend_type, config, hints)
+        creator = registry().get(config.backend_type)
+        runtime = _create_runtime(creator, config, hints)
+        report_ignored_settings(creator, config)
         backup = runtime if config.backup_type == config.backend_type else _create_runtime(
-            config.backup_type, config, hints)
-        return cls(config, runtime, backup)
-
-    @property
-    def static_shapes(self) -> bool:
-        return bool(self.runtime.static_shapes)
-
-    def set_hint(self, name: str, value: Any) -> None:
-        for runtime in {self.runtime, self.backup_runtime}:
-            runtime.hints[name] = value
+            registry().get(config.backup_type), config, hints)
+        return cls(config, runtime, backup, bool(creator.static_shapes))
 
     def set_external_file(self, path: str) -> None:
         """Read external weights from `path` instead of `<model>.weight`."""
@@ -54,14 +54,25 @@ class RuntimeManager:
         return backend, backup
 
 
-def _create_runtime(name: str, config: ScheduleConfig, hints: dict[str, Any] | None) -> Runtime:
-    creator = registry().get(name)
+def report_ignored_settings(creator: RuntimeCreator, config: ScheduleConfig) -> list[str]:
+    """Log, once per process per value, each setting the backend does not honour; returns them."""
+    ignored = [name for name in SETTINGS if name not in creator.settings]
+    for name in ignored:
+        key = (creator.name, name, str(config.setting(name)))
+        if key not in _REPORTED:
+            _REPORTED.add(key)
+            log.info("backend %s ignores %s=%s (it honours: %s)", creator.name, name, key[2],
+                     ", ".join(sorted(creator.settings)) or "none of thread_num, precision, memory, power")
+    return ignored
+
+
+def _create_runtime(creator: RuntimeCreator, config: ScheduleConfig, hints: dict[str, Any] | None) -> Runtime:
     available, reason = creator.is_available()
     if not available:
-        others = [n for n, c in registry().runtime_creators().items() if n != name]
-        raise BackendError(f"backend {name!r} is not available: {reason}; other registered backends: "
+        others = [n for n in registry().runtime_creators() if n != creator.name]
+        raise BackendError(f"backend {creator.name!r} is not available: {reason}; other registered backends: "
                            f"{', '.join(sorted(others)) or 'none'}", field="backend_type")
     runtime = creator.create(config, hints)
-    runtime.op_creators.update(registry().op_creators(name))
-    log.info("created %s runtime (%s)", name, runtime.device_name())
+    runtime.op_creators.update(registry().op_creators(creator.name))
+    log.info("created %s runtime (%s)", creator.name, runtime.device_name())
     return runtime

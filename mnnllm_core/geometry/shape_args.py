@@ -12,7 +12,8 @@ from ..errors import UnsupportedError
 
 
 def _param(op: Op, name: str, default=None):
-    value = getattr(op.param, name, None) if op.param is not None else None
+    """A field of the op's MNN table (data-movement ops are the core's: they have no typed params)."""
+    value = getattr(op.table, name, None) if op.table is not None else None
     return default if value is None else value
 
 
@@ -32,7 +33,7 @@ def concat_axis(op: Op, rank: int) -> int:
 
 
 def gather_axis(op: Op, inputs: Sequence[Tensor]) -> int:
-    axis = host_ints(inputs[2], op, "axis")[0] if len(inputs) > 2 else int(_param(op, "axis", 0))
+    axis = host_ints(inputs[2], op, "axis")[0] if len(inputs) > 2 else op.param.axis
     return normalize_axis(axis, len(inputs[0].shape))
 
 

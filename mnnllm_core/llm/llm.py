@@ -24,7 +24,7 @@ from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation
 from .module_pool import ModulePool
 from .prompt import Prompt
-from .runtime import init_runtime, is_static_shape
+from .runtime import init_runtime
 from .sampler import Sampler, SamplerConfig
 from .tokenizer import create_tokenizer
 
@@ -63,9 +63,7 @@ class Llm:
         self.generation = create_generation(self)
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
-        shape_mutable = not is_static_shape(self.runtime_manager)
-        self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
-                                  Config(shape_mutable=shape_mutable, rearrange=True))
+        self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager, Config(rearrange=True))
         self.pool = ModulePool(self.module)
         self._decode_mask = self._attention_mask(1)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)

@@ -12,12 +12,9 @@ import logging
 from ..core.backend import BackendConfig, ScheduleConfig
 from ..errors import BackendError, ConfigError
 from ..express.runtime_manager import RuntimeManager
-from ..plugins.manager import registry
 from .config import LlmConfig
 
 log = logging.getLogger(__name__)
-
-STATIC_SHAPE_BACKENDS = {"opencl", "vulkan", "npu"}
 
 
 def backend_choices(config: LlmConfig) -> list[str]:
@@ -28,16 +25,18 @@ def backend_choices(config: LlmConfig) -> list[str]:
 
 
 def schedule_config(config: LlmConfig, backend_type: str) -> ScheduleConfig:
-    for key, allowed in (("precision", {"low", "normal", "high"}), ("memory", {"low", "normal", "high"}),
-                         ("power", {"low", "normal", "high"})):
-        if str(getattr(config, key)) not in allowed:
-            raise ConfigError(f"{key} must be one of {sorted(allowed)}, got {getattr(config, key)!r}",
+    """The config's runtime options (the one route for thread_num, precision, memory, power)."""
+    options = config.runtime_options()
+    for key in ("precision", "memory", "power"):
+        allowed = {"low", "normal", "high"}
+        if str(getattr(options, key)) not in allowed:
+            raise ConfigError(f"{key} must be one of {sorted(allowed)}, got {getattr(options, key)!r}",
                               file=config.origin(key), field=key)
-    if config.thread_num < 1:
-        raise ConfigError(f"thread_num must be >= 1, got {config.thread_num}", file=config.origin("thread_num"),
+    if options.thread_num < 1:
+        raise ConfigError(f"thread_num must be >= 1, got {options.thread_num}", file=config.origin("thread_num"),
                           field="thread_num")
-    return ScheduleConfig(backend_type=backend_type, thread_num=config.thread_num,
-                          backend_config=BackendConfig(config.precision, config.memory, config.power))
+    return ScheduleConfig(backend_type=backend_type, thread_num=options.thread_num,
+                          backend_config=BackendConfig(options.precision, options.memory, options.power))
 
 
 def runtime_hints(config: LlmConfig) -> dict:
@@ -70,8 +69,7 @@ def init_runtime(config: LlmConfig) -> RuntimeManager:
             manager = RuntimeManager.create(schedule_config(config, name), runtime_hints(config))
         except BackendError as err:
             if len(choices) == 1:
-                raise BackendError(str(err).split(" (field")[0], file=config.origin("backend_type"),
-                                   field="backend_type") from err
+                raise err.at(file=config.origin("backend_type"), field="backend_type") from err
             errors.append(str(err))
             log.warning("backend %s unavailable, trying the next one in backend_type: %s", name, err)
             continue
@@ -80,9 +78,3 @@ def init_runtime(config: LlmConfig) -> RuntimeManager:
     raise BackendError("no backend of backend_type is available: " + "; ".join(errors),
                        file=config.origin("backend_type"), field="backend_type")
 
-
-def is_static_shape(manager: RuntimeManager) -> bool:
-    """opencl, vulkan and npu, and any plugin backend that declares static_shapes."""
-    name = manager.config.backend_type
-    creator = registry().runtime_creators().get(name)
-    return name in STATIC_SHAPE_BACKENDS or manager.static_shapes or bool(getattr(creator, "static_shapes", False))

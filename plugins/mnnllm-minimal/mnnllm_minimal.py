@@ -2,8 +2,7 @@
 Every other op runs on the cpu backend, which the pipeline falls back to by itself."""
 import numpy as np
 
-from mnnllm_core.core.backend import Backend, Execution, Runtime, RuntimeCreator
-from mnnllm_core.plugins.hookspecs import hookimpl
+from mnnllm_core.backend_api import Execution, HostBackend, Runtime, RuntimeCreator, hookimpl
 
 BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide}
 
@@ -18,23 +17,14 @@ class BinaryExecution(Execution):
 
 
 def create_binary(backend, inputs, outputs, op):
-    function = BINARY.get(op.extra.get("operation"))
-    if function is None or op.param.activationType:  # a fused relu: not here
-        return None  # None: run it on cpu
+    function = BINARY.get(op.param.operation)  # op.param: BinaryParams, decoded by the core
+    if function is None or op.param.activation:  # a fused relu: not here
+        return None  # None (or Refused("why")): run it on cpu
     return BinaryExecution(backend, function)
 
 
-class MinimalBackend(Backend):
+class MinimalBackend(HostBackend):  # storage: numpy arrays (alloc, upload, download)
     name = "minimal"
-
-    def on_acquire_buffer(self, tensor):
-        tensor.storage = np.empty(tensor.shape, tensor.dtype)
-
-    def upload(self, tensor, array):
-        tensor.storage[...] = np.reshape(array, tensor.shape)
-
-    def download(self, tensor):
-        return tensor.storage
 
 
 class MinimalRuntime(Runtime):

@@ -2,41 +2,45 @@
 
 q [seq, heads*dim, 1, 1] (packed, as MNN's transformer-fused export emits) or [1, seq, heads, dim];
 k and v likewise with kv heads. Grouped-query heads share kv heads. A scalar mask means
-"causal"; a full float mask is added to the scores; an int mask zeroes where it is 0.
+"causal"; a full float mask is added to the scores; an int mask blocks where it is 0.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.core.backend import Execution
+from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused, UnsupportedError, attention_mask
 
 
-class KVCache:
-    """[kv_heads, capacity, dim] keys and values; grows by doubling, never re-copied per step."""
+class HostKVCache(KVCache):
+    """[kv_heads, capacity, dim] keys and values in host memory."""
+
+    min_capacity = 128
 
     def __init__(self) -> None:
+        super().__init__()
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
-        self.length = 0
 
-    def truncate(self, length: int) -> None:
-        self.length = max(0, min(self.length, length))
+    def grow(self, capacity: int) -> None:
+        grown = []
+        for old in (self.k, self.v):
+            new = np.zeros((self._heads, capacity, self._dim), np.float32)
+            if old is not None:
+                new[:, :self.length] = old[:, :self.length]
+            grown.append(new)
+        self.k, self.v = grown
 
-    def append(self, k: np.ndarray, v: np.ndarray) -> None:
+    def write(self, k: np.ndarray, v: np.ndarray, seq: int) -> None:
         """k, v: [seq, kv_heads, dim]."""
-        seq, heads, dim = k.shape
-        need = self.length + seq
-        if self.k is None or need > self.k.shape[1]:
-            capacity = max(need, 2 * (self.k.shape[1] if self.k is not None else 64))
-            grown_k = np.zeros((heads, capacity, dim), np.float32)
-            grown_v = np.zeros((heads, capacity, dim), np.float32)
-            if self.k is not None:
-                grown_k[:, :self.length] = self.k[:, :self.length]
-                grown_v[:, :self.length] = self.v[:, :self.length]
-            self.k, self.v = grown_k, grown_v
-        self.k[:, self.length:need] = k.transpose(1, 0, 2)
-        self.v[:, self.length:need] = v.transpose(1, 0, 2)
-        self.length = need
+        self.k[:, self.length:self.length + seq] = k.transpose(1, 0, 2)
+        self.v[:, self.length:self.length + seq] = v.transpose(1, 0, 2)
+
+    def add(self, k: np.ndarray, v: np.ndarray) -> None:
+        self._heads, self._dim = k.shape[1], k.shape[2]
+        self.append(k, v, k.shape[0])
+
+    def keys(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.k[:, :self.length], self.v[:, :self.length]
 
 
 def softmax_last(x: np.ndarray) -> np.ndarray:
@@ -47,59 +51,46 @@ def softmax_last(x: np.ndarray) -> np.ndarray:
 
 
 class AttentionExecution(Execution):
-    def __init__(self, backend, use_cache: bool, scale: float, heads: tuple[int, int, int] | None,
-                 cache: KVCache | None = None):
+    def __init__(self, backend, params: AttentionParams, cache: HostKVCache | None = None):
         super().__init__(backend)
-        self.use_cache = use_cache
-        self.scale = scale
-        self.heads = heads  # (num_head, kv_num_head, head_dim) when q/k/v are packed
-        self.cache = cache if cache is not None else KVCache()
-
-    def _split(self, tensor, kv: bool) -> np.ndarray:
-        x = tensor.storage
-        if x.ndim == 4 and x.shape[2] == 1 and x.shape[3] == 1:
-            if self.heads is None:
-                raise ValueError("packed attention inputs need the head configuration")
-            num_head, kv_num_head, dim = self.heads
-            return x.reshape(x.shape[0], kv_num_head if kv else num_head, dim)
-        return x.reshape(x.shape[-3], x.shape[-2], x.shape[-1])
+        self.params = params
+        self.cache = cache if cache is not None else HostKVCache()
 
     def on_execute(self, inputs, outputs) -> None:
-        q = self._split(inputs[0], False)
-        k = self._split(inputs[1], True)
-        v = self._split(inputs[2], True)
-        seq, num_head, dim = q.shape
-        kv_heads = k.shape[1]
+        layout = self.params.layout(inputs[0].shape, inputs[1].shape)
+        if layout is None:
+            raise UnsupportedError("packed attention inputs need the head configuration", field="heads")
+        seq, num_head, kv_heads, dim = layout
+        q = inputs[0].storage.reshape(seq, num_head, dim)
+        k = inputs[1].storage.reshape(-1, kv_heads, dim)
+        v = inputs[2].storage.reshape(-1, kv_heads, dim)
         group = num_head // kv_heads
-        if self.use_cache:
-            meta = self.backend.runtime.hints.get("kv_meta")
-            past = meta.previous - meta.remove if meta is not None else self.cache.length
-            self.cache.truncate(past)
-            past = self.cache.length
-            self.cache.append(k, v)
-            keys = self.cache.k[:, :self.cache.length]
-            values = self.cache.v[:, :self.cache.length]
+        if self.params.kv_cache:
+            past = self.cache.begin_step(self.backend.kv_meta)
+            self.cache.add(k, v)
+            keys, values = self.cache.keys()
         else:
             past = 0
             keys, values = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
         total = keys.shape[1]
-        scale = self.scale if self.scale else 1.0 / np.sqrt(dim)
         queries = q.reshape(seq, kv_heads, group, dim).transpose(1, 2, 0, 3)  # [kvh, group, seq, dim]
-        scores = np.matmul(queries, keys.transpose(0, 2, 1)[:, None]) * np.float32(scale)
-        self._mask(scores, inputs[3].storage if len(inputs) > 3 else None, past, seq, total)
+        scores = np.matmul(queries, keys.transpose(0, 2, 1)[:, None]) * np.float32(self.params.scale_for(dim))
+        mask = inputs[3] if len(inputs) > 3 else None
+        self._mask(scores, mask, past, seq, total)
         probs = softmax_last(scores)
         context = np.matmul(probs, values[:, None])  # [kvh, group, seq, dim]
         outputs[0].storage.reshape(seq, kv_heads, group, dim)[...] = context.transpose(2, 0, 1, 3)
 
     @staticmethod
-    def _mask(scores: np.ndarray, mask: np.ndarray | None, past: int, seq: int, total: int) -> None:
-        if mask is None or mask.size == 1:
+    def _mask(scores: np.ndarray, mask, past: int, seq: int, total: int) -> None:
+        kind = attention_mask(mask, seq).kind
+        if kind == "causal":
             if seq > 1:
                 allowed = np.arange(total)[None, :] <= (past + np.arange(seq))[:, None]
                 scores[..., ~allowed] = -np.inf
             return
-        m = mask.reshape(mask.shape[-2], mask.shape[-1])[-seq:]
-        if np.issubdtype(m.dtype, np.integer):
+        m = mask.storage.reshape(mask.shape[-2], mask.shape[-1])[-seq:]
+        if kind == "int":
             m = np.where(m == 0, -np.inf, 0.0).astype(np.float32)
         if m.shape[-1] == total:
             scores += m
@@ -107,15 +98,13 @@ class AttentionExecution(Execution):
             scores[..., total - m.shape[-1]:] += m
 
     def on_clone(self, backend, op):
-        return AttentionExecution(backend, self.use_cache, self.scale, self.heads, self.cache)
+        return AttentionExecution(backend, self.params, self.cache)
 
 
 def create_attention(backend, inputs, outputs, op):
-    p = op.param
-    heads = op.extra.get("heads")
-    scale = float(getattr(p, "attnScale", 0.0) or 0.0) if p is not None else 0.0
-    use_cache = bool(getattr(p, "kvCache", True)) if p is not None else True
-    return AttentionExecution(backend, use_cache, scale, heads)
+    if inputs[0].shape and op.param.layout(inputs[0].shape, inputs[1].shape) is None:
+        return Refused("the inputs do not say the head layout")
+    return AttentionExecution(backend, op.param)
 
 
 CREATORS = {"Attention": create_attention}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.core.backend import Execution
+from mnnllm_core.backend_api import RELU, RELU6, Execution, Refused
 
 
 def _silu(x):
@@ -56,7 +56,7 @@ def _erf(x):
     return np.vectorize(erf, otypes=[x.dtype])(x)
 
 
-ACTIVATIONS = {0: None, 1: lambda x: np.maximum(x, 0), 2: lambda x: np.clip(x, 0, 6)}
+ACTIVATIONS = {0: None, RELU: lambda x: np.maximum(x, 0), RELU6: lambda x: np.clip(x, 0, 6)}
 
 
 class BinaryExecution(Execution):
@@ -92,40 +92,38 @@ class SelectExecution(Execution):
         outputs[0].storage[...] = np.where(inputs[0].storage != 0, inputs[1].storage, inputs[2].storage)
 
 
-class FunctionExecution(Execution):
+class EltwiseExecution(Execution):
+    """Folds every input with one binary function, left to right."""
+
     def __init__(self, backend, function):
         super().__init__(backend)
         self.function = function
 
     def on_execute(self, inputs, outputs) -> None:
-        outputs[0].storage[...] = self.function(inputs[0].storage)
+        acc = inputs[0].storage
+        for t in inputs[1:]:
+            acc = self.function(acc, t.storage)
+        outputs[0].storage[...] = acc
 
 
 def _binary(backend, inputs, outputs, op):
-    function = BINARY.get(op.extra.get("operation"))
+    function = BINARY.get(op.param.operation)
     if function is None:
-        return None
-    return BinaryExecution(backend, function, ACTIVATIONS.get(int(getattr(op.param, "activationType", 0) or 0)))
+        return Refused(f"no {op.param.operation} kernel")
+    return BinaryExecution(backend, function, ACTIVATIONS.get(op.param.activation))
 
 
 def _unary(backend, inputs, outputs, op):
-    function = UNARY.get(op.extra.get("operation"))
-    return None if function is None else UnaryExecution(backend, function)
+    function = UNARY.get(op.param.operation)
+    return Refused(f"no {op.param.operation} kernel") if function is None else UnaryExecution(backend, function)
+
+
+ELTWISE = {"PROD": np.multiply, "SUM": np.add, "MAXIMUM": np.maximum, "SUB": np.subtract}
 
 
 def _eltwise(backend, inputs, outputs, op):
-    name = op.extra.get("operation", "SUM")
-    if name not in ("PROD", "SUM", "MAXIMUM", "SUB"):
-        return None
-    reduce = {"PROD": np.multiply, "SUM": np.add, "MAXIMUM": np.maximum, "SUB": np.subtract}[name]
-
-    class Eltwise(Execution):
-        def on_execute(self, ins, outs):
-            acc = ins[0].storage
-            for t in ins[1:]:
-                acc = reduce(acc, t.storage)
-            outs[0].storage[...] = acc
-    return Eltwise(backend)
+    function = ELTWISE.get(op.param.operation)
+    return Refused(f"no {op.param.operation} kernel") if function is None else EltwiseExecution(backend, function)
 
 
 def _softmax(x, axis):
@@ -135,8 +133,15 @@ def _softmax(x, axis):
 
 
 def _softmax_creator(backend, inputs, outputs, op):
-    axis = int(getattr(op.param, "axis", -1) if op.param is not None else -1)
-    return FunctionExecution(backend, lambda x: _softmax(x, axis))
+    axis = op.param.axis
+    return UnaryExecution(backend, lambda x: _softmax(x, axis))
+
+
+def _relu(backend, inputs, outputs, op):
+    slope = op.param.slope
+    if not slope:
+        return UnaryExecution(backend, lambda x: np.maximum(x, 0))
+    return UnaryExecution(backend, lambda x: np.where(x > 0, x, x * slope))
 
 
 CREATORS = {
@@ -145,9 +150,8 @@ CREATORS = {
     "Eltwise": _eltwise,
     "Cast": lambda b, i, o, op: CastExecution(b),
     "Select": lambda b, i, o, op: SelectExecution(b),
-    "ReLU": lambda b, i, o, op: FunctionExecution(b, lambda x: np.maximum(x, 0) if not getattr(op.param, "slope", 0)
-                                                  else np.where(x > 0, x, x * op.param.slope)),
-    "Sigmoid": lambda b, i, o, op: FunctionExecution(b, UNARY["SIGMOID"]),
-    "TanH": lambda b, i, o, op: FunctionExecution(b, np.tanh),
+    "ReLU": _relu,
+    "Sigmoid": lambda b, i, o, op: UnaryExecution(b, UNARY["SIGMOID"]),
+    "TanH": lambda b, i, o, op: UnaryExecution(b, np.tanh),
     "Softmax": _softmax_creator,
 }

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.core.backend import Execution
-
+from mnnllm_core.backend_api import RELU, RELU6, Execution, Refused, linear_weights
 
 FEW_ROWS = 64
 
 
 class LinearExecution(Execution):
-    def __init__(self, backend, weight: np.ndarray, bias: np.ndarray | None, relu: bool, relu6: bool):
+    def __init__(self, backend, weight: np.ndarray, bias: np.ndarray | None, activation: int):
         super().__init__(backend)
         self.weight = weight  # [oc, ic] float32, shared by clones
         self.bias = bias
-        self.relu, self.relu6 = relu, relu6
+        self.activation = activation
         self.packed_bytes = weight.nbytes + (bias.nbytes if bias is not None else 0)
 
     def on_execute(self, inputs, outputs) -> None:
@@ -30,24 +29,20 @@ class LinearExecution(Execution):
             np.dot(x.reshape(rows, -1), self.weight.T, out=out)
         if self.bias is not None:
             out += self.bias
-        if self.relu6:
+        if self.activation == RELU6:
             np.clip(out, 0, 6, out=out)
-        elif self.relu:
+        elif self.activation == RELU:
             np.maximum(out, 0, out=out)
 
     def on_clone(self, backend, op):
-        return LinearExecution(backend, self.weight, self.bias, self.relu, self.relu6)
+        return LinearExecution(backend, self.weight, self.bias, self.activation)
 
 
 def create_linear(backend, inputs, outputs, op):
-    common = op.param.common
-    if int(common.kernelX or 1) != 1 or int(common.kernelY or 1) != 1 or int(common.group or 1) != 1:
-        return None
-    weights = op.weights.convolution()
-    dense = weights.dense if weights.dense is not None else weights.quantized.dequantize()
-    dense = np.ascontiguousarray(dense, dtype=np.float32)
-    bias = None if weights.bias is None or not np.any(weights.bias) else weights.bias.astype(np.float32)
-    return LinearExecution(backend, dense, bias, bool(common.relu), bool(common.relu6))
+    weights = linear_weights(op)
+    if isinstance(weights, Refused):
+        return weights
+    return LinearExecution(backend, weights.dequantize(), weights.nonzero_bias, op.param.activation)
 
 
 CREATORS = {"Convolution": create_linear}

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.core.backend import Execution
-from mnnllm_core.core.op_params import layernorm_params
+from mnnllm_core.backend_api import Execution, LayerNormParams, check_norm_lengths
 
 
 def normalize(x: np.ndarray, gamma, beta, eps: float, rms: bool) -> np.ndarray:
@@ -24,44 +23,39 @@ def normalize(x: np.ndarray, gamma, beta, eps: float, rms: bool) -> np.ndarray:
 
 
 class LayerNormExecution(Execution):
-    def __init__(self, backend, gamma, beta, eps: float, rms: bool, axis_count: int, group: int, channel_axis: bool):
+    def __init__(self, backend, params: LayerNormParams, gamma, beta):
         super().__init__(backend)
+        self.params = params
         self.gamma, self.beta = gamma, beta
-        self.eps, self.rms = eps, rms
-        self.axis_count, self.group = axis_count, group
-        self.channel_axis = channel_axis  # C4 tensors normalize over channels
         self.packed_bytes = sum(a.nbytes for a in (gamma, beta) if a is not None)
 
+    def on_resize(self, inputs, outputs) -> None:
+        check_norm_lengths(self.params.layout(inputs[0].shape), *(0 if a is None else a.size
+                                                                  for a in (self.gamma, self.beta)))
+
     def on_execute(self, inputs, outputs) -> None:
+        p = self.params
         x = inputs[0].storage
         if len(inputs) == 2:
             outputs[0].storage[...] = x + inputs[1].storage
             x, target = outputs[0].storage, outputs[1].storage
         else:
             target = outputs[0].storage
-        if self.channel_axis and x.ndim == 4:
-            moved = np.moveaxis(x, 1, -1)
-            y = normalize(moved, self.gamma, self.beta, self.eps, self.rms)
+        if p.channel_axis and x.ndim == 4:  # C4 tensors normalize over channels
+            y = normalize(np.moveaxis(x, 1, -1), self.gamma, self.beta, p.epsilon, p.rms)
             target[...] = np.moveaxis(y, -1, 1)
             return
-        shape = x.shape
-        if self.group > 1:
-            # as MNN's CPULayerNorm: a group spans every dim after the first; gamma/beta cover one group
-            grouped = x.reshape(shape[0], self.group, -1)
-            target[...] = normalize(grouped, self.gamma, self.beta, self.eps, self.rms).reshape(target.shape)
-            return
-        inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
-        y = normalize(x.reshape(-1, inner), self.gamma, self.beta, self.eps, self.rms)
+        layout = p.layout(x.shape)
+        y = normalize(x.reshape(-1, layout.length), self.gamma, self.beta, p.epsilon, p.rms)
         target[...] = y.reshape(target.shape)
 
     def on_clone(self, backend, op):
-        return LayerNormExecution(backend, self.gamma, self.beta, self.eps, self.rms, self.axis_count, self.group,
-                                  self.channel_axis)
+        return LayerNormExecution(backend, self.params, self.gamma, self.beta)
 
 
 def create_layernorm(backend, inputs, outputs, op):
-    p = layernorm_params(op)
-    return LayerNormExecution(backend, p.gamma, p.beta, p.epsilon, p.rms, p.axis_count, p.group, p.channel_axis)
+    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    return LayerNormExecution(backend, op.param, gamma, beta)
 
 
 CREATORS = {"LayerNorm": create_layernorm}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from mnnllm_core.core.backend import Execution
+from mnnllm_core.backend_api import Execution, RasterParam
 
 
 def _box(flat: np.ndarray, offset: int, stride, size) -> np.ndarray:
@@ -13,9 +13,9 @@ def _box(flat: np.ndarray, offset: int, stride, size) -> np.ndarray:
 
 
 class RasterExecution(Execution):
-    def __init__(self, backend, op):
+    def __init__(self, backend, param: RasterParam):
         super().__init__(backend)
-        self.param = op.param
+        self.param = param
 
     def on_execute(self, inputs, outputs) -> None:
         dst = outputs[0].storage.reshape(-1)
@@ -28,4 +28,4 @@ class RasterExecution(Execution):
                 src, region.src.offset, region.src.stride, region.size)
 
 
-CREATORS = {"Raster": lambda backend, inputs, outputs, op: RasterExecution(backend, op)}
+CREATORS = {"Raster": lambda backend, inputs, outputs, op: RasterExecution(backend, op.param)}

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.core.backend import Execution
-from mnnllm_core.core.op_params import NormParams, RoPEParams, rope_params
+from mnnllm_core.backend_api import Execution, QKNorm, Refused, RoPEParams
 
 from .norm import normalize
 
@@ -25,7 +24,7 @@ class RoPEExecution(Execution):
         super().__init__(backend)
         self.params = params
 
-    def _apply(self, x, heads: int, norm: NormParams | None, cos, sin, out) -> None:
+    def _apply(self, x, heads: int, norm: QKNorm | None, cos, sin, out) -> None:
         seq, head_dim = cos.shape[0], self.params.head_dim
         h = x.reshape(seq, heads, head_dim)
         if norm is not None:
@@ -46,8 +45,9 @@ class RoPEExecution(Execution):
 
 
 def create_rope(backend, inputs, outputs, op):
-    params = rope_params(op)
-    return None if params is None else RoPEExecution(backend, params)
+    if op.param is None:
+        return Refused("the RoPE table has no head layout")
+    return RoPEExecution(backend, op.param)
 
 
 CREATORS = {"RoPE": create_rope}

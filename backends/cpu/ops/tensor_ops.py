@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.core.backend import Execution
+from mnnllm_core.backend_api import Execution, Refused
 
 
 class GatherExecution(Execution):
@@ -50,9 +50,9 @@ REDUCE = {
 
 
 class ReductionExecution(Execution):
-    def __init__(self, backend, function, axes, keep):
+    def __init__(self, backend, function, axes):
         super().__init__(backend)
-        self.function, self.axes, self.keep = function, axes, keep
+        self.function, self.axes = function, axes
 
     def on_execute(self, inputs, outputs) -> None:
         x = inputs[0].storage
@@ -61,21 +61,20 @@ class ReductionExecution(Execution):
 
 
 def _gather(backend, inputs, outputs, op):
-    return GatherExecution(backend, len(inputs) > 2, int(getattr(op.param, "axis", 0) or 0) if op.param else 0)
+    return GatherExecution(backend, len(inputs) > 2, op.param.axis)
 
 
 def _matmul(backend, inputs, outputs, op):
-    p = op.param
-    return MatMulExecution(backend, bool(getattr(p, "transposeA", False)), bool(getattr(p, "transposeB", False)))
+    return MatMulExecution(backend, op.param.transpose_a, op.param.transpose_b)
 
 
 def _reduction(backend, inputs, outputs, op):
-    p = op.param
-    function = REDUCE.get(op.extra.get("operation"))
-    if function is None or len(inputs) > 1:
-        return None
-    axes = [int(d) for d in (p.dim if p.dim is not None else [])]
-    return ReductionExecution(backend, function, axes, bool(p.keepDims))
+    function = REDUCE.get(op.param.operation)
+    if function is None:
+        return Refused(f"no {op.param.operation} reduction")
+    if len(inputs) > 1:
+        return Refused("dims as an input")
+    return ReductionExecution(backend, function, list(op.param.dims))
 
 
 CREATORS = {"GatherV2": _gather, "Gather": _gather, "MatMul": _matmul, "BatchMatMul": _matmul,

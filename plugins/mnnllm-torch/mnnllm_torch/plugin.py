@@ -3,9 +3,9 @@
 Importing this module imports no torch: the registry loads plugins whenever any backend is
 asked for, and a cpu user must not pay for torch (or break when it is missing).
 """
-from mnnllm_core.plugins.hookspecs import hookimpl
+from mnnllm_core.backend_api import hookimpl
 
-from .creator import TorchRuntimeCreator
+from .runtime import TorchRuntimeCreator
 
 
 @hookimpl

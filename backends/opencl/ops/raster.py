@@ -7,23 +7,13 @@ import numpy as np
 import pyopencl as cl
 import pyopencl.cltypes as cltypes
 
-from mnnllm_core.core.backend import Execution
+from mnnllm_core.backend_api import Execution, RasterParam, Refused, walks_contiguously
 
 ELEMENT_TYPES = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
 
-def contiguous(size, stride) -> bool:
-    """Whether the box walks consecutive elements (dims of extent 1 don't matter)."""
-    expected = 1
-    for n, s in zip(reversed(size), reversed(stride)):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
-
-
 class RasterExecution(Execution):
-    def __init__(self, backend, param):
+    def __init__(self, backend, param: RasterParam):
         super().__init__(backend)
         self.param = param
         self.steps = []
@@ -37,7 +27,8 @@ class RasterExecution(Execution):
             self.steps.append(lambda queue: cl.enqueue_fill_buffer(queue, out.storage, np.uint8(0), 0, nbytes))
         for region in self.param.regions:
             src = inputs[region.origin].storage
-            if contiguous(region.size, region.src.stride) and contiguous(region.size, region.dst.stride):
+            size = region.size
+            if walks_contiguously(size, region.src.stride) and walks_contiguously(size, region.dst.stride):
                 count = int(np.prod(region.size))
                 self.steps.append(lambda queue, src=src, count=count, region=region: backend.allocator.copy(
                     out.storage, src, count * item, region.dst.offset * item, region.src.offset * item))
@@ -59,7 +50,7 @@ class RasterExecution(Execution):
 def _raster(backend, inputs, outputs, op):
     items = {backend.storage_dtype(t).itemsize for t in (*inputs, outputs[0])}
     if len(items) != 1 or items.pop() not in ELEMENT_TYPES:
-        return None
+        return Refused("sources and destination of different element sizes")
     return RasterExecution(backend, op.param)
 
 

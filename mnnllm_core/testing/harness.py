@@ -1,11 +1,11 @@
-"""Run one op (or a few) through the real core path on the cpu backend.
+"""Run one op (or a few) through the real core path on any backend.
 
-A test describes a tiny graph; the harness turns it into a `ScheduleInfo` and runs it
-with `StaticModule` on a cpu `RuntimeManager`, so shape inference (SizeComputer),
-folding of host-known values, geometry lowering to Raster and the Execution all run
+A test describes a tiny graph; the harness turns it into a `ScheduleInfo` and runs it with
+`StaticModule` on a `RuntimeManager`, so shape inference, folding of host-known values,
+geometry lowering to Raster, placement (with fallback to cpu) and the Execution all run
 exactly as they do for a model loaded from disk.
 
-    result = run_op(Op("BinaryOp", "add", BinaryOpT(), extra={"operation": "ADD"}), [a, Const(b)])
+    result = run_op(Op("BinaryOp", "add", param=BinaryParams("ADD")), [a, Const(b)])
     result.outputs[0], result.command_types  # ["BinaryOp"]
 
 Inputs given as arrays are fed at run time; `Const(array)` makes a constant tensor
@@ -19,14 +19,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mnnllm_core.core.backend import ScheduleConfig
-from mnnllm_core.core.op import Op
-from mnnllm_core.core.schedule import OpNode, ScheduleInfo
-from mnnllm_core.express.op_weights import ConvolutionWeights
-from mnnllm_core.express.pipeline_module import _shape_inputs
-from mnnllm_core.express.quant import FloatWeight
-from mnnllm_core.express.runtime_manager import RuntimeManager
-from mnnllm_core.express.static_module import Config, StaticModule
+from ..core.backend import BackendConfig, ScheduleConfig
+from ..core.op import Op
+from ..core.schedule import OpNode, ScheduleInfo
+from ..core.weights import ConvolutionWeights, FloatWeight
+from ..express.pipeline_module import _shape_inputs
+from ..express.runtime_manager import RuntimeManager
+from ..express.static_module import Config, StaticModule
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,13 @@ class Const:
     """A constant input: its value is known when the graph is resized."""
 
     value: np.ndarray
+
+
+@dataclass(frozen=True)
+class Again:
+    """The same graph input as an earlier position (an op reading one tensor twice)."""
+
+    index: int
 
 
 @dataclass
@@ -97,14 +103,17 @@ class Graph:
         return info
 
 
+def new_runtime(backend: str = "cpu", thread_num: int = 2, precision: str = "normal",
+                hints: dict[str, Any] | None = None) -> RuntimeManager:
+    """A runtime of its own (with its own KV meta) on `backend`."""
+    config = ScheduleConfig(backend_type=backend, thread_num=thread_num, backend_config=BackendConfig(precision))
+    return RuntimeManager.create(config, hints)
+
+
 @lru_cache(maxsize=1)
 def shared_runtime() -> RuntimeManager:
     """One cpu runtime for stateless ops (Attention tests make their own: it holds the KV meta)."""
     return new_runtime()
-
-
-def new_runtime(thread_num: int = 2) -> RuntimeManager:
-    return RuntimeManager.create(ScheduleConfig(backend_type="cpu", thread_num=thread_num))
 
 
 def make_module(info: ScheduleInfo, runtime: RuntimeManager | None = None, **config: Any) -> StaticModule:
@@ -126,19 +135,28 @@ class OpResult:
         return self.module.session.pipeline.placement.summary()
 
 
-def run_op(op: Op, inputs: Sequence[np.ndarray | Const], outputs: int = 1,
-           runtime: RuntimeManager | None = None) -> OpResult:
-    """Run `op` on these inputs: arrays are graph inputs (fed), `Const`s constant tensors."""
+def one_op_graph(op: Op, inputs: Sequence[np.ndarray | Const | Again], outputs: int = 1) -> tuple[ScheduleInfo, dict]:
+    """The schedule of `op` alone and its feeds: arrays are graph inputs in0, in1, ...,
+    `Const`s constant tensors, `Again(k)` the k-th input once more."""
     graph = Graph()
     feeds, indexes = {}, []
     for k, value in enumerate(inputs):
         if isinstance(value, Const):
             indexes.append(graph.const(value.value))
+        elif isinstance(value, Again):
+            indexes.append(indexes[value.index])
         else:
             array = np.asarray(value)
             name = f"in{k}"
             indexes.append(graph.input(name, array.dtype))
             feeds[name] = array
     produced = graph.add(op, indexes, outputs)
-    module = make_module(graph.schedule(produced), runtime)
+    return graph.schedule(produced), feeds
+
+
+def run_op(op: Op, inputs: Sequence[np.ndarray | Const], outputs: int = 1,
+           runtime: RuntimeManager | None = None) -> OpResult:
+    """Run `op` on these inputs: arrays are graph inputs (fed), `Const`s constant tensors."""
+    info, feeds = one_op_graph(op, inputs, outputs)
+    module = make_module(info, runtime)
     return OpResult(module.forward(feeds), module)

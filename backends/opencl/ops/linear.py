@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mnnllm_core.core.backend import Execution
-from mnnllm_core.express.quant import QuantizedWeight
+from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
+
+from ..device import KernelExecution
 
 log = logging.getLogger(__name__)
 
@@ -42,40 +43,31 @@ class PackedLinear:
     weight_half: bool = False
 
 
-def pack(backend, weights) -> PackedLinear:
+def pack(backend, weights: ConvolutionWeights) -> PackedLinear:
     """The layer's weights in the layout of its kernel, uploaded once."""
     alloc = backend.allocator
-    w = weights.quantized
-    bias = weights.bias
-    has_bias = bias is not None and bool(np.any(bias))
-    bias_buffer = alloc.constant(np.asarray(bias if has_bias else np.zeros(1), np.float32))
+    w, bias = weights.quantized, weights.nonzero_bias
+    bias_buffer = alloc.constant(bias if bias is not None else np.zeros(1, np.float32))
     if isinstance(w, QuantizedWeight):
-        scales = np.stack([w.scale, w.zero], axis=-1).astype(np.float32)
-        codes = w.unpack()
+        scales = alloc.constant(w.scale_zero())
         if w.bits == 4 and w.is_linear and w.block_size % 32 == 0:
-            blocks = codes.reshape(w.oc, w.n_blocks, 2, w.block_size // 2)
+            blocks = w.unpack().reshape(w.oc, w.n_blocks, 2, w.block_size // 2)
             packed = blocks[:, :, 0] | (blocks[:, :, 1] << 4)
             return PackedLinear("q4", w.oc, w.ic, w.block_size, 8, alloc.constant(packed.reshape(-1)),
-                                alloc.constant(scales), bias_buffer, has_bias)
-        if w.is_linear:
-            offset = 1 << (w.bits - 1)
-        else:
-            codes = (np.take(w.value_map, codes).astype(np.int16) + 128).astype(np.uint8)
-            offset = 128
+                                scales, bias_buffer, bias is not None)
+        codes, offset = w.offset_codes()
         return PackedLinear("q8", w.oc, w.ic, w.block_size, offset, alloc.constant(codes.reshape(-1)),
-                            alloc.constant(scales), bias_buffer, has_bias)
-    dense = w.data
-    half = dense.dtype == np.float16 or backend.config.precision == "low"
-    data = np.ascontiguousarray(dense, np.float16 if half else np.float32)
+                            scales, bias_buffer, bias is not None)
+    half = w.data.dtype == np.float16 or backend.config.precision == "low"
+    data = np.ascontiguousarray(w.data, np.float16 if half else np.float32)
     return PackedLinear("f", w.oc, w.ic, w.ic, 0, alloc.constant(data.reshape(-1)),
-                        alloc.constant(np.zeros(2, np.float32)), bias_buffer, has_bias, half)
+                        alloc.constant(np.zeros(2, np.float32)), bias_buffer, bias is not None, half)
 
 
-class LinearExecution(Execution):
+class LinearExecution(KernelExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
         self.packed, self.act = packed, act
-        self.kernel = None
         self.packed_bytes = sum(getattr(b, "size", 0) for b in (packed.weight, packed.scales, packed.bias))
 
     def on_resize(self, inputs, outputs) -> None:
@@ -91,23 +83,17 @@ class LinearExecution(Execution):
             inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
             *(np.int32(v) for v in (p.ic, p.oc, rows, p.block, p.offset, p.has_bias, self.act)))
 
-    def on_execute(self, inputs, outputs) -> None:
-        self.kernel(self.backend.queue)
-
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
 
 
 def create_linear(backend, inputs, outputs, op):
-    common = op.param.common
-    if int(common.kernelX or 1) != 1 or int(common.kernelY or 1) != 1 or int(common.group or 1) != 1:
-        return None
-    if op.weights is None:
-        return None
-    packed = pack(backend, op.weights.convolution())
-    act = 2 if common.relu6 else 1 if common.relu else 0
+    weights = linear_weights(op)
+    if isinstance(weights, Refused):
+        return weights
+    packed = pack(backend, weights)
     log.debug("packed %s as %s [%d, %d]", op.name, packed.format, packed.oc, packed.ic)
-    return LinearExecution(backend, packed, act)
+    return LinearExecution(backend, packed, op.param.activation)
 
 
 CREATORS = {"Convolution": create_linear}

@@ -1,0 +1,75 @@
+"""Fused Attention with its KV cache resident on the device, driven by the KV meta.
+
+q [seq, heads*dim, 1, 1] (packed) or [1, seq, heads, dim], k/v likewise with kv heads: both
+are token-major [seq, heads, dim] in memory, as the cache (`DeviceKVCache`) keeps them: a step
+appends with one device-side copy per tensor and nothing goes back to the host.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.backend_api import AttentionParams, DeviceKVCache, Execution, Refused, UnsupportedError, attention_mask
+
+
+class AttentionExecution(Execution):
+    def __init__(self, backend, params: AttentionParams, cache: DeviceKVCache | None = None):
+        super().__init__(backend)
+        self.params = params
+        self.cache = cache if cache is not None else DeviceKVCache(backend.allocator.alloc, backend.allocator.copy)
+        self.kernel = None
+        self.bound = None  # the cache buffer the kernel's k argument points at
+        self.kv_seq = 0
+
+    def on_resize(self, inputs, outputs) -> None:
+        shape = self.params.layout(inputs[0].shape, inputs[1].shape)
+        if shape is None or shape[3] % 4:
+            raise UnsupportedError(f"opencl Attention needs known heads and head_dim % 4 == 0, got {shape}",
+                                   field="heads")
+        seq, heads, kv_heads, dim = shape
+        kv_seq = inputs[1].size // (kv_heads * dim)  # keys of this step: q's length only for self-attention
+        mask = inputs[3] if len(inputs) > 3 else None
+        kind = attention_mask(mask, seq)
+        defines = {"HEAD_DIM": dim}
+        if kind.kind == "int":
+            defines["MASK_INT"] = 1
+        self.cache.row_bytes = kv_heads * dim * self.backend.storage_dtype(inputs[1]).itemsize
+        self.kv_seq, self.bound = kv_seq, None
+        mask_buffer = mask.storage if mask is not None else inputs[0].storage
+        self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
+            (seq, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
+            outputs[0].storage, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.int32(0), np.int32(kv_seq),
+            np.float32(self.params.scale_for(dim)), np.int32(kind.kind != "causal"), np.int32(kind.rows),
+            np.int32(kind.cols))
+
+    def on_execute(self, inputs, outputs) -> None:
+        if self.params.kv_cache:
+            past = self.cache.begin_step(self.backend.kv_meta)
+            self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
+            kernel = self.kernel.kernel
+            if self.bound is not self.cache.k:  # the cache grew (or a clone grew it): rebind
+                kernel.set_arg(1, self.cache.k)
+                kernel.set_arg(2, self.cache.v)
+                self.bound = self.cache.k
+            kernel.set_arg(8, np.int32(past))
+            kernel.set_arg(9, np.int32(self.cache.length))
+        self.kernel(self.backend.queue)
+
+    def on_clone(self, backend, op):
+        return AttentionExecution(backend, self.params, self.cache)
+
+
+def create_attention(backend, inputs, outputs, op):
+    """Refused (cpu fallback) when the shapes are known and the heads are not, or head_dim is not
+    a multiple of 4. The core creates Attention before shapes are known (so that clones share its
+    cache): then the op's heads decide, and on_resize checks again."""
+    p = op.param
+    if p.heads is not None and p.heads[2] % 4:
+        return Refused("head_dim is not a multiple of 4")
+    if inputs[0].shape:
+        shape = p.layout(inputs[0].shape, inputs[1].shape)
+        if shape is None or shape[3] % 4:
+            return Refused("unknown heads, or head_dim not a multiple of 4")
+    return AttentionExecution(backend, p)
+
+
+CREATORS = {"Attention": create_attention}

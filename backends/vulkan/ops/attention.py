@@ -1,0 +1,110 @@
+"""Attention with a device-resident KV cache (causal scalar mask, float or int full mask, GQA):
+three dispatches per run, scores (+ mask), softmax in place, context; scores live in a scratch
+buffer of [seq, heads, capacity]. With the cache, k and v are first appended to the device cache
+(token-major rows, shared by the clones; a cache doubled past maxStorageBufferRange grows only to
+what it needs)."""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.backend_api import (FLOAT32, INT32, AttentionParams, DeviceKVCache, Execution, Refused,
+                                     UnsupportedError, attention_mask)
+
+from ..device import Dispatch, fold, pack_push, vk
+
+LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
+MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+
+
+class AttentionExecution(Execution):
+    def __init__(self, backend, params: AttentionParams, cache: DeviceKVCache | None = None):
+        super().__init__(backend)
+        self.params = params
+        self.cache = cache if cache is not None else DeviceKVCache(backend.device.alloc, backend.recorder.copy,
+                                                                   backend.device.fits)
+        self.shape = None
+        self.kv_seq = 0
+        self.mask = (0, 1, 1)
+        self.scratch = None
+        self.bound = None  # (keys, values, scratch) the dispatches bind
+        self.dispatches = None
+
+    def on_resize(self, inputs, outputs) -> None:
+        shape = self.params.layout(inputs[0].shape, inputs[1].shape)
+        if shape is None or shape[1] % shape[2]:
+            raise UnsupportedError(f"vulkan Attention needs known heads (a multiple of kv heads), got {shape}",
+                                   field="heads")
+        seq, heads, kv_heads, dim = shape
+        self.shape = shape
+        self.kv_seq = inputs[1].size // (kv_heads * dim)
+        self.cache.row_bytes = kv_heads * dim * 4
+        mask = attention_mask(inputs[3] if len(inputs) > 3 else None, seq)
+        self.mask = (1 if seq > 1 else 0, 1, 1) if mask.kind == "causal" else (MASK_MODES[mask.kind], mask.rows,
+                                                                               mask.cols)
+        self.bound = self.dispatches = None
+
+    def _dispatches(self, inputs, outputs, keys, values, stride):
+        device = self.backend.device
+        seq, heads, kv_heads, dim = self.shape
+        if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
+            self.scratch = device.alloc(seq * heads * stride * 4)
+        mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
+        if self.bound != (keys, values, self.scratch, stride):
+            self.dispatches = (
+                Dispatch(device, "attn_scores", [inputs[0].storage, keys, mask, self.scratch],
+                         pack_push("12i", *[0] * 12), (0, 0, 0)),
+                Dispatch(device, "attn_softmax", [self.scratch], pack_push("3i", 0, 0, 0), (0, 0, 0)),
+                Dispatch(device, "attn_context", [self.scratch, values, outputs[0].storage],
+                         pack_push("7i", *[0] * 7), (0, 0, 0)))
+            self.bound = (keys, values, self.scratch, stride)
+        return self.dispatches
+
+    def on_execute(self, inputs, outputs) -> None:
+        seq, heads, kv_heads, dim = self.shape
+        if self.params.kv_cache:
+            past = self.cache.begin_step(self.backend.kv_meta)
+            self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
+            keys, values, total, stride = self.cache.k, self.cache.v, self.cache.length, self.cache.capacity
+        else:
+            past, total = 0, self.kv_seq
+            keys, values, stride = inputs[1].storage, inputs[2].storage, self.kv_seq
+        if not self.backend.device.fits(seq * heads * stride * 4):
+            raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange",
+                                   field="attention")
+        scores, softmax, context = self._dispatches(inputs, outputs, keys, values, stride)
+        mode, rows, cols = self.mask
+        count = seq * heads * total
+        scores.groups, row = fold(-(-count // LOCAL), LOCAL)
+        scores.push = vk.ffi.new("char[]", pack_push("7if3iI", seq, heads, kv_heads, dim, past, total, stride,
+                                                     float(np.float32(self.params.scale_for(dim))), mode, rows,
+                                                     cols, row))
+        softmax.groups = (-(-(seq * heads) // 64), 1, 1)
+        softmax.push = vk.ffi.new("char[]", pack_push("3i", seq * heads, total, stride))
+        count = seq * heads * dim
+        context.groups, row = fold(-(-count // LOCAL), LOCAL)
+        context.push = vk.ffi.new("char[]", pack_push("6iI", seq, heads, kv_heads, dim, total, stride, row))
+        if seq and total:
+            recorder = self.backend.recorder
+            for item in (scores, softmax, context):
+                recorder.dispatch(item)
+
+    def on_clone(self, backend, op):
+        return AttentionExecution(backend, self.params, self.cache)
+
+
+def create_attention(backend, inputs, outputs, op):
+    """The core may create Attention before shapes are known (so that clones share its cache):
+    then the op's heads decide, and on_resize checks again."""
+    p = op.param
+    if p.heads is not None and p.heads[0] % p.heads[1]:
+        return Refused("heads not a multiple of kv heads")
+    if any(t.dtype != FLOAT32 for t in (*inputs[:3], outputs[0])):
+        return Refused("float32 only")
+    if len(inputs) > 3 and inputs[3].dtype not in (FLOAT32, INT32):
+        return Refused("a mask neither float32 nor int32")
+    if inputs[0].shape and p.layout(inputs[0].shape, inputs[1].shape) is None:
+        return Refused("the inputs do not say the head layout")
+    return AttentionExecution(backend, p)
+
+
+CREATORS = {"Attention": create_attention}

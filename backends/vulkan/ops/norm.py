@@ -1,0 +1,37 @@
+"""LayerNorm / RMSNorm as the cpu backend: last `axis_count` dims, groups (every dim after the
+first), the channel axis of NC4HW4 tensors, and the fused residual form (two inputs, two outputs)."""
+from __future__ import annotations
+
+from mnnllm_core.backend_api import FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch, norm_tables
+
+from ..device import Dispatch, DispatchExecution, pack_push
+
+
+class LayerNormExecution(DispatchExecution):
+    def __init__(self, backend, params: LayerNormParams, tables: NormTables):
+        super().__init__(backend)
+        self.params, self.tables = params, tables
+
+    def on_resize(self, inputs, outputs) -> None:
+        launch = layernorm_launch(self.params, self.tables, inputs, outputs)
+        rows, length, hw = launch.layout.rows, launch.layout.length, launch.layout.hw
+        push = pack_push("3ifi", rows, length, hw, self.params.epsilon, launch.flags)
+        self.dispatch = Dispatch(self.backend.device, "norm",
+                                 [inputs[0].storage, launch.second.storage, outputs[0].storage, launch.target.storage,
+                                  self.tables.gamma, self.tables.beta], push,
+                                 (-(-rows // 64), 1, 1) if rows else (0, 0, 0))
+
+    def on_clone(self, backend, op):
+        return LayerNormExecution(backend, self.params, self.tables)
+
+
+def create_layernorm(backend, inputs, outputs, op):
+    if any(t.dtype != FLOAT32 for t in (*inputs, *outputs)):
+        return Refused("float32 only")
+    if not backend.fits(*inputs, *outputs):
+        return Refused("a tensor exceeds maxStorageBufferRange")
+    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    return LayerNormExecution(backend, op.param, norm_tables(backend.device.constant, gamma, beta))
+
+
+CREATORS = {"LayerNorm": create_layernorm}

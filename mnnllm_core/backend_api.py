@@ -1,0 +1,71 @@
+"""Everything a backend author uses, in one module: a backend or plugin imports this and
+nothing else of mnnllm (a test checks that for `backends/` and `plugins/`).
+
+The contract (names after MNN's Backend.hpp, snake_case):
+
+  RuntimeCreator  entry point: `name`, `static_shapes`, `settings` (which of SETTINGS it
+                  honours), `is_available()` (a probe running a tiny kernel), `create()`,
+                  `devices()`
+  Runtime         device state shared by every session: `op_creators`, `create_backend()`
+  Backend         one session's memory and op creation: `alloc` (storage for a tensor),
+                  `buffer_key` (which tensors may share storage; reuse is the core's
+                  BufferPool), `upload`, `download`; `kv_meta`, the KV cache state of this step
+  HostBackend     a Backend whose storage is numpy arrays
+  Execution       one op: `on_resize`, `on_execute`, `on_clone` (share packed weights)
+  Refused         what a creator returns for an op it does not run, with the reason
+
+An op creator is `creator(backend, inputs, outputs, op) -> Execution | Refused | None`;
+`op.type` is MNN's op type name and `op.param` its parameters, decoded once at schedule time
+into the dataclasses below (ConvolutionParams for "Convolution", RasterParam for "Raster",
+...); `op.weights` (ConvolutionWeights, norm gamma/beta) is there until the creator packs it.
+
+Shared machinery: `KVCache` (one Attention layer's cache bookkeeping; `DeviceKVCache` for a
+device cache of token-major rows), `broadcast_strides` and
+`walks_contiguously` (views device kernels walk), `norm_tables` / `layernorm_launch` /
+`head_norm_tables` (norm tables as device kernels take them), the weights' `scale_zero()`,
+`offset_codes()` and `dequantize()` (packing).
+
+Check a backend with `mnnllm test-backend NAME` (the conformance suite, mnnllm_core.testing).
+"""
+from __future__ import annotations
+
+from .core.allocator import BufferPool
+from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
+                           RuntimeCreator, ScheduleConfig)
+from .core.dtypes import FLOAT32, INT32
+from .core.kv_cache import DeviceKVCache, KVCache
+from .core.kv_meta import KVMeta
+from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
+                               layernorm_launch, norm_tables)
+from .core.op import Op
+from .core.op_params import (NO_ACTIVATION, RELU, RELU6, AttentionMask, AttentionParams, BinaryParams, CastParams,
+                             ConvolutionParams, EltwiseParams, GatherParams, LayerNormParams, MatMulParams,
+                             NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams, SoftmaxParams, UnaryParams,
+                             attention_mask)
+from .core.tensor import Tensor
+from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, QuantizedWeight, WeightReader,
+                           linear_weights)
+from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
+from .geometry.regions import RasterParam, Region, View
+from .geometry.strides import broadcast_strides, walks_contiguously
+from .plugins.hookspecs import hookimpl
+
+__all__ = [
+    # the contract
+    "RuntimeCreator", "Runtime", "Backend", "HostBackend", "Execution", "Refused", "OpCreator",
+    "ScheduleConfig", "BackendConfig", "SETTINGS", "Tensor", "Op", "hookimpl",
+    # op parameters, decoded once at schedule time
+    "ConvolutionParams", "LayerNormParams", "NormLayout", "QKNorm", "RoPEParams", "AttentionParams",
+    "AttentionMask", "attention_mask", "BinaryParams", "UnaryParams", "EltwiseParams", "ReductionParams",
+    "CastParams", "GatherParams", "MatMulParams", "SoftmaxParams", "ReluParams", "RasterParam", "Region", "View",
+    "NO_ACTIVATION", "RELU", "RELU6",
+    # weights
+    "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
+    # the KV cache
+    "KVMeta", "KVCache", "DeviceKVCache",
+    # shared machinery
+    "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
+    "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",
+    # dtypes and errors
+    "FLOAT32", "INT32", "MnnllmError", "BackendError", "ConfigError", "FormatError", "UnsupportedError",
+]

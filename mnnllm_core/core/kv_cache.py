@@ -1,0 +1,87 @@
+"""The KV cache of one Attention layer: the bookkeeping every backend shares, written once.
+
+Each step the LLM sets `KVMeta` (`backend.kv_meta`): `previous` tokens are cached, `remove`
+of them go (a rejected guess, a new prompt that shares only a prefix), `add` come. An
+Attention first calls `begin_step(meta)`, which drops the removed tokens and returns how many
+remain (the step's past), then `append(k, v, seq)`. Storage grows by doubling (at least
+`min_capacity` tokens), so a step never copies the whole cache. A backend subclasses this and
+says how to grow its storage and where to write the new rows; the clones of an Execution
+(prefill and decode) share one cache.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .kv_meta import KVMeta
+
+
+class KVCache:
+    min_capacity = 64
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.capacity = 0
+
+    def begin_step(self, meta: KVMeta) -> int:
+        """Drop the tokens this step removes; the number of cached tokens the step attends to."""
+        self.truncate(meta.previous - meta.remove)
+        return self.length
+
+    def truncate(self, length: int) -> None:
+        self.length = max(0, min(self.length, length))
+
+    def append(self, k: Any, v: Any, seq: int) -> None:
+        """Add `seq` tokens' keys and values (in the backend's own storage)."""
+        need = self.length + seq
+        if need > self.capacity:
+            capacity = self.capacity_for(need)
+            self.grow(capacity)
+            self.capacity = capacity
+        self.write(k, v, seq)
+        self.length = need
+
+    def capacity_for(self, need: int) -> int:
+        """The capacity to grow to when `need` tokens do not fit."""
+        return max(need, 2 * self.capacity, self.min_capacity)
+
+    def grow(self, capacity: int) -> None:
+        """New storage for `capacity` tokens holding the first `self.length` of the old."""
+        raise NotImplementedError
+
+    def write(self, k: Any, v: Any, seq: int) -> None:
+        """Store `seq` tokens of k and v at token `self.length`."""
+        raise NotImplementedError
+
+
+class DeviceKVCache(KVCache):
+    """Keys and values as two device buffers of token-major rows ([capacity, kv_heads, dim], the
+    layout of the k/v inputs), so a step appends with one device-side copy each and growing is
+    one copy of the used part; nothing goes back to the host. The backend gives `alloc(nbytes)`,
+    `copy(dst, src, nbytes, dst_offset=0)` and, when buffers have a size limit, `fits(nbytes)`
+    (then a cache that would not fit doubled grows only to what it needs)."""
+
+    min_capacity = 256
+
+    def __init__(self, alloc: Callable[[int], Any], copy: Callable[..., None],
+                 fits: Callable[[int], bool] | None = None) -> None:
+        super().__init__()
+        self._alloc, self._copy, self._fits = alloc, copy, fits
+        self.row_bytes = 0  # bytes of one token's keys: set at resize, the same for every clone
+        self.k = self.v = None
+
+    def capacity_for(self, need: int) -> int:
+        capacity = super().capacity_for(need)
+        return capacity if self._fits is None or self._fits(capacity * self.row_bytes) else need
+
+    def grow(self, capacity: int) -> None:
+        rows = self.row_bytes
+        grown_k, grown_v = self._alloc(capacity * rows), self._alloc(capacity * rows)
+        if self.k is not None:
+            self._copy(grown_k, self.k, self.length * rows)
+            self._copy(grown_v, self.v, self.length * rows)
+        self.k, self.v = grown_k, grown_v
+
+    def write(self, k: Any, v: Any, seq: int) -> None:
+        at = self.length * self.row_bytes
+        self._copy(self.k, k, seq * self.row_bytes, dst_offset=at)
+        self._copy(self.v, v, seq * self.row_bytes, dst_offset=at)

@@ -1,0 +1,20 @@
+"""The conformance suite every backend passes, ours and third-party ones (`mnnllm test-backend
+NAME`), in the spirit of llama.cpp's test-backend-ops: every op type and parameter variant the
+LLM graphs use, odd shapes, each dtype, against float64 numpy references with stated
+tolerances; a table of pass / fail / not supported (with the backend's reason) and a perf mode.
+
+    from mnnllm_core.testing import run_suite
+    results = run_suite("mybackend", op="BinaryOp")
+    assert all(r.status != "fail" for r in results)
+
+`harness` runs one op through the real core path (also for a backend's own tests), `cases`
+holds the catalogue, `references` the float64 references, `runner` and `report` the rest.
+"""
+from .cases import FP16_TOL, FP32_TOL, Case, Step, Trial, all_cases, perf_cases
+from .harness import Again, Const, Graph, OpResult, Weights, make_module, new_runtime, one_op_graph, run_op
+from .report import render, summary, table
+from .runner import CaseResult, Runner, compare, run_suite, select
+
+__all__ = ["Case", "Step", "Trial", "all_cases", "perf_cases", "FP32_TOL", "FP16_TOL", "Again", "Const", "Graph",
+           "OpResult", "Weights", "make_module", "new_runtime", "one_op_graph", "run_op", "render", "summary",
+           "table", "CaseResult", "Runner", "compare", "run_suite", "select"]

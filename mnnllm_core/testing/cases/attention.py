@@ -1,0 +1,166 @@
+"""Fused Attention as the export has it (packed q/k/v [seq, heads*dim, 1, 1]), driven through
+several steps by the KV meta: causal prefill, decode against the cache (past its first
+capacity), tokens removed from the cache, full float and int masks, attnScale, no cache (keys
+outnumbering queries), unpacked heads, and a mask with too few rows (a typed error)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...core.op import Op
+from ...core.op_params import AttentionParams
+from ...errors import UnsupportedError
+from ..references import attention_reference
+from . import Case, Step, Trial, randn
+
+TOKENS = (1, 3, 7, 37)
+PREFILL = [(9, 3, 64), (4, 4, 8), (6, 1, 5), (6, 1, 12), (3, 1, 5), (4, 2, 6)]  # (heads, kv_heads, head_dim)
+SCALAR = np.zeros((1, 1, 1, 1), np.float32)
+
+
+def attention_op(heads: int, kv_heads: int, dim: int, kv_cache: bool = True, scale: float = 0.0,
+                 packed: bool = True) -> Op:
+    params = AttentionParams(kv_cache, scale, (heads, kv_heads, dim) if packed else None, output_c4=True)
+    return Op("Attention", "attn", param=params)
+
+
+def packed(x: np.ndarray) -> np.ndarray:
+    return x.reshape(x.shape[0], -1, 1, 1)
+
+
+def feeds(q, k, v, mask) -> list[np.ndarray]:
+    return [packed(q), packed(k), packed(v), mask]
+
+
+def steps_trial(op: Op, steps: list[Step], **trial) -> Trial:
+    return Trial(op, list(steps[0].feeds), steps, **trial)
+
+
+def _tags(dim: int) -> frozenset[str]:
+    return frozenset() if dim % 4 == 0 else frozenset({"head_dim%4"})
+
+
+def _prefill(tokens: int, heads: int, kv_heads: int, dim: int):
+    def build(rng) -> Trial:
+        q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
+        expected = attention_reference(q, k, v).reshape(tokens, heads * dim, 1, 1)
+        return steps_trial(attention_op(heads, kv_heads, dim), [Step(feeds(q, k, v, SCALAR), [expected])])
+    return build
+
+
+def _meta_previous(expected: int):
+    def check(outputs, module, runtime):
+        got = runtime.kv_meta.previous
+        return None if got == expected else f"the KV meta holds {got} tokens, not {expected}"
+    return check
+
+
+def _decode(heads: int, kv_heads: int, dim: int, prompt: int, count: int):
+    def build(rng) -> Trial:
+        total = prompt + count
+        q, k, v = randn(rng, total, heads, dim), randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
+        steps = [Step(feeds(q[:prompt], k[:prompt], v[:prompt], SCALAR))]
+        for t in range(prompt, total):
+            expected = attention_reference(q[t:t + 1], k[:t + 1], v[:t + 1], causal_offset=t)
+            steps.append(Step(feeds(q[t:t + 1], k[t:t + 1], v[t:t + 1], SCALAR), [packed(expected)]))
+        return steps_trial(attention_op(heads, kv_heads, dim), steps, resizes=2,  # prefill, then one decode shape
+                           checks=[_meta_previous(total)])
+    return build
+
+
+def _remove(rng) -> Trial:
+    heads, kv_heads, dim = 4, 2, 8
+    q, k, v = randn(rng, 9, heads, dim), randn(rng, 9, kv_heads, dim), randn(rng, 9, kv_heads, dim)
+    # drop the last 3 cached tokens, then add 2 new ones (positions 4 and 5)
+    keys, values = np.concatenate([k[:4], k[7:9]]), np.concatenate([v[:4], v[7:9]])
+    expected = attention_reference(q[7:9], keys, values, causal_offset=4)
+    steps = [Step(feeds(q[:7], k[:7], v[:7], SCALAR)), Step(feeds(q[7:9], k[7:9], v[7:9], SCALAR), [packed(expected)],
+                                                           remove=3)]
+    return steps_trial(attention_op(heads, kv_heads, dim), steps, checks=[_meta_previous(6)])
+
+
+def _float_mask(tokens: int, heads: int = 4, kv_heads: int = 2, dim: int = 8, floor: bool = True):
+    def build(rng) -> Trial:
+        q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
+        bias = (rng.standard_normal((tokens, tokens)) * 2).astype(np.float32)
+        if floor:
+            bias[0, 1:] = np.float32(np.finfo(np.float32).min)
+        expected = attention_reference(q, k, v, bias=bias.astype(np.float64), causal_offset=None)
+        step = Step(feeds(q, k, v, bias.reshape(1, 1, tokens, tokens)), [packed(expected)])
+        return steps_trial(attention_op(heads, kv_heads, dim), [step])
+    return build
+
+
+def _int_mask(heads: int, kv_heads: int, tokens: int):
+    def build(rng) -> Trial:
+        dim = 8
+        q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
+        allowed = (rng.random((tokens, tokens)) < 0.6).astype(np.int32)
+        np.fill_diagonal(allowed, 1)
+        expected = attention_reference(q, k, v, bias=np.where(allowed == 0, -np.inf, 0.0), causal_offset=None)
+        step = Step(feeds(q, k, v, allowed.reshape(1, 1, tokens, tokens)), [packed(expected)])
+        return steps_trial(attention_op(heads, kv_heads, dim), [step])
+    return build
+
+
+def _scale(rng) -> Trial:
+    heads, kv_heads, dim, tokens = 4, 2, 16, 7
+    q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
+    expected = attention_reference(q, k, v, scale=0.5)
+    step = Step(feeds(q, k, v, SCALAR), [packed(expected)])
+    return steps_trial(attention_op(heads, kv_heads, dim, scale=0.5), [step])
+
+
+def _no_cache(heads: int, kv_heads: int, dim: int, runs: tuple[int, ...]):
+    def build(rng) -> Trial:
+        steps = []
+        for tokens in runs:  # no cache: each run sees only its own keys
+            q, k, v = (randn(rng, tokens, h, dim) for h in (heads, kv_heads, kv_heads))
+            steps.append(Step(feeds(q, k, v, SCALAR), [packed(attention_reference(q, k, v))]))
+        return steps_trial(attention_op(heads, kv_heads, dim, kv_cache=False), steps)
+    return build
+
+
+def _keys_outnumber_queries(rng) -> Trial:
+    heads, kv_heads, dim, queries, keys = 4, 2, 8, 2, 5
+    q, k, v = randn(rng, queries, heads, dim), randn(rng, keys, kv_heads, dim), randn(rng, keys, kv_heads, dim)
+    mask = (rng.standard_normal((queries, keys)) * 2).astype(np.float32)
+    expected = attention_reference(q, k, v, bias=mask.astype(np.float64), causal_offset=None)
+    step = Step(feeds(q, k, v, mask.reshape(1, 1, queries, keys)), [packed(expected)])
+    return steps_trial(attention_op(heads, kv_heads, dim, kv_cache=False), [step])
+
+
+def _unpacked(rng) -> Trial:
+    heads, kv_heads, dim, tokens = 4, 2, 8, 7
+    q, k, v = (randn(rng, 1, tokens, h, dim) for h in (heads, kv_heads, kv_heads))
+    expected = attention_reference(q[0], k[0], v[0]).reshape(1, tokens, heads * dim)
+    op = Op("Attention", "attn", param=AttentionParams())
+    return steps_trial(op, [Step([q, k, v, SCALAR], [expected])])
+
+
+def _short_mask(rng) -> Trial:
+    heads, kv_heads, dim, tokens = 4, 2, 8, 7
+    q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
+    trial = steps_trial(attention_op(heads, kv_heads, dim), [Step(feeds(q, k, v, np.zeros((1, 1, 1, tokens),
+                                                                                           np.float32)))])
+    trial.error = (UnsupportedError, "attention_mask")
+    return trial
+
+
+def cases() -> list[Case]:
+    found = [Case("Attention", f"causal prefill heads={h}/{kv} dim={d} tokens={t}", _prefill(t, h, kv, d),
+                  tags=_tags(d)) for h, kv, d in PREFILL for t in TOKENS]
+    found += [Case("Attention", f"decode 4 steps on a 7-token cache heads={h}/{kv}", _decode(h, kv, 16, 7, 4))
+              for h, kv in ((9, 3), (2, 2))]
+    found.append(Case("Attention", "decode past 256 cached tokens", _decode(9, 3, 64, 250, 10)))
+    found.append(Case("Attention", "meta remove truncates the cache before appending", _remove))
+    found += [Case("Attention", f"full float mask tokens={t}", _float_mask(t)) for t in (3, 7)]
+    found.append(Case("Attention", "full float mask without a floor tokens=7", _float_mask(7, floor=False)))
+    found += [Case("Attention", f"int mask blocks where 0 heads={h}/{kv} tokens={t}", _int_mask(h, kv, t),
+                   dtype="int32") for h, kv, t in ((2, 1, 5), (4, 2, 7))]
+    found.append(Case("Attention", "attnScale 0.5", _scale))
+    found += [Case("Attention", f"no cache heads={h}/{kv} dim={d} runs={runs}", _no_cache(h, kv, d, runs))
+              for h, kv, d, runs in ((4, 2, 8, (5, 3)), (4, 2, 16, (5, 3, 1)))]
+    found.append(Case("Attention", "no cache, keys outnumber queries", _keys_outnumber_queries))
+    found.append(Case("Attention", "unpacked [1, seq, heads, dim] inputs", _unpacked))
+    found.append(Case("Attention", "a mask with fewer rows than queries is an UnsupportedError", _short_mask))
+    return found

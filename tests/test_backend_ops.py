@@ -1,0 +1,88 @@
+"""Every backend installed here through the conformance suite (mnnllm_core.testing), case by case.
+
+No case may fail on any backend: an op the backend takes must match the float64 reference within
+the case's tolerance (and, as in ggml's test-backend-ops, the cpu backend's result), and an op it
+hands to cpu must still give the right numbers. Each backend must pass (run itself, not hand to
+cpu) at least what it has always run, pinned in REQUIRED, and hand to cpu what it is known not to
+run, pinned in HANDED_TO_CPU. A backend whose driver is missing is skipped with its probe's reason.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+
+from mnnllm_core.plugins.manager import registry
+from mnnllm_core.testing import Case, CaseResult, Runner, all_cases, compare
+
+CASES = all_cases()
+BACKENDS = sorted(registry().runtime_creators())
+
+OPENCL_BINARY = {"ADD", "SUB", "MUL", "REALDIV", "MAXIMUM", "MINIMUM", "POW", "SquaredDifference", "ATAN2", "MOD",
+                 "FLOORDIV", "FLOORMOD", "MUL_SILU"}
+VULKAN_BINARY = {"ADD", "SUB", "MUL", "REALDIV", "MUL_SILU", "MAXIMUM", "MINIMUM"}
+VULKAN_UNARY = {"ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN", "ATAN",
+                "RECIPROCAL", "SIGN", "SIGMOID", "TANH", "HARDSWISH", "SILU", "GELU"}
+DEVICE_OPS = {"Convolution", "LayerNorm", "RoPE", "Raster", "Cast"}
+
+
+def _opencl(case: Case) -> bool:
+    if case.op_type in DEVICE_OPS | {"UnaryOp"}:
+        return True
+    if case.op_type == "Attention":
+        return "head_dim%4" not in case.tags
+    return case.op_type == "BinaryOp" and case.dtype == "float32" and case.operation in OPENCL_BINARY \
+        and "5d" not in case.tags
+
+
+def _vulkan(case: Case) -> bool:
+    if case.op_type in DEVICE_OPS | {"Attention"}:
+        return True
+    if case.op_type == "BinaryOp":
+        return case.dtype == "float32" and case.operation in VULKAN_BINARY
+    return case.op_type == "UnaryOp" and case.operation in VULKAN_UNARY
+
+
+REQUIRED = {"cpu": lambda case: True, "opencl": _opencl, "vulkan": _vulkan}
+HANDED_TO_CPU = {
+    "opencl": {"Attention[causal prefill heads=4/2 dim=6 tokens=3]"},  # head_dim not a multiple of 4
+    "vulkan": {"BinaryOp[ADD int32]", "UnaryOp[ERF randn*2 (37, 33)]"},
+}
+
+
+@lru_cache(maxsize=None)
+def runner(backend: str) -> Runner:
+    ok, reason = registry().get(backend).is_available()
+    if not ok:
+        pytest.skip(f"{backend} unavailable: {reason}")
+    return Runner(backend)
+
+
+@lru_cache(maxsize=None)
+def on_cpu(case_id: str) -> CaseResult:
+    return runner("cpu").run(next(c for c in CASES if c.id == case_id))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backend_runs_the_case_or_hands_it_to_cpu_and_never_fails(backend: str, case: Case) -> None:
+    result = runner(backend).run(case)
+    assert result.status != "fail", result.reason
+    assert result.matches, f"the fallback to cpu gave wrong numbers: {result.reason}"
+    if REQUIRED.get(backend, lambda c: False)(case):
+        assert result.status == "pass", f"{backend} must run {case.id} itself: {result.reason}"
+    if case.id in HANDED_TO_CPU.get(backend, ()):
+        assert result.status == "unsupported" and result.reason.startswith(f"{backend} refused this {case.op_type}")
+    if backend != "cpu" and result.status == "pass" and result.outputs is not None:
+        reference = on_cpu(case.id)
+        for k, (got, want) in enumerate(zip(result.outputs, reference.outputs)):
+            error, problem = compare(got, want, result.tolerance)
+            assert problem is None, f"output {k} against the cpu backend: {problem}"
+
+
+def test_the_catalogue_covers_every_op_type_a_backend_sees_in_the_llm_graphs() -> None:
+    types = {c.op_type for c in CASES}
+    assert {"Convolution", "LayerNorm", "RoPE", "Attention", "BinaryOp", "UnaryOp", "Raster", "Cast",
+            "GatherV2"} <= types
+    dtypes = {c.dtype for c in CASES}
+    assert {"float32", "int32"} <= dtypes
