@@ -28,6 +28,7 @@ from mnnllm_core.schema.MNN.LoopParam import LoopParamT
 from mnnllm_core.schema.MNN.Net import NetT
 from mnnllm_core.schema.MNN.Op import OpT
 from mnnllm_core.schema.MNN.OpParameter import OpParameter
+from mnnllm_core.schema.MNN.OpType import OpType
 from mnnllm_core.schema.MNN.RegionCommand import RegionCommandT
 from mnnllm_core.schema.reader import _schema, op_param_name, op_type_name, read_net, verify_net_buffer
 from paths import MODEL_DIR
@@ -164,19 +165,55 @@ def test_op_names_follow_mnn() -> None:
     assert [op_type_name(v) for v in (0, 12, 31, 129, 256, 299, 306, 512, 603, 604)] == [
         "AbsVal", "Convolution", "GatherV2", "ConvertTensor", "Plugin", "Attention", "RoPE", "Extra",
         "LayerNorm", "GridSample"]
-    assert [op_param_name(v) for v in (0, 4, 9, 57, 88, 92, 98, 102)] == [
-        "NONE", "Axis", "Convolution2D", "RoiParameters", "LayerNorm", "LoopParam", "AttentionParam",
-        "RoPEParam"]
+    assert [op_param_name(v) for v in (0, 4, 9, 88, 92, 98, 102)] == [
+        "NONE", "Axis", "Convolution2D", "LayerNorm", "LoopParam", "AttentionParam", "RoPEParam"]
+    assert op_param_name(57) == "OpParameter(57)"  # RoiParameters: no LLM graph has it, so it is left out
     assert op_type_name(9999) == "OpType(9999)"
     assert op_param_name(250) == "OpParameter(250)"
 
 
-def test_every_union_member_has_a_table_in_the_schema() -> None:
+def test_every_union_member_has_a_table_and_keeps_mnns_number() -> None:
+    """The schema declares only the parameter tables LLM graphs use, each at MNN's number."""
     schema = _schema()
     members = schema.unions["OpParameter"]
-    assert len(members) == 103
-    assert all(m in schema.tables for m in members[1:])
-    assert [op_param_name(i) for i in range(1, 103)] == list(members[1:])
+    assert all(m in schema.tables for m in members.values())
+    assert {v: op_param_name(v) for v in members} == members
+    assert {members[v] for v in (4, 7, 9, 19, 55, 64, 65, 70, 88, 98, 100, 102)} == {
+        "Axis", "Blob", "Convolution2D", "GatherV2", "Reshape", "SqueezeParam", "StridedSliceParam", "UnaryOp",
+        "LayerNorm", "AttentionParam", "LinearAttentionParam", "RoPEParam"}
+    assert len(members) < 40 and 31 not in members  # Pool (31) and the like are left out
+
+
+def test_an_op_whose_parameter_table_is_left_out_reads_with_none_and_is_unsupported() -> None:
+    builder = flatbuffers.Builder(256)
+    name, pool = builder.CreateString("pool"), builder.CreateString("pool")
+    op_fb.OpStartInputIndexesVector(builder, 1)
+    builder.PrependInt32(0)
+    inputs = builder.EndVector()
+    op_fb.OpStartOutputIndexesVector(builder, 1)
+    builder.PrependInt32(1)
+    outputs = builder.EndVector()
+    op_fb.OpStart(builder)
+    op_fb.OpAddName(builder, name)
+    op_fb.OpAddType(builder, OpType.Pooling)
+    op_fb.OpAddMainType(builder, 31)  # MNN's Pool table, not in this schema
+    op_fb.OpAddMain(builder, pool)
+    op_fb.OpAddInputIndexes(builder, inputs)
+    op_fb.OpAddOutputIndexes(builder, outputs)
+    op = op_fb.OpEnd(builder)
+    net_fb.NetStartOplistsVector(builder, 1)
+    builder.PrependUOffsetTRelative(op)
+    ops = builder.EndVector()
+    net_fb.NetStart(builder)
+    net_fb.NetAddOplists(builder, ops)
+    builder.Finish(net_fb.NetEnd(builder))
+    net = read_net(bytes(builder.Output()))
+    assert (op_type_name(net.oplists[0].type), net.oplists[0].main) == ("Pooling", None)
+    from mnnllm_core.core.op import Op
+    from mnnllm_core.core.size_computer import compute_size
+    from mnnllm_core.errors import UnsupportedError
+    with pytest.raises(UnsupportedError, match="Pooling"):
+        compute_size(Op("Pooling", "pool"), [])
 
 
 @needs_model

@@ -21,25 +21,31 @@ Keep the plugin module cheap to import: it runs whenever any backend is used, ev
 Import the device library (torch, pyopencl, ...) inside the RuntimeCreator's methods, and
 touch the device only in `RuntimeCreator.is_available()` and `create()`.
 
-What a backend provides (see `mnnllm_core.core.backend`):
+What a backend provides, all from `mnnllm_core.backend_api` (the one module of mnnllm a
+backend imports; plugins/README.md walks through it):
 
-  RuntimeCreator  name; static_shapes; is_available() -> (ok, reason), a probe that really
-                  runs a tiny kernel on the device; create(config, hints) -> Runtime;
-                  devices() -> list[str] (shown by `mnnllm backends`).
+  RuntimeCreator  name; static_shapes; settings (which of thread_num, precision, memory, power
+                  it honours); is_available() -> (ok, reason), a probe that really runs a tiny
+                  kernel on the device; create(config, hints) -> Runtime; devices() -> list[str]
+                  (shown by `mnnllm backends`).
   Runtime         device state; op_creators {op type -> creator}; create_backend(config).
-  Backend         on_acquire_buffer (sets tensor.storage), upload, download, on_create.
+  Backend         alloc (storage for a tensor; reuse is the core's BufferPool), upload, download,
+                  on_create; kv_meta (the KV cache state of this step).
   Execution       on_resize, on_execute, on_clone (share packed weights with a clone).
 
-A creator `creator(backend, inputs, outputs, op) -> Execution | None` returns None for an
-op it does not run; the pipeline then runs that op on the cpu backend (copies inserted),
-lists it in the placement summary with the reason, or raises BackendError when the model's
-config says `allow_fallback: false`. Weighted ops (Convolution, LayerNorm) and Attention are
-created once at load, before shapes are known, and must read their weights then
+A creator `creator(backend, inputs, outputs, op) -> Execution | Refused | None` reads `op.param`
+(the op's parameters, decoded once by the core into a typed dataclass) and returns Refused(why)
+or None for an op it does not run; the pipeline then runs that op on the cpu backend (copies
+inserted), lists it in the placement summary with the reason, or raises BackendError when the
+model's config says `allow_fallback: false`. Weighted ops (Convolution, LayerNorm) and Attention
+are created once at load, before shapes are known, and must read their weights then
 (`op.weights.convolution()`, `op.weights.layernorm()`): the core drops them afterwards.
 
 Static shapes: a backend that cannot change shapes cheaply (compiled graphs, NPUs) sets
-`static_shapes = True` on its RuntimeCreator (or Runtime); the LLM then loads its modules
-with `shape_mutable=False` and keeps one resized clone per (seq_len, all_logits).
+`static_shapes = True` on its RuntimeCreator; the LLM then loads its modules with
+`shape_mutable=False` and keeps one resized clone per (seq_len, all_logits).
+
+`mnnllm test-backend NAME` runs the conformance suite (mnnllm_core.testing) on a backend.
 """
 from __future__ import annotations
 
@@ -54,7 +60,7 @@ def mnnllm_register_runtime_creators() -> list:
     """Return the `RuntimeCreator` objects (backends) this plugin provides; may be empty.
 
     Args: none.
-    Returns: a list of `mnnllm_core.core.backend.RuntimeCreator` instances; each `name`
+    Returns: a list of `mnnllm_core.backend_api.RuntimeCreator` instances; each `name`
         is what users put in `backend_type`.
     Called: once per process, when the registry first loads the plugins (lazily, see the
         module docstring); not at `import mnnllm_core`.
@@ -73,7 +79,7 @@ def mnnllm_register_op_creators(backend_name: str) -> dict:
     missing op for "opencl"); return {} for backends you do not extend.
     Args: backend_name, the RuntimeCreator name of the Runtime being created.
     Returns: a dict from MNN op type name ("Convolution", "RoPE", "Raster", ...) to
-        `creator(backend, inputs, outputs, op) -> Execution | None`.
+        `creator(backend, inputs, outputs, op) -> Execution | Refused | None`.
     Called: each time a Runtime of any backend is created (after `RuntimeCreator.create`),
         once per plugin implementing it.
     Not firstresult: the dicts are applied over the backend's own creators in plugin

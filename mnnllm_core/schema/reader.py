@@ -65,10 +65,10 @@ class _Field:
 
 @dataclasses.dataclass(frozen=True)
 class _Schema:
-    """Tables (fields sorted by id) and unions (member table by index)."""
+    """Tables (fields sorted by id) and unions (member table by type value)."""
 
     tables: dict[str, tuple[_Field, ...]]
-    unions: dict[str, tuple[str, ...]]
+    unions: dict[str, dict[int, str]]
     root: str
 
 
@@ -82,14 +82,13 @@ def _parse_fbs(text: str) -> _Schema:
     """Parse the subset of the .fbs grammar that mnn.fbs uses."""
     text = _COMMENT.sub("", text)
     enums: dict[str, int] = {}
-    unions: dict[str, tuple[str, ...]] = {}
+    unions: dict[str, dict[int, str]] = {}
     raw_tables: dict[str, str] = {}
     for kind, name, base, body in _BLOCK.findall(text):
         if kind == "enum":
             enums[name] = _SCALAR_SIZES[base]
         elif kind == "union":
-            members = [m.strip() for m in body.split(",") if m.strip()]
-            unions[name] = ("",) + tuple(members)
+            unions[name] = _union_members(body)
         elif kind == "table":
             raw_tables[name] = body
         else:
@@ -118,8 +117,20 @@ def _parse_fbs(text: str) -> _Schema:
     return _Schema(tables, unions, root.group(1))
 
 
+def _union_members(body: str) -> dict[int, str]:
+    """Type value -> member: `A = 4` says its value, a bare member follows the previous one."""
+    members, value = {}, 0
+    for item in (m.strip() for m in body.split(",")):
+        if not item:
+            continue
+        member, _, number = (part.strip() for part in item.partition("="))
+        value = int(number) if number else value + 1
+        members[value] = member
+    return members
+
+
 def _make_field(name: str, fid: int, ftype: str, enums: dict[str, int],
-                unions: dict[str, tuple[str, ...]], tables: dict[str, str]) -> _Field:
+                unions: dict[str, dict[int, str]], tables: dict[str, str]) -> _Field:
     if ftype.startswith("["):
         inner = ftype[1:-1]
         if inner == "string":
@@ -265,12 +276,12 @@ class _Verifier:
         members = self.schema.unions[field.ref]
         if utype == 0:
             return
-        if utype >= len(members):
-            # MNN's C++ verifier accepts unknown members for forward
-            # compatibility; the unpacked value is simply None.
-            logger.debug("%s: unknown %s member %d left unread", self.where(), field.ref, utype)
+        name = members.get(utype)
+        if name is None:
+            # A member this schema leaves out (or a newer one): MNN's C++ verifier accepts
+            # unknown members for forward compatibility; the unpacked value is simply None.
+            logger.debug("%s: %s member %d left unread", self.where(), field.ref, utype)
             return
-        name = members[utype]
         self.path[-1] = f"{field.name}<{name}>"
         self.table(self._deref(at, name), name, depth + 1)
 

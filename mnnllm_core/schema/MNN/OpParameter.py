@@ -4,128 +4,43 @@
 
 class OpParameter(object):
     NONE = 0
-    QuantizedAdd = 1
-    ArgMax = 2
-    AsString = 3
     Axis = 4
-    BatchNorm = 5
     BinaryOp = 6
     Blob = 7
     CastParam = 8
     Convolution2D = 9
-    Crop = 10
-    CropAndResize = 11
-    Dequantize = 12
-    DetectionOutput = 13
     Eltwise = 14
     ExpandDims = 15
-    Fill = 16
-    Flatten = 17
     Gather = 18
     GatherV2 = 19
-    InnerProduct = 20
     Input = 21
-    Interp = 22
-    LRN = 23
-    LSTM = 24
     MatMul = 25
-    NonMaxSuppressionV2 = 26
-    Normalize = 27
-    PackParam = 28
     Permute = 29
-    Plugin = 30
-    Pool = 31
-    PRelu = 32
-    PriorBox = 33
-    Proposal = 34
-    QuantizedAvgPool = 35
-    QuantizedBiasAdd = 36
-    QuantizedConcat = 37
-    QuantizedLogistic = 38
-    QuantizedMatMul = 39
-    QuantizedMaxPool = 40
-    QuantizedRelu = 41
-    QuantizedRelu6 = 42
-    QuantizedReshape = 43
-    QuantizedSoftmax = 44
-    QuantizeMaxMin = 45
-    QuantizeV2 = 46
-    Range = 47
-    Rank = 48
-    ReduceJoin = 49
     ReductionParam = 50
     Relu = 51
-    Relu6 = 52
-    RequantizationRange = 53
-    Requantize = 54
     Reshape = 55
-    Resize = 56
-    RoiParameters = 57
-    Scale = 58
-    Selu = 59
-    Size = 60
-    Slice = 61
-    SliceTf = 62
-    SpaceBatch = 63
     SqueezeParam = 64
     StridedSliceParam = 65
     TensorConvertInfo = 66
-    TfQuantizedConv2D = 67
     TopKV2 = 68
     Transpose = 69
     UnaryOp = 70
-    MomentsParam = 71
-    RNNParam = 72
     BatchMatMulParam = 73
     QuantizedFloatParam = 74
-    DepthSpaceParam = 75
-    EltwiseInt8 = 76
-    ReverseSequenceParam = 77
     Extra = 78
-    Pool3D = 79
-    Convolution3D = 80
-    ELU = 81
-    DetectionPostProcessParam = 82
-    OneHotParam = 83
-    PadParam = 84
-    WhileParam = 85
-    IfParam = 86
-    RandomUniform = 87
     LayerNorm = 88
-    TensorArray = 89
-    LSTMBlockCell = 90
-    GridSample = 91
     LoopParam = 92
-    ImageProcessParam = 93
-    CumSum = 94
-    GroupNorm = 95
-    FmhaV2Param = 96
-    FmhcaParam = 97
     AttentionParam = 98
-    StftParam = 99
     LinearAttentionParam = 100
-    ShapeParam = 101
     RoPEParam = 102
 
 def OpParameterCreator(unionType, table):
     from flatbuffers.table import Table
     if not isinstance(table, Table):
         return None
-    if unionType == OpParameter().QuantizedAdd:
-        import mnnllm_core.schema.MNN.QuantizedAdd; from mnnllm_core.schema import MNN
-        return MNN.QuantizedAdd.QuantizedAddT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().ArgMax:
-        import mnnllm_core.schema.MNN.ArgMax; from mnnllm_core.schema import MNN
-        return MNN.ArgMax.ArgMaxT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().AsString:
-        import mnnllm_core.schema.MNN.AsString; from mnnllm_core.schema import MNN
-        return MNN.AsString.AsStringT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Axis:
         import mnnllm_core.schema.MNN.Axis; from mnnllm_core.schema import MNN
         return MNN.Axis.AxisT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().BatchNorm:
-        import mnnllm_core.schema.MNN.BatchNorm; from mnnllm_core.schema import MNN
-        return MNN.BatchNorm.BatchNormT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().BinaryOp:
         import mnnllm_core.schema.MNN.BinaryOp; from mnnllm_core.schema import MNN
         return MNN.BinaryOp.BinaryOpT.InitFromBuf(table.Bytes, table.Pos)
@@ -138,168 +53,36 @@ def OpParameterCreator(unionType, table):
     if unionType == OpParameter().Convolution2D:
         import mnnllm_core.schema.MNN.Convolution2D; from mnnllm_core.schema import MNN
         return MNN.Convolution2D.Convolution2DT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Crop:
-        import mnnllm_core.schema.MNN.Crop; from mnnllm_core.schema import MNN
-        return MNN.Crop.CropT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().CropAndResize:
-        import mnnllm_core.schema.MNN.CropAndResize; from mnnllm_core.schema import MNN
-        return MNN.CropAndResize.CropAndResizeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Dequantize:
-        import mnnllm_core.schema.MNN.Dequantize; from mnnllm_core.schema import MNN
-        return MNN.Dequantize.DequantizeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().DetectionOutput:
-        import mnnllm_core.schema.MNN.DetectionOutput; from mnnllm_core.schema import MNN
-        return MNN.DetectionOutput.DetectionOutputT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Eltwise:
         import mnnllm_core.schema.MNN.Eltwise; from mnnllm_core.schema import MNN
         return MNN.Eltwise.EltwiseT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().ExpandDims:
         import mnnllm_core.schema.MNN.ExpandDims; from mnnllm_core.schema import MNN
         return MNN.ExpandDims.ExpandDimsT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Fill:
-        import mnnllm_core.schema.MNN.Fill; from mnnllm_core.schema import MNN
-        return MNN.Fill.FillT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Flatten:
-        import mnnllm_core.schema.MNN.Flatten; from mnnllm_core.schema import MNN
-        return MNN.Flatten.FlattenT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Gather:
         import mnnllm_core.schema.MNN.Gather; from mnnllm_core.schema import MNN
         return MNN.Gather.GatherT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().GatherV2:
         import mnnllm_core.schema.MNN.GatherV2; from mnnllm_core.schema import MNN
         return MNN.GatherV2.GatherV2T.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().InnerProduct:
-        import mnnllm_core.schema.MNN.InnerProduct; from mnnllm_core.schema import MNN
-        return MNN.InnerProduct.InnerProductT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Input:
         import mnnllm_core.schema.MNN.Input; from mnnllm_core.schema import MNN
         return MNN.Input.InputT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Interp:
-        import mnnllm_core.schema.MNN.Interp; from mnnllm_core.schema import MNN
-        return MNN.Interp.InterpT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().LRN:
-        import mnnllm_core.schema.MNN.LRN; from mnnllm_core.schema import MNN
-        return MNN.LRN.LRNT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().LSTM:
-        import mnnllm_core.schema.MNN.LSTM; from mnnllm_core.schema import MNN
-        return MNN.LSTM.LSTMT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().MatMul:
         import mnnllm_core.schema.MNN.MatMul; from mnnllm_core.schema import MNN
         return MNN.MatMul.MatMulT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().NonMaxSuppressionV2:
-        import mnnllm_core.schema.MNN.NonMaxSuppressionV2; from mnnllm_core.schema import MNN
-        return MNN.NonMaxSuppressionV2.NonMaxSuppressionV2T.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Normalize:
-        import mnnllm_core.schema.MNN.Normalize; from mnnllm_core.schema import MNN
-        return MNN.Normalize.NormalizeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().PackParam:
-        import mnnllm_core.schema.MNN.PackParam; from mnnllm_core.schema import MNN
-        return MNN.PackParam.PackParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Permute:
         import mnnllm_core.schema.MNN.Permute; from mnnllm_core.schema import MNN
         return MNN.Permute.PermuteT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Plugin:
-        import mnnllm_core.schema.MNN.Plugin; from mnnllm_core.schema import MNN
-        return MNN.Plugin.PluginT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Pool:
-        import mnnllm_core.schema.MNN.Pool; from mnnllm_core.schema import MNN
-        return MNN.Pool.PoolT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().PRelu:
-        import mnnllm_core.schema.MNN.PRelu; from mnnllm_core.schema import MNN
-        return MNN.PRelu.PReluT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().PriorBox:
-        import mnnllm_core.schema.MNN.PriorBox; from mnnllm_core.schema import MNN
-        return MNN.PriorBox.PriorBoxT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Proposal:
-        import mnnllm_core.schema.MNN.Proposal; from mnnllm_core.schema import MNN
-        return MNN.Proposal.ProposalT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedAvgPool:
-        import mnnllm_core.schema.MNN.QuantizedAvgPool; from mnnllm_core.schema import MNN
-        return MNN.QuantizedAvgPool.QuantizedAvgPoolT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedBiasAdd:
-        import mnnllm_core.schema.MNN.QuantizedBiasAdd; from mnnllm_core.schema import MNN
-        return MNN.QuantizedBiasAdd.QuantizedBiasAddT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedConcat:
-        import mnnllm_core.schema.MNN.QuantizedConcat; from mnnllm_core.schema import MNN
-        return MNN.QuantizedConcat.QuantizedConcatT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedLogistic:
-        import mnnllm_core.schema.MNN.QuantizedLogistic; from mnnllm_core.schema import MNN
-        return MNN.QuantizedLogistic.QuantizedLogisticT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedMatMul:
-        import mnnllm_core.schema.MNN.QuantizedMatMul; from mnnllm_core.schema import MNN
-        return MNN.QuantizedMatMul.QuantizedMatMulT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedMaxPool:
-        import mnnllm_core.schema.MNN.QuantizedMaxPool; from mnnllm_core.schema import MNN
-        return MNN.QuantizedMaxPool.QuantizedMaxPoolT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedRelu:
-        import mnnllm_core.schema.MNN.QuantizedRelu; from mnnllm_core.schema import MNN
-        return MNN.QuantizedRelu.QuantizedReluT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedRelu6:
-        import mnnllm_core.schema.MNN.QuantizedRelu6; from mnnllm_core.schema import MNN
-        return MNN.QuantizedRelu6.QuantizedRelu6T.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedReshape:
-        import mnnllm_core.schema.MNN.QuantizedReshape; from mnnllm_core.schema import MNN
-        return MNN.QuantizedReshape.QuantizedReshapeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizedSoftmax:
-        import mnnllm_core.schema.MNN.QuantizedSoftmax; from mnnllm_core.schema import MNN
-        return MNN.QuantizedSoftmax.QuantizedSoftmaxT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizeMaxMin:
-        import mnnllm_core.schema.MNN.QuantizeMaxMin; from mnnllm_core.schema import MNN
-        return MNN.QuantizeMaxMin.QuantizeMaxMinT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().QuantizeV2:
-        import mnnllm_core.schema.MNN.QuantizeV2; from mnnllm_core.schema import MNN
-        return MNN.QuantizeV2.QuantizeV2T.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Range:
-        import mnnllm_core.schema.MNN.Range; from mnnllm_core.schema import MNN
-        return MNN.Range.RangeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Rank:
-        import mnnllm_core.schema.MNN.Rank; from mnnllm_core.schema import MNN
-        return MNN.Rank.RankT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().ReduceJoin:
-        import mnnllm_core.schema.MNN.ReduceJoin; from mnnllm_core.schema import MNN
-        return MNN.ReduceJoin.ReduceJoinT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().ReductionParam:
         import mnnllm_core.schema.MNN.ReductionParam; from mnnllm_core.schema import MNN
         return MNN.ReductionParam.ReductionParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Relu:
         import mnnllm_core.schema.MNN.Relu; from mnnllm_core.schema import MNN
         return MNN.Relu.ReluT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Relu6:
-        import mnnllm_core.schema.MNN.Relu6; from mnnllm_core.schema import MNN
-        return MNN.Relu6.Relu6T.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().RequantizationRange:
-        import mnnllm_core.schema.MNN.RequantizationRange; from mnnllm_core.schema import MNN
-        return MNN.RequantizationRange.RequantizationRangeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Requantize:
-        import mnnllm_core.schema.MNN.Requantize; from mnnllm_core.schema import MNN
-        return MNN.Requantize.RequantizeT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Reshape:
         import mnnllm_core.schema.MNN.Reshape; from mnnllm_core.schema import MNN
         return MNN.Reshape.ReshapeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Resize:
-        import mnnllm_core.schema.MNN.Resize; from mnnllm_core.schema import MNN
-        return MNN.Resize.ResizeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().RoiParameters:
-        import mnnllm_core.schema.MNN.RoiParameters; from mnnllm_core.schema import MNN
-        return MNN.RoiParameters.RoiParametersT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Scale:
-        import mnnllm_core.schema.MNN.Scale; from mnnllm_core.schema import MNN
-        return MNN.Scale.ScaleT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Selu:
-        import mnnllm_core.schema.MNN.Selu; from mnnllm_core.schema import MNN
-        return MNN.Selu.SeluT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Size:
-        import mnnllm_core.schema.MNN.Size; from mnnllm_core.schema import MNN
-        return MNN.Size.SizeT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Slice:
-        import mnnllm_core.schema.MNN.Slice; from mnnllm_core.schema import MNN
-        return MNN.Slice.SliceT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().SliceTf:
-        import mnnllm_core.schema.MNN.SliceTf; from mnnllm_core.schema import MNN
-        return MNN.SliceTf.SliceTfT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().SpaceBatch:
-        import mnnllm_core.schema.MNN.SpaceBatch; from mnnllm_core.schema import MNN
-        return MNN.SpaceBatch.SpaceBatchT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().SqueezeParam:
         import mnnllm_core.schema.MNN.SqueezeParam; from mnnllm_core.schema import MNN
         return MNN.SqueezeParam.SqueezeParamT.InitFromBuf(table.Bytes, table.Pos)
@@ -309,9 +92,6 @@ def OpParameterCreator(unionType, table):
     if unionType == OpParameter().TensorConvertInfo:
         import mnnllm_core.schema.MNN.TensorConvertInfo; from mnnllm_core.schema import MNN
         return MNN.TensorConvertInfo.TensorConvertInfoT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().TfQuantizedConv2D:
-        import mnnllm_core.schema.MNN.TfQuantizedConv2D; from mnnllm_core.schema import MNN
-        return MNN.TfQuantizedConv2D.TfQuantizedConv2DT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().TopKV2:
         import mnnllm_core.schema.MNN.TopKV2; from mnnllm_core.schema import MNN
         return MNN.TopKV2.TopKV2T.InitFromBuf(table.Bytes, table.Pos)
@@ -321,99 +101,27 @@ def OpParameterCreator(unionType, table):
     if unionType == OpParameter().UnaryOp:
         import mnnllm_core.schema.MNN.UnaryOp; from mnnllm_core.schema import MNN
         return MNN.UnaryOp.UnaryOpT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().MomentsParam:
-        import mnnllm_core.schema.MNN.MomentsParam; from mnnllm_core.schema import MNN
-        return MNN.MomentsParam.MomentsParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().RNNParam:
-        import mnnllm_core.schema.MNN.RNNParam; from mnnllm_core.schema import MNN
-        return MNN.RNNParam.RNNParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().BatchMatMulParam:
         import mnnllm_core.schema.MNN.BatchMatMulParam; from mnnllm_core.schema import MNN
         return MNN.BatchMatMulParam.BatchMatMulParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().QuantizedFloatParam:
         import mnnllm_core.schema.MNN.QuantizedFloatParam; from mnnllm_core.schema import MNN
         return MNN.QuantizedFloatParam.QuantizedFloatParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().DepthSpaceParam:
-        import mnnllm_core.schema.MNN.DepthSpaceParam; from mnnllm_core.schema import MNN
-        return MNN.DepthSpaceParam.DepthSpaceParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().EltwiseInt8:
-        import mnnllm_core.schema.MNN.EltwiseInt8; from mnnllm_core.schema import MNN
-        return MNN.EltwiseInt8.EltwiseInt8T.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().ReverseSequenceParam:
-        import mnnllm_core.schema.MNN.ReverseSequenceParam; from mnnllm_core.schema import MNN
-        return MNN.ReverseSequenceParam.ReverseSequenceParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().Extra:
         import mnnllm_core.schema.MNN.Extra; from mnnllm_core.schema import MNN
         return MNN.Extra.ExtraT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Pool3D:
-        import mnnllm_core.schema.MNN.Pool3D; from mnnllm_core.schema import MNN
-        return MNN.Pool3D.Pool3DT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().Convolution3D:
-        import mnnllm_core.schema.MNN.Convolution3D; from mnnllm_core.schema import MNN
-        return MNN.Convolution3D.Convolution3DT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().ELU:
-        import mnnllm_core.schema.MNN.ELU; from mnnllm_core.schema import MNN
-        return MNN.ELU.ELUT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().DetectionPostProcessParam:
-        import mnnllm_core.schema.MNN.DetectionPostProcessParam; from mnnllm_core.schema import MNN
-        return MNN.DetectionPostProcessParam.DetectionPostProcessParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().OneHotParam:
-        import mnnllm_core.schema.MNN.OneHotParam; from mnnllm_core.schema import MNN
-        return MNN.OneHotParam.OneHotParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().PadParam:
-        import mnnllm_core.schema.MNN.PadParam; from mnnllm_core.schema import MNN
-        return MNN.PadParam.PadParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().WhileParam:
-        import mnnllm_core.schema.MNN.WhileParam; from mnnllm_core.schema import MNN
-        return MNN.WhileParam.WhileParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().IfParam:
-        import mnnllm_core.schema.MNN.IfParam; from mnnllm_core.schema import MNN
-        return MNN.IfParam.IfParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().RandomUniform:
-        import mnnllm_core.schema.MNN.RandomUniform; from mnnllm_core.schema import MNN
-        return MNN.RandomUniform.RandomUniformT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().LayerNorm:
         import mnnllm_core.schema.MNN.LayerNorm; from mnnllm_core.schema import MNN
         return MNN.LayerNorm.LayerNormT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().TensorArray:
-        import mnnllm_core.schema.MNN.TensorArray; from mnnllm_core.schema import MNN
-        return MNN.TensorArray.TensorArrayT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().LSTMBlockCell:
-        import mnnllm_core.schema.MNN.LSTMBlockCell; from mnnllm_core.schema import MNN
-        return MNN.LSTMBlockCell.LSTMBlockCellT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().GridSample:
-        import mnnllm_core.schema.MNN.GridSample; from mnnllm_core.schema import MNN
-        return MNN.GridSample.GridSampleT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().LoopParam:
         import mnnllm_core.schema.MNN.LoopParam; from mnnllm_core.schema import MNN
         return MNN.LoopParam.LoopParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().ImageProcessParam:
-        import mnnllm_core.schema.MNN.ImageProcessParam; from mnnllm_core.schema import MNN
-        return MNN.ImageProcessParam.ImageProcessParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().CumSum:
-        import mnnllm_core.schema.MNN.CumSum; from mnnllm_core.schema import MNN
-        return MNN.CumSum.CumSumT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().GroupNorm:
-        import mnnllm_core.schema.MNN.GroupNorm; from mnnllm_core.schema import MNN
-        return MNN.GroupNorm.GroupNormT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().FmhaV2Param:
-        import mnnllm_core.schema.MNN.FmhaV2Param; from mnnllm_core.schema import MNN
-        return MNN.FmhaV2Param.FmhaV2ParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().FmhcaParam:
-        import mnnllm_core.schema.MNN.FmhcaParam; from mnnllm_core.schema import MNN
-        return MNN.FmhcaParam.FmhcaParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().AttentionParam:
         import mnnllm_core.schema.MNN.AttentionParam; from mnnllm_core.schema import MNN
         return MNN.AttentionParam.AttentionParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().StftParam:
-        import mnnllm_core.schema.MNN.StftParam; from mnnllm_core.schema import MNN
-        return MNN.StftParam.StftParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().LinearAttentionParam:
         import mnnllm_core.schema.MNN.LinearAttentionParam; from mnnllm_core.schema import MNN
         return MNN.LinearAttentionParam.LinearAttentionParamT.InitFromBuf(table.Bytes, table.Pos)
-    if unionType == OpParameter().ShapeParam:
-        import mnnllm_core.schema.MNN.ShapeParam; from mnnllm_core.schema import MNN
-        return MNN.ShapeParam.ShapeParamT.InitFromBuf(table.Bytes, table.Pos)
     if unionType == OpParameter().RoPEParam:
         import mnnllm_core.schema.MNN.RoPEParam; from mnnllm_core.schema import MNN
         return MNN.RoPEParam.RoPEParamT.InitFromBuf(table.Bytes, table.Pos)
