@@ -4,6 +4,7 @@ bookkeeping, settings a backend ignores, static shapes declared in one place).""
 from __future__ import annotations
 
 import ast
+import json
 import logging
 from pathlib import Path
 
@@ -150,3 +151,32 @@ def test_each_backend_keeps_one_layout_runtime_device_and_ops_by_family(name: st
             last = tree.body[-1]
             assert isinstance(last, ast.Assign) and last.targets[0].id == "CREATORS", \
                 f"{family.relative_to(ROOT)} must end with its creators"
+
+
+def mnnllm(*args: str):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "mnnllm_core.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_test_backend_prints_a_table_and_a_summary_and_exits_0_when_nothing_fails() -> None:
+    done = mnnllm("test-backend", "cpu", "--op", "Cast")
+    assert done.returncode == 0, done.stderr
+    assert "| Cast | float32 -> int32 truncates toward zero | float32 | pass | exact |  |" in done.stdout
+    assert "4/4 passed, 0 failed, 0 not supported" in done.stdout
+
+
+def test_test_backend_perf_times_each_op_and_json_has_every_field() -> None:
+    done = mnnllm("test-backend", "cpu", "--perf", "--op", "RoPE", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["backend"] == "cpu" and len(report["results"]) == 2
+    for row in report["results"]:
+        assert row["status"] == "pass" and row["us_per_run"] > 0
+        assert set(row) == {"op", "case", "dtype", "status", "reason", "error", "tolerance", "matches", "us_per_run"}
+
+
+def test_test_backend_names_the_op_types_when_none_matches() -> None:
+    done = mnnllm("test-backend", "cpu", "--op", "NoSuchOp")
+    assert done.returncode != 0 and "op types: " in done.stderr and "Convolution" in done.stderr
