@@ -185,29 +185,7 @@ def test_every_union_member_has_a_table_and_keeps_mnns_number() -> None:
 
 
 def test_an_op_whose_parameter_table_is_left_out_reads_with_none_and_is_unsupported() -> None:
-    builder = flatbuffers.Builder(256)
-    name, pool = builder.CreateString("pool"), builder.CreateString("pool")
-    op_fb.OpStartInputIndexesVector(builder, 1)
-    builder.PrependInt32(0)
-    inputs = builder.EndVector()
-    op_fb.OpStartOutputIndexesVector(builder, 1)
-    builder.PrependInt32(1)
-    outputs = builder.EndVector()
-    op_fb.OpStart(builder)
-    op_fb.OpAddName(builder, name)
-    op_fb.OpAddType(builder, OpType.Pooling)
-    op_fb.OpAddMainType(builder, 31)  # MNN's Pool table, not in this schema
-    op_fb.OpAddMain(builder, pool)
-    op_fb.OpAddInputIndexes(builder, inputs)
-    op_fb.OpAddOutputIndexes(builder, outputs)
-    op = op_fb.OpEnd(builder)
-    net_fb.NetStartOplistsVector(builder, 1)
-    builder.PrependUOffsetTRelative(op)
-    ops = builder.EndVector()
-    net_fb.NetStart(builder)
-    net_fb.NetAddOplists(builder, ops)
-    builder.Finish(net_fb.NetEnd(builder))
-    net = read_net(bytes(builder.Output()))
+    net = read_net(net_of_one_op(31, OpType.Pooling))  # MNN's Pool table, not in this schema
     assert (op_type_name(net.oplists[0].type), net.oplists[0].main) == ("Pooling", None)
     from mnnllm_core.core.op import Op
     from mnnllm_core.core.size_computer import compute_size
@@ -318,21 +296,32 @@ def test_vector_running_past_the_end_is_rejected_with_its_field() -> None:
     assert err.value.field == "Net.oplists[0].inputIndexes"
 
 
-def test_unknown_union_member_is_accepted_and_left_unread() -> None:
-    builder = flatbuffers.Builder(256)
-    name = builder.CreateString("future")
-    op_fb.OpStart(builder)
-    op_fb.OpAddName(builder, name)
-    op_fb.OpAddMainType(builder, 250)
-    op_fb.OpAddMain(builder, name)  # any offset; an unknown member is never followed
-    op = op_fb.OpEnd(builder)
+def finish_net(builder: flatbuffers.Builder, op: int) -> bytes:
+    """The bytes of a Net holding the one op `op` built in `builder`."""
     net_fb.NetStartOplistsVector(builder, 1)
     builder.PrependUOffsetTRelative(op)
     ops = builder.EndVector()
     net_fb.NetStart(builder)
     net_fb.NetAddOplists(builder, ops)
     builder.Finish(net_fb.NetEnd(builder))
-    net = read_net(bytes(builder.Output()))
+    return bytes(builder.Output())
+
+
+def net_of_one_op(main_type: int, op_type: int = 0) -> bytes:
+    """A Net whose one op has a union member of type `main_type` (pointing at a string: a
+    member that is not read is never followed)."""
+    builder = flatbuffers.Builder(256)
+    name = builder.CreateString("op")
+    op_fb.OpStart(builder)
+    op_fb.OpAddName(builder, name)
+    op_fb.OpAddType(builder, op_type)
+    op_fb.OpAddMainType(builder, main_type)
+    op_fb.OpAddMain(builder, name)
+    return finish_net(builder, op_fb.OpEnd(builder))
+
+
+def test_unknown_union_member_is_accepted_and_left_unread() -> None:
+    net = read_net(net_of_one_op(250))
     assert (net.oplists[0].mainType, net.oplists[0].main) == (250, None)
     assert op_param_name(250) == "OpParameter(250)"
 
@@ -373,15 +362,10 @@ def test_shared_subtables_cannot_make_the_walk_explode() -> None:
         op_fb.OpAddMainType(builder, OpParameter.LoopParam)
         op_fb.OpAddMain(builder, loop)
         op = op_fb.OpEnd(builder)
-    net_fb.NetStartOplistsVector(builder, 1)
-    builder.PrependUOffsetTRelative(op)
-    ops = builder.EndVector()
-    net_fb.NetStart(builder)
-    net_fb.NetAddOplists(builder, ops)
-    builder.Finish(net_fb.NetEnd(builder))
+    data = finish_net(builder, op)
     t0 = time.perf_counter()
     with pytest.raises(FormatError, match="more objects"):
-        read_net(bytes(builder.Output()))
+        read_net(data)
     assert time.perf_counter() - t0 < 1.0
 
 

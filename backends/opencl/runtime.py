@@ -16,7 +16,6 @@ Runtime hints (all optional):
 """
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,9 +24,6 @@ from mnnllm_core.backend_api import Backend, BackendConfig, ConfigError, Runtime
 
 if TYPE_CHECKING:
     from .device import Program
-
-log = logging.getLogger(__name__)
-
 
 class OpenCLBackend(Backend):
     """Storage of a tensor is a cl.Buffer; float32 tensors are held as fp16 when `half`."""
@@ -123,9 +119,6 @@ class OpenCLRuntimeCreator(RuntimeCreator):
     static_shapes = True
     settings = frozenset({"precision"})
 
-    def __init__(self) -> None:
-        self._probed: dict[str | None, tuple[bool, str]] = {}
-
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs a tiny kernel on the device $MNNLLM_OPENCL_DEVICE names (else the
         default one); never raises."""
@@ -134,14 +127,7 @@ class OpenCLRuntimeCreator(RuntimeCreator):
         except Exception as err:  # pyopencl missing, or its libOpenCL cannot be loaded
             return False, f"pyopencl cannot be imported: {type(err).__name__}: {err}"
         spec = device.device_spec({})
-        if spec not in self._probed:
-            try:
-                described = device.probe(spec)
-                self._probed[spec] = (True, "")
-                log.debug("opencl probe ran on %s", described)
-            except Exception as err:  # any driver or compiler failure means "unavailable"
-                self._probed[spec] = (False, f"{type(err).__name__}: {str(err).strip()}")
-        return self._probed[spec]
+        return self.probe_once(spec, lambda: device.probe(spec))
 
     def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> OpenCLRuntime:
         return OpenCLRuntime(config, hints)

@@ -12,15 +12,11 @@ recorded, so the host sees and changes memory only when the device is idle.
 """
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import numpy as np
 
 from mnnllm_core.backend_api import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig, Tensor
-
-log = logging.getLogger(__name__)
-
 
 class VulkanBackend(Backend):
     """Storage of a tensor is a device.Buffer (fp32, int32 as they are on the host)."""
@@ -90,9 +86,6 @@ class VulkanRuntimeCreator(RuntimeCreator):
     name = "vulkan"
     static_shapes = True
 
-    def __init__(self) -> None:
-        self._probed: dict[str | None, tuple[bool, str]] = {}
-
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs the probe shader on the selected device; never raises."""
         try:
@@ -100,16 +93,8 @@ class VulkanRuntimeCreator(RuntimeCreator):
         except Exception as err:  # the package missing, or libvulkan not loadable (OSError)
             return False, f"the vulkan package cannot be imported: {type(err).__name__}: {err}"
         spec = device.device_spec({})
-        if spec not in self._probed:
-            try:
-                described = device.probe(spec)
-                self._probed[spec] = (True, "")
-                log.debug("vulkan probe ran on %s", described)
-            except Exception as err:  # no ICD, no device, a driver or shader failure: unavailable
-                detail = str(err).strip() or ("no Vulkan driver (ICD) or device the loader can use; on a machine "
-                                              "without a GPU install mesa-vulkan-drivers (lavapipe)")
-                self._probed[spec] = (False, f"{type(err).__name__}: {detail}")
-        return self._probed[spec]
+        return self.probe_once(spec, lambda: device.probe(spec), "no Vulkan driver (ICD) or device the loader can use; "
+                               "on a machine without a GPU install mesa-vulkan-drivers (lavapipe)")
 
     def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> VulkanRuntime:
         return VulkanRuntime(config, hints)

@@ -6,6 +6,7 @@ reachable from `mnnllm_core.backend_api`), registers op creators on the runtime,
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
 
@@ -15,6 +16,8 @@ from .allocator import BufferPool
 from .kv_meta import KVMeta
 from .op import Op
 from .tensor import Tensor
+
+log = logging.getLogger(__name__)
 
 # The settings of ScheduleConfig a backend may honour; RuntimeCreator.settings names its own.
 SETTINGS = ("thread_num", "precision", "memory", "power")
@@ -217,3 +220,17 @@ class RuntimeCreator:
 
     def devices(self) -> list[str]:
         return []
+
+    def probe_once(self, key: Hashable, probe: Callable[[], str], silent: str = "") -> tuple[bool, str]:
+        """(ok, reason) of `probe()`, run once per `key` (a device selection); never raises.
+        `probe` builds and runs a tiny kernel and returns the device's description, or raises
+        (any driver or compiler failure means unavailable); `silent` is the reason given when
+        the error says nothing."""
+        probed = self.__dict__.setdefault("_probed", {})
+        if key not in probed:
+            try:
+                log.debug("%s probe ran on %s", self.name, probe())
+                probed[key] = (True, "")
+            except Exception as err:  # whatever the driver raises, the backend is unavailable
+                probed[key] = (False, f"{type(err).__name__}: {str(err).strip() or silent}")
+        return probed[key]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import UnsupportedError
+from ..errors import FormatError, UnsupportedError
 from ..geometry.regions import RasterParam
 from ..schema.MNN.BinaryOpOperation import BinaryOpOperation
 from ..schema.MNN.EltwiseType import EltwiseType
@@ -161,6 +161,15 @@ class RoPEParams:
     rope_dim: int
     q_norm: QKNorm | None = None
     k_norm: QKNorm | None = None
+
+    def rows(self, q_size: int, cos_size: int) -> tuple[int, int]:
+        """(tokens, values per cos/sin row) of these input sizes; cos/sin rows shorter than
+        rope_dim are a FormatError (a kernel would read past them)."""
+        seq = q_size // (self.num_head * self.head_dim)
+        stride = cos_size // seq if seq else 0
+        if seq and stride < self.rope_dim:
+            raise FormatError(f"RoPE cos/sin rows of {stride} values for rope_dim {self.rope_dim}", field="cos")
+        return seq, stride
 
 
 def _rope(op: Op) -> RoPEParams | None:

@@ -149,7 +149,11 @@ def _steps(module: StaticModule, meta, trial: Trial, names: list[str], first: di
 
 
 def _check_encoding(trial: Trial, module: StaticModule, runtime: RuntimeManager, outputs) -> str | None:
-    """The core's part of a case: the commands it encoded, resizes, and the case's own checks."""
+    """The core's part of a case: no copies between backends, the commands it encoded, resizes,
+    and the case's own checks."""
+    copies = module.session.pipeline.placement.copies
+    if copies:
+        return f"{copies} copies between backends although every command ran on one"
     if trial.commands is not None:
         types = tuple(c.op.type for c in module.session.pipeline.commands)
         if types != tuple(trial.commands):

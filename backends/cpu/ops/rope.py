@@ -34,7 +34,7 @@ class RoPEExecution(Execution):
     def on_execute(self, inputs, outputs) -> None:
         p = self.params
         q, k = inputs[0].storage, inputs[1].storage
-        seq = q.size // (p.num_head * p.head_dim)
+        seq, _ = p.rows(q.size, inputs[2].size)
         cos = inputs[2].storage.reshape(seq, -1)[:, :p.rope_dim]
         sin = inputs[3].storage.reshape(seq, -1)[:, :p.rope_dim]
         self._apply(q, p.num_head, p.q_norm, cos, sin, outputs[0].storage)

@@ -15,8 +15,7 @@ class RoPEExecution(KernelExecution):
 
     def on_resize(self, inputs, outputs) -> None:
         p, q, k = self.params, self.q_norm, self.k_norm
-        seq = inputs[0].size // (p.num_head * p.head_dim)
-        cs_stride = inputs[2].size // seq
+        seq, cs_stride = p.rows(inputs[0].size, inputs[2].size)
         self.kernel = self.backend.program("rope.cl", "rope").bind(
             (seq, p.num_head + p.kv_num_head), None,
             *(t.storage for t in inputs[:4]), outputs[0].storage, outputs[1].storage,

@@ -1,7 +1,7 @@
 """Fused RoPE on q and k (cut dim, optional per-head q/k norm tables), one invocation per head."""
 from __future__ import annotations
 
-from mnnllm_core.backend_api import FLOAT32, FormatError, HeadNormTables, Refused, RoPEParams, head_norm_tables
+from mnnllm_core.backend_api import FLOAT32, HeadNormTables, Refused, RoPEParams, head_norm_tables
 
 from ..device import Dispatch, DispatchExecution, pack_push
 
@@ -13,10 +13,7 @@ class RoPEExecution(DispatchExecution):
 
     def on_resize(self, inputs, outputs) -> None:
         p, q, k = self.params, self.q_norm, self.k_norm
-        seq = inputs[0].size // (p.num_head * p.head_dim)
-        cs_stride = inputs[2].size // seq if seq else 0
-        if seq and cs_stride < p.rope_dim:
-            raise FormatError(f"RoPE cos/sin rows of {cs_stride} values for rope_dim {p.rope_dim}", field="cos")
+        seq, cs_stride = p.rows(inputs[0].size, inputs[2].size)
         push = pack_push("6iffii", seq, p.num_head, p.kv_num_head, p.head_dim, p.rope_dim, cs_stride,
                          q.epsilon, k.epsilon, q.flags, k.flags)
         count = seq * (p.num_head + p.kv_num_head)

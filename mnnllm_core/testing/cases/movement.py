@@ -127,23 +127,35 @@ def _empty_slice(rng) -> Trial:
     return single(slice_op(), [x, ints(3, 0), ints(3, 7), ints(1, 1)], [np.zeros((0, 7), np.float32)])
 
 
-# ------------------------------------------------------------------ Squeeze, Unsqueeze, ExpandDims, Reshape
+# ------------------------------------------------------------------ Squeeze, Unsqueeze, ExpandDims, Reshape, Permute
 
-def squeeze_table(*dims: int) -> SqueezeParamT:
-    table = SqueezeParamT()
-    table.squeezeDims = list(dims)
-    return table
+TABLES = {"Squeeze": (SqueezeParamT, "squeezeDims"), "Unsqueeze": (SqueezeParamT, "squeezeDims"),
+          "Reshape": (ReshapeT, "dims"), "Permute": (PermuteT, "dims")}
+BY_INPUT = {"Permute": "Transpose"}  # the op that takes its dims as an input
 
 
-def _squeeze_like(op_type: str, source: tuple, dims: tuple, shape: tuple, by_input: bool):
-    """Squeeze or Unsqueeze with its dims in the table or as a constant input."""
+def _dims_op(op_type: str, source: tuple, dims: tuple, expected_of, by_input: bool, lowered: bool = True,
+             dtype=np.float32):
+    """An op with its dims in its table (checked to be lowered to Raster when `lowered`) or, as
+    newer exports have it, as a constant input."""
     def build(rng) -> Trial:
-        x = randn(rng, *source)
+        x = (randn(rng, *source) * 100).astype(dtype)
         if by_input:
-            return single(Op(op_type, "squeeze"), [x, ints(*dims)], [x.reshape(shape)])
-        op = Op(op_type, "squeeze", squeeze_table(*dims))
-        return _raster(op, [x], x.reshape(shape)) if op_type == "Squeeze" else single(op, [x], [x.reshape(shape)])
+            return single(Op(BY_INPUT.get(op_type, op_type), "dims"), [x, ints(*dims)], [expected_of(x)])
+        kind, field_name = TABLES[op_type]
+        table = kind()
+        setattr(table, field_name, list(dims))
+        op = Op(op_type, "dims", table)
+        return _raster(op, [x], expected_of(x)) if lowered else single(op, [x], [expected_of(x)])
     return build
+
+
+def _reshaped(shape: tuple):
+    return lambda x: x.reshape(shape)
+
+
+def _transposed(perm: tuple):
+    return lambda x: x.transpose(perm)
 
 
 def _expand_dims(rng) -> Trial:
@@ -151,30 +163,6 @@ def _expand_dims(rng) -> Trial:
     table = ExpandDimsT()
     table.axis = -1
     return single(Op("ExpandDims", "e", table), [x], [x[..., None]])
-
-
-def _reshape(dims: tuple, shape: tuple, by_input: bool):
-    def build(rng) -> Trial:
-        x = randn(rng, 2, 3, 5)
-        if by_input:
-            return single(Op("Reshape", "r"), [x, ints(*dims)], [x.reshape(shape)])
-        table = ReshapeT()
-        table.dims = list(dims)
-        return _raster(Op("Reshape", "r", table), [x], x.reshape(shape))
-    return build
-
-
-# ------------------------------------------------------------------ Permute, Transpose
-
-def _permute(shape: tuple, perm: tuple, by_input: bool, dtype=np.float32):
-    def build(rng) -> Trial:
-        x = (randn(rng, *shape) * 100).astype(dtype)
-        if by_input:
-            return single(Op("Transpose", "t"), [x, ints(*perm)], [x.transpose(perm)])
-        table = PermuteT()
-        table.dims = list(perm)
-        return _raster(Op("Permute", "p", table), [x], x.transpose(perm))
-    return build
 
 
 PERMUTES = [((3, 4, 5), (1, 0, 2)), ((3, 4, 5), (2, 1, 0)), ((3, 4, 5), (0, 2, 1)), ((3, 4, 5), (1, 2, 0)),
@@ -197,22 +185,23 @@ def cases() -> list[Case]:
               Case("Raster", "ONNX Slice (starts, ends, axes, steps)", _onnx_slice, tol=0),
               Case("Raster", "StridedSlice with an empty result", _empty_slice, tol=0)]
     for dims, shape in (((0,), (3, 1, 5)), ((-2, 0), (3, 5)), ((), (3, 5))):
-        found.append(Case("Raster", f"Squeeze {dims} by param", _squeeze_like("Squeeze", (1, 3, 1, 5), dims, shape,
-                                                                              False), tol=0))
-        if dims:
-            found.append(Case("Raster", f"Squeeze {dims} by input", _squeeze_like("Squeeze", (1, 3, 1, 5), dims, shape,
-                                                                                  True), tol=0))
+        found += [Case("Raster", f"Squeeze {dims} by {way}", _dims_op("Squeeze", (1, 3, 1, 5), dims, _reshaped(shape),
+                                                                     way == "input"), tol=0)
+                  for way in ("param", "input") if dims or way == "param"]
     for dims, shape in (((0,), (1, 3, 5)), ((-1,), (3, 5, 1)), ((0, 3), (1, 3, 5, 1)), ((1, -1), (3, 1, 5, 1))):
-        found += [Case("Raster", f"Unsqueeze {dims} by {way}", _squeeze_like("Unsqueeze", (3, 5), dims, shape,
-                                                                             way == "input"), tol=0)
+        found += [Case("Raster", f"Unsqueeze {dims} by {way}", _dims_op("Unsqueeze", (3, 5), dims, _reshaped(shape),
+                                                                       way == "input", lowered=False), tol=0)
                   for way in ("param", "input")]
     found.append(Case("Raster", "ExpandDims axis=-1", _expand_dims, tol=0))
     for dims, shape in (((0, -1), (2, 15)), ((-1, 5), (6, 5)), ((0, 0, 5, 1), (2, 3, 5, 1)), ((1, -1, 1), (1, 30, 1))):
-        found += [Case("Raster", f"Reshape {dims} by {way}", _reshape(dims, shape, way == "input"), tol=0)
+        found += [Case("Raster", f"Reshape {dims} by {way}", _dims_op("Reshape", (2, 3, 5), dims, _reshaped(shape),
+                                                                     way == "input"), tol=0)
                   for way in ("param", "input")]
     for shape, perm in PERMUTES:
         found += [Case("Raster", f"{'Transpose' if by_input else 'Permute'} {shape} {perm}",
-                       _permute(shape, perm, by_input), tol=0) for by_input in (False, True)]
-    found.append(Case("Raster", "Permute (2, 3, 4, 5) (0, 2, 1, 3) int32", _permute((2, 3, 4, 5), (0, 2, 1, 3), False,
-                                                                                   np.int32), tol=0, dtype="int32"))
+                       _dims_op("Permute", shape, perm, _transposed(perm), by_input), tol=0)
+                  for by_input in (False, True)]
+    found.append(Case("Raster", "Permute (2, 3, 4, 5) (0, 2, 1, 3) int32",
+                      _dims_op("Permute", (2, 3, 4, 5), (0, 2, 1, 3), _transposed((0, 2, 1, 3)), False, dtype=np.int32),
+                      tol=0, dtype="int32"))
     return found
