@@ -13,7 +13,7 @@ import pytest
 from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
 from mnnllm_core.export import ensure_default_model, export_model
 from mnnllm_core.export import default_model
-from mnnllm_core.export.graph import rotary_inv_freq
+from mnnllm_core.export.rope import RopeSpec
 from mnnllm_core.export.weights import block_size_for, quantize_rows, to_bf16
 from mnnllm_core.llm.tokenizer import create_tokenizer
 from mnnllm_core.llm.tokenizer.base import unicode_to_bytes
@@ -154,7 +154,7 @@ def reference_logits(weights: dict[str, np.ndarray], model_type: str, tied: bool
         return out + weights[name + ".bias"] if name + ".bias" in weights else out
 
     n = len(ids)
-    freq = rotary_inv_freq(d, TINY["rope_theta"]).astype(np.float64)
+    freq = RopeSpec(TINY["rope_theta"]).inv_freq(d).astype(np.float64)
     angle = np.arange(n)[:, None] * freq[None]
     cos, sin = np.tile(np.cos(angle), 2)[:, None], np.tile(np.sin(angle), 2)[:, None]
 
