@@ -5,7 +5,10 @@ shape computations left behind by its optimizer). Shared by both shapes:
 
     position_ids -> Cast -> Reshape [-1,1] -> * inv_freq -> Cos, Sin -> [2,seq,d/2] -> concat with
         itself on the last axis -> Unsqueeze 2, 1 -> [2,1,seq,1,d] -> GatherV2 0 (cos) and 1 (sin);
-        one such table per distinct rotary (Gemma 3: local and global; a NoPE layer: inv_freq 0)
+        one such table per distinct rotary (Gemma 3: local and global; a NoPE layer: inv_freq 0);
+        a query scale other than 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar) multiplies the
+        table by sqrt(scale * sqrt(head_dim)): q and k both carry it, so q.k does once. MNN 3.6.1's
+        runtime ignores AttentionParam.attnScale, so the scale cannot go there.
     attention_mask: [1,1,-1,-1] (full attention: the causal mask lives in Attention), or for
         "mix" attention [2,1,1,-1,-1], plane 0 full, plane 1 sliding, picked per layer by GatherV2
     per layer: q, k, v Convolution 1x1 (the quantized linear, NC4HW4 in and out) -> RoPE(q, k, cos,
@@ -70,7 +73,7 @@ class DecoderGraph:
         self.weights = weights
         self.g = GraphBuilder()
         self.subgraphs: list[SubGraphProtoT] = []
-        self.tables: dict[RopeSpec, tuple[str, str]] = {}
+        self.tables: dict[tuple[RopeSpec, float], tuple[str, str]] = {}
         self.masks: dict[bool, str] = {}
 
     def build(self, model_id: str) -> tuple[bytes, LinearInfo]:
@@ -109,11 +112,11 @@ class DecoderGraph:
     def _rotary_tables(self) -> None:
         """One cos/sin table per distinct rotary of the layers, in the order the layers first use them."""
         g, a = self.g, self.args
-        specs = []
+        keys = []
         for i in range(a.num_hidden_layers):
-            spec = self.model.attention(i).rope or _NOPE
-            if spec not in specs:
-                specs.append(spec)
+            key = self._table_key(i)
+            if key not in keys:
+                keys.append(key)
         cast = CastParamT()
         cast.srcT, cast.dstT = DataType.DT_VARIANT, DataType.DT_FLOAT
         pos = g.op(OpType.Cast, "/rotary/Cast_output_0", ["position_ids"], ["/rotary/Cast_output_0"],
@@ -121,7 +124,7 @@ class DecoderGraph:
         column = g.const_int("/rotary/Constant_output_0", [-1, 1], [2])
         pos = g.reshape("/rotary/Reshape_output_0", [pos, column], None, NHWC)
         axis2 = g.const_int("/rotary/Constant_5_output_0", [2], [1])
-        for n, spec in enumerate(specs):
+        for n, (spec, gain) in enumerate(keys):
             p = "/rotary" if n == 0 else f"/rotary_{n}"
             inv = np.zeros(a.head_dim // 2, np.float32) if spec is _NOPE else spec.inv_freq(a.head_dim)
             freq = g.const_float(f"{p}/Constant_1_output_0", inv)
@@ -129,12 +132,19 @@ class DecoderGraph:
             parts = [g.unsqueeze(f"{p}/Unsqueeze_{tag}", g.unary(f"{p}/{tag}_output_0", fn, angle), self.axis0)
                      for fn, tag in ((UnaryOpOperation.COS, "Cos"), (UnaryOpOperation.SIN, "Sin"))]
             both = g.concat(f"{p}/Concat_output_0", parts, 0)
+            if gain != 1.0:
+                both = g.binary(f"{p}/scaled", BinaryOpOperation.MUL, both, g.const_float(f"{p}/gain", gain))
             both = g.concat(f"{p}/Concat_1_output_0", [both, both], -1)
             both = g.unsqueeze(f"{p}/Unsqueeze_2_output_0", both, axis2)
             table = g.unsqueeze(f"{p}/Unsqueeze_3_output_0", both, self.axis1)
             names = [f"/blocks.{n}/self_attn/Gather_2_output_0", f"/blocks.{n}/self_attn/Gather_3_output_0"]
             cos, sin = g.planes(table, 2, names, self.one, self.axis1)
-            self.tables[spec] = (cos, sin)
+            self.tables[(spec, gain)] = (cos, sin)
+
+    def _table_key(self, layer: int) -> tuple[RopeSpec, float]:
+        spec = self.model.attention(layer)
+        gain = 1.0 if spec.scale is None else math.sqrt(spec.scale * math.sqrt(self.args.head_dim))
+        return spec.rope or _NOPE, gain
 
     # -- the two graph shapes ------------------------------------------------
 
@@ -291,14 +301,13 @@ class DecoderGraph:
         rope.ropeCutHeadDim = a.head_dim
         rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
-        cos, sin = self.tables[spec.rope or _NOPE]
+        cos, sin = self.tables[self._table_key(i)]
         q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
         k_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_1"
         g.op(OpType.RoPE, f"/layers.{i}/self_attn/FusedRoPE", [proj["q_proj"], proj["k_proj"], cos, sin],
              [q_out, k_out], OpParameter.RoPEParam, rope)
         attn = AttentionParamT()
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
-        attn.attnScale = float(spec.scale or 0.0)
         ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention",
                    [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]],
                    [f"/layers.{i}/self_attn/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, attn)
