@@ -273,8 +273,9 @@ def test_tokenizer_round_trips_to_the_same_ids_as_hf(tmp_path, llama_dir, kind):
 # GGUF
 # ---------------------------------------------------------------------------
 
-def write_gguf(path: Path, weights: dict[str, np.ndarray]) -> None:
-    """A tiny llama GGUF as llama.cpp's converter writes one: F32 tensors, q/k rows permuted per head."""
+def write_gguf(path: Path, weights: dict[str, np.ndarray], extra=None) -> None:
+    """A tiny llama GGUF as llama.cpp's converter writes one: F32 tensors, q/k rows permuted per head;
+    `extra(writer)` adds fields."""
     import gguf
 
     heads, kv_heads = TINY["num_attention_heads"], TINY["num_key_value_heads"]
@@ -306,6 +307,8 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray]) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
+    if extra is not None:
+        extra(w)
     for name, array in weights.items():
         if name in names:
             w.add_tensor(names[name], array)

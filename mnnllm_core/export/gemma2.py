@@ -48,7 +48,7 @@ class ModelArgs(llama.ModelArgs):
     def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
         types = r.layer_types(layers, [SLIDING if (i + 1) % 2 else FULL for i in range(layers)])
         rope = r.rope(cls.default_theta)
-        return dict(layer_types=types, sliding_window=cls.window_from(r, types), ropes=[rope] * layers)
+        return dict(layer_types=types, sliding_window=cls.window_from(r, types, 4096), ropes=[rope] * layers)
 
 
 class Model(llama.Model):

@@ -21,7 +21,7 @@ class ModelArgs(gemma2.ModelArgs):
         types = r.layer_types(layers, [SLIDING if (i + 1) % pattern else FULL for i in range(layers)])
         full = r.rope(cls.default_theta, FULL)
         local = r.rope(10000.0, SLIDING, legacy_theta_key="rope_local_base_freq", legacy_scaling=False)
-        return dict(layer_types=types, sliding_window=cls.window_from(r, types),
+        return dict(layer_types=types, sliding_window=cls.window_from(r, types, 4096),
                     ropes=[local if t == SLIDING else full for t in types])
 
 

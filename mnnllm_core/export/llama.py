@@ -85,12 +85,15 @@ class ModelArgs:
         return dict(layer_types=[FULL] * layers, sliding_window=None, ropes=[rope] * layers)
 
     @staticmethod
-    def window_from(r: ConfigReader, types: list[str]) -> int | None:
-        """`sliding_window` when some layer slides; a sliding layer without one is an error."""
+    def window_from(r: ConfigReader, types: list[str], default: int | None = None) -> int | None:
+        """`sliding_window` when some layer slides (missing: the architecture's transformers default);
+        a sliding layer whose window is null, or missing without a default, is an error."""
         if SLIDING not in types:
             r.ignore("sliding_window")
             return None
-        return r.size("sliding_window")
+        if "sliding_window" in r.config and r.config["sliding_window"] is None:
+            raise r.error("sliding_window is null but layers slide", "sliding_window")
+        return r.size("sliding_window", default)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ class ModelArgs(llama.ModelArgs):
         if not windowed:
             types = [FULL] * layers
         rope = r.rope(cls.default_theta)
-        return dict(layer_types=types, sliding_window=cls.window_from(r, types), ropes=[rope] * layers)
+        return dict(layer_types=types, sliding_window=cls.window_from(r, types, 4096), ropes=[rope] * layers)
 
 
 class Model(llama.Model):

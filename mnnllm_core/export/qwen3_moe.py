@@ -43,7 +43,7 @@ class ModelArgs(qwen3.ModelArgs):
         r.ignore("max_window_layers", "layer_types")
         types = [SLIDING if windowed else FULL] * layers
         rope = r.rope(cls.default_theta)
-        return dict(layer_types=types, sliding_window=cls.window_from(r, types), ropes=[rope] * layers)
+        return dict(layer_types=types, sliding_window=cls.window_from(r, types, 4096), ropes=[rope] * layers)
 
 
 class Model(qwen3.Model):

@@ -323,6 +323,13 @@ class GGUFSource(Source):
             if value is not None:
                 self.config[key] = value
         names = {t.name: t for t in self._reader.tensors}
+        if "rope_freqs.weight" in names:  # llama.cpp's per-frequency factors (llama3 rope scaling)
+            raise UnsupportedError("GGUF rope_freqs (per-frequency rope factors) is not read", file=self.path,
+                                   field="rope_freqs.weight")
+        scaling = self._field(f"{arch}.rope.scaling.type", "none")
+        if scaling != "none":  # handed to the config reader, which knows linear and refuses the rest
+            self.config["rope_scaling"] = {"rope_type": scaling,
+                                           "factor": self._field(f"{arch}.rope.scaling.factor", None)}
         self.config["tie_word_embeddings"] = "output.weight" not in names
         if "vocab_size" not in self.config and "token_embd.weight" in names:
             self.config["vocab_size"] = int(names["token_embd.weight"].shape[-1])
