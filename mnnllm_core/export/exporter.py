@@ -15,7 +15,7 @@ from mnnllm_core.progress import Progress
 
 from . import gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
 from .decoder import DecoderGraph
-from .sources import Source, TokenizerSpec, open_source
+from .sources import TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
 from .weights import QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding
 
