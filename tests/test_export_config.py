@@ -29,6 +29,16 @@ def model(model_type: str, **config):
     return arch.Model(args(model_type, **config))
 
 
+@pytest.mark.parametrize("model_type", sorted(ARCHITECTURES))
+def test_transformers_own_full_default_config_is_accepted(model_type):
+    pytest.importorskip("transformers")
+    from transformers import AutoConfig
+
+    config = json.loads(AutoConfig.for_model(model_type).to_json_string(use_diff=False))
+    a = ARCHITECTURES[model_type].ModelArgs.from_dict(config)
+    assert a.num_hidden_layers == config["num_hidden_layers"] and len(a.ropes) == a.num_hidden_layers
+
+
 def test_rope_theta_under_rope_parameters_is_read_not_defaulted():
     a = args("llama", rope_parameters={"rope_type": "default", "rope_theta": 100000.0})
     assert a.ropes == [RopeSpec(100000.0)] * 4

@@ -32,7 +32,7 @@ INERT_KEYS = frozenset({
     "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
     "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
     "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "use_bfloat16",
-    "_attn_implementation_autoset", "tf_legacy_loss", "use_return_dict",
+    "_attn_implementation_autoset", "tf_legacy_loss", "use_return_dict", "is_llama_config", "transformers.js_config",
 })
 
 

@@ -62,6 +62,7 @@ class ModelArgs:
                   tie_word_embeddings=r.flag("tie_word_embeddings", False))
         kw["act"] = cls.activation(r)
         r.require("mlp_bias", (False,), False)
+        r.require("rope_interleaved", (False,), False)  # SmolLM2's configs say so; True would pair dims differently
         kw["qkv_bias"], kw["o_bias"] = cls.biases(r)
         kw.update(cls.attention_layout(r, layers))
         return kw

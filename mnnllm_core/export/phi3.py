@@ -22,6 +22,7 @@ class ModelArgs(mistral.ModelArgs):
 
     @classmethod
     def biases(cls, r: ConfigReader) -> tuple[bool, bool]:
+        r.require("attention_bias", (False,), False)
         return False, False
 
 
