@@ -1,10 +1,12 @@
-"""Convolution 1x1 as a linear layer: weights dequantized once to fp32 [oc, ic] at creation
-(the cpu backend's packing), then one BLAS GEMM/GEMV per run."""
+"""Convolution 1x1 as a linear layer. With `memory: "normal"`/`"high"` the weights are dequantized
+once to fp32 [oc, ic] at creation (the exact reference), then one BLAS GEMM/GEMV per run; with
+`memory: "low"` quantized weights stay packed (`packed_linear.py`)."""
 from __future__ import annotations
 
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.express.quant import QuantizedWeight
 
 
 FEW_ROWS = 64
@@ -44,9 +46,12 @@ def create_linear(backend, inputs, outputs, op):
     if int(common.kernelX or 1) != 1 or int(common.kernelY or 1) != 1 or int(common.group or 1) != 1:
         return None
     weights = op.weights.convolution()
+    bias = None if weights.bias is None or not np.any(weights.bias) else weights.bias.astype(np.float32)
+    if isinstance(weights.quantized, QuantizedWeight) and backend.low_memory():
+        from .packed_linear import create_packed_linear
+        return create_packed_linear(backend, inputs, weights.quantized, bias, bool(common.relu), bool(common.relu6))
     dense = weights.dense if weights.dense is not None else weights.quantized.dequantize()
     dense = np.ascontiguousarray(dense, dtype=np.float32)
-    bias = None if weights.bias is None or not np.any(weights.bias) else weights.bias.astype(np.float32)
     return LinearExecution(backend, dense, bias, bool(common.relu), bool(common.relu6))
 
 

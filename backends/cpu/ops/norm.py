@@ -1,5 +1,6 @@
 """LayerNorm / RMSNorm, including MNN's fused residual form (two inputs: out0 = a + b,
-out1 = norm(out0)) and group norm."""
+out1 = norm(out0)) and group norm. With memory "low" a norm over the last axis runs as one
+numba kernel (`kernels/norm.py`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,29 @@ class LayerNormExecution(Execution):
         self.axis_count, self.group = axis_count, group
         self.channel_axis = channel_axis  # C4 tensors normalize over channels
         self.packed_bytes = sum(a.nbytes for a in (gamma, beta) if a is not None)
+        self.kernel_args = None  # (row size, gamma, beta) when the numba kernel runs this norm
+
+    def on_resize(self, inputs, outputs) -> None:
+        x = inputs[0]
+        self.kernel_args = None
+        shape = tuple(x.shape)
+        if self.channel_axis and len(shape) == 4:
+            if shape[2:] != (1, 1):  # rows of channels only when each image is one pixel
+                return
+            inner = shape[1]
+        else:
+            inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
+        if self.backend.low_memory() and self.group == 1 and x.dtype == np.float32:
+            empty = np.zeros(0, np.float32)
+            gamma = self.gamma if self.gamma is not None else empty
+            beta = self.beta if self.beta is not None else empty
+            if all(a.size in (0, inner) for a in (gamma, beta)):
+                self.kernel_args = (inner, gamma, beta)
 
     def on_execute(self, inputs, outputs) -> None:
+        if self.kernel_args is not None:
+            self._execute_kernel(inputs, outputs)
+            return
         x = inputs[0].storage
         if len(inputs) == 2:
             outputs[0].storage[...] = x + inputs[1].storage
@@ -53,6 +75,16 @@ class LayerNormExecution(Execution):
         inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
         y = normalize(x.reshape(-1, inner), self.gamma, self.beta, self.eps, self.rms)
         target[...] = y.reshape(target.shape)
+
+    def _execute_kernel(self, inputs, outputs) -> None:
+        from ..kernels.norm import add_normalize_rows, normalize_rows
+        inner, gamma, beta = self.kernel_args
+        x = inputs[0].storage.reshape(-1)
+        if len(inputs) == 2:
+            add_normalize_rows(x, inputs[1].storage.reshape(-1), inner, gamma, beta, self.eps, self.rms,
+                               outputs[0].storage.reshape(-1), outputs[1].storage.reshape(-1))
+        else:
+            normalize_rows(x, inner, gamma, beta, self.eps, self.rms, outputs[0].storage.reshape(-1))
 
     def on_clone(self, backend, op):
         return LayerNormExecution(backend, self.gamma, self.beta, self.eps, self.rms, self.axis_count, self.group,

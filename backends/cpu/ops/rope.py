@@ -1,4 +1,5 @@
-"""Fused RoPE on q and k (rotate-half form), with the optional per-head q/k norm (Qwen3)."""
+"""Fused RoPE on q and k (rotate-half form), with the optional per-head q/k norm (Qwen3);
+with memory "low" one numba kernel per input (`kernels/rope.py`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -35,11 +36,27 @@ class RoPEExecution(Execution):
     def on_execute(self, inputs, outputs) -> None:
         p = self.params
         q, k = inputs[0].storage, inputs[1].storage
+        if self.backend.low_memory() and q.dtype == np.float32:
+            self._execute_kernel(q, k, inputs[2].storage, inputs[3].storage, outputs)
+            return
         seq = q.size // (p.num_head * p.head_dim)
         cos = inputs[2].storage.reshape(seq, -1)[:, :p.rope_dim]
         sin = inputs[3].storage.reshape(seq, -1)[:, :p.rope_dim]
         self._apply(q, p.num_head, p.q_norm, cos, sin, outputs[0].storage)
         self._apply(k, p.kv_num_head, p.k_norm, cos, sin, outputs[1].storage)
+
+    def _execute_kernel(self, q, k, cos, sin, outputs) -> None:
+        from ..kernels.rope import rope_heads
+        p = self.params
+        seq = q.size // (p.num_head * p.head_dim)
+        cos, sin = cos.reshape(seq, -1), sin.reshape(seq, -1)
+        empty = np.zeros(0, np.float32)
+        for x, heads, norm, out in ((q, p.num_head, p.q_norm, outputs[0]), (k, p.kv_num_head, p.k_norm, outputs[1])):
+            gamma = norm.gamma if norm is not None and norm.gamma is not None else empty
+            beta = norm.beta if norm is not None and norm.beta is not None else empty
+            rope_heads(x.reshape(-1), heads, p.head_dim, p.rope_dim, cos, sin, gamma, beta,
+                       norm.epsilon if norm is not None else 0.0, norm.rms if norm is not None else True,
+                       norm is not None, out.storage.reshape(-1))
 
     def on_clone(self, backend, op):
         return RoPEExecution(backend, self.params)
