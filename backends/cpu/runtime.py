@@ -85,6 +85,8 @@ class CPURuntime(Runtime):
             else:
                 self._kernels = kernels
                 self.apply_threads()
+                from .kernels.warmup import warm_up
+                warm_up(self.thread_num)
         return bool(self._kernels)
 
     def apply_threads(self) -> None:

@@ -12,9 +12,7 @@ MNN stores a quantized [oc, ic] weight row-major, codes packed high nibble first
 and w = zero + scale * (code - mid), mid = 8 (int4) or 128 (int8). Rows past oc are padding
 with zero codes and alphas. Only 4-bit weights with a linear value map, an even ic and an
 even block stay 4-bit; every other quantization (2..8 bits, a value map) is re-coded to
-8-bit codes holding the same values, still 4x smaller than fp32. Rows of several weights
-that read the same input can be concatenated (`concatenate`) so one kernel call computes
-q, k and v, or gate and up.
+8-bit codes holding the same values, still 4x smaller than fp32.
 """
 from __future__ import annotations
 
@@ -24,6 +22,7 @@ import numpy as np
 
 from mnnllm_core.express.quant import QuantizedWeight
 
+from . import jit
 from .simd import GROUP_ROWS
 
 
@@ -68,10 +67,26 @@ def pack(weight: QuantizedWeight) -> PackedWeight:
         rows = np.asarray(weight.packed[:oc * ic // 2]).reshape(oc, ic // 2)
     else:
         rows = _eight_bit_codes(weight)
-    codes = np.zeros((groups * GROUP_ROWS, rows.shape[1]), np.uint8)
-    codes[:oc] = rows
-    codes = np.ascontiguousarray(codes.reshape(groups, GROUP_ROWS, -1).transpose(0, 2, 1)).reshape(-1)
+    codes = np.empty(groups * GROUP_ROWS * rows.shape[1], np.uint8)
+    interleave_rows(rows, codes)
     return PackedWeight(4 if four_bit else 8, oc, ic, block, codes, _alpha(weight.zero, weight.scale, groups))
+
+
+@jit()
+def interleave_rows(rows, out):
+    """rows uint8 [oc, n] -> out [groups][n][32]: byte j of each row of a group side by side, zero padded."""
+    oc, n = rows.shape
+    for g in range(out.shape[0] // (n * GROUP_ROWS)):
+        block = out[g * n * GROUP_ROWS:(g + 1) * n * GROUP_ROWS]
+        for r in range(GROUP_ROWS):
+            row = g * GROUP_ROWS + r
+            if row < oc:
+                source = rows[row]
+                for j in range(n):
+                    block[j * GROUP_ROWS + r] = source[j]
+            else:
+                for j in range(n):
+                    block[j * GROUP_ROWS + r] = 0
 
 
 def _eight_bit_codes(weight: QuantizedWeight) -> np.ndarray:
@@ -92,14 +107,6 @@ def _alpha(zero: np.ndarray, scale: np.ndarray, groups: int) -> np.ndarray:
     grouped = pairs.reshape(groups, GROUP_ROWS, blocks, 2).transpose(0, 2, 3, 1)
     flat = np.ascontiguousarray(grouped).reshape(-1)
     return flat.view(np.uint16) if as_half else flat
-
-
-def concatenate(weights: list[PackedWeight]) -> PackedWeight:
-    """The groups of several same-format weights one after another (each member keeps whole groups)."""
-    first = weights[0]
-    rows = sum(w.groups for w in weights) * GROUP_ROWS
-    return PackedWeight(first.bits, rows, first.ic, first.block, np.concatenate([w.codes for w in weights]),
-                        np.concatenate([w.alpha for w in weights]))
 
 
 def dequantize(packed: PackedWeight) -> np.ndarray:

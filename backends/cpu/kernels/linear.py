@@ -6,6 +6,8 @@ lets BLAS multiply it, so a prefill never holds a whole fp32 copy of a weight.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from numba import prange
 
@@ -15,6 +17,8 @@ from .gemm import GEMM_ROWS, gemm_block
 from .simd import GROUP_ROWS, q4_group_dequantize, q4_group_dot, q8_group_dequantize, q8_group_dot
 
 FEW_TOKENS = 4  # up to this many rows run the GEMV kernel once per row
+# a GEMV reading fewer bytes runs on the calling thread: waking the pool costs more than it saves
+PARALLEL_BYTES = int(os.environ.get("MNNLLM_PARALLEL_BYTES", 1 << 19))
 DEPTH = 256  # inner-dimension block of the GEMM: a panel block of 32 KiB stays in L1/L2
 
 
@@ -41,50 +45,54 @@ def _lanes(x):
     return even, odd
 
 
+MEMBERS = 3  # weights one GEMV call computes together (q, k, v); unused places hold empty arrays
+
+
 @jit()
-def _q4_rows(codes, alpha, x_even, x_odd, x_sum, out, n_blocks, block, g0, g1, first):
+def _q4_rows(codes, alpha, x_even, x_odd, x_sum, out, n_blocks, block, g0, g1):
     group_bytes = x_even.shape[0] * GROUP_ROWS
     for g in range(g0, g1):
         q4_group_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, x_even, x_odd, x_sum,
-                     n_blocks, block // 2, out, (g - first) * GROUP_ROWS)
+                     n_blocks, block // 2, out, g * GROUP_ROWS)
 
 
 @jit()
-def _q8_rows(codes, alpha, x, x_sum, out, n_blocks, block, g0, g1, first):
+def _q8_rows(codes, alpha, x, x_sum, out, n_blocks, block, g0, g1):
     group_bytes = x.shape[0] * GROUP_ROWS
     for g in range(g0, g1):
         q8_group_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, x, x_sum, n_blocks, block,
-                     out, (g - first) * GROUP_ROWS)
+                     out, g * GROUP_ROWS)
 
 
 @jit()
-def _gemv_q4(codes, alpha, x, out, n_blocks, block, g0, g1):
-    x_even, x_odd = _lanes(x)
-    _q4_rows(codes, alpha, x_even, x_odd, _block_sums(x, n_blocks, block), out, n_blocks, block, g0, g1, g0)
-
-
-@jit(parallel=True)
-def _gemv_q4_parallel(codes, alpha, x, out, n_blocks, block, g0, g1, parts):
-    x_even, x_odd = _lanes(x)
-    x_sum = _block_sums(x, n_blocks, block)
-    per_part = (g1 - g0 + parts - 1) // parts
-    for part in prange(parts):
-        _q4_rows(codes, alpha, x_even, x_odd, x_sum, out, n_blocks, block, g0 + part * per_part,
-                 min(g1, g0 + (part + 1) * per_part), g0)
+def _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, x_sum, n_blocks, block, first, last):
+    """Groups first..last of the members laid end to end (member m holds groups starts[m]..starts[m+1])."""
+    for m in range(MEMBERS):
+        g0 = max(first, starts[m]) - starts[m]
+        g1 = min(last, starts[m + 1]) - starts[m]
+        if g0 < g1:
+            if bits == 4:
+                _q4_rows(codes[m], alphas[m], x_even, x_odd, x_sum, outs[m], n_blocks, block, g0, g1)
+            else:
+                _q8_rows(codes[m], alphas[m], x, x_sum, outs[m], n_blocks, block, g0, g1)
 
 
 @jit()
-def _gemv_q8(codes, alpha, x, out, n_blocks, block, g0, g1):
-    _q8_rows(codes, alpha, x, _block_sums(x, n_blocks, block), out, n_blocks, block, g0, g1, g0)
+def _gemv(bits, codes, alphas, outs, starts, x, n_blocks, block):
+    x_even, x_odd = _lanes(x)
+    _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, _block_sums(x, n_blocks, block), n_blocks, block, 0,
+          starts[MEMBERS])
 
 
 @jit(parallel=True)
-def _gemv_q8_parallel(codes, alpha, x, out, n_blocks, block, g0, g1, parts):
+def _gemv_parallel(bits, codes, alphas, outs, starts, x, n_blocks, block, parts):
+    x_even, x_odd = _lanes(x)
     x_sum = _block_sums(x, n_blocks, block)
-    per_part = (g1 - g0 + parts - 1) // parts
+    total = starts[MEMBERS]
+    per_part = (total + parts - 1) // parts
     for part in prange(parts):
-        _q8_rows(codes, alpha, x, x_sum, out, n_blocks, block, g0 + part * per_part,
-                 min(g1, g0 + (part + 1) * per_part), g0)
+        _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, x_sum, n_blocks, block, part * per_part,
+              min(total, (part + 1) * per_part))
 
 
 @jit(fastmath=False)
@@ -98,14 +106,6 @@ def _dequantize(bits, codes, alpha, n_blocks, block, g0, g1, tile, first, stride
         else:
             q8_group_dequantize(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, n_blocks, block,
                                 tile, (g - first) * GROUP_ROWS, stride)
-
-
-@jit(parallel=True, fastmath=False)
-def _dequantize_parallel(bits, codes, alpha, n_blocks, block, g0, g1, tile, parts):
-    per_part = (g1 - g0 + parts - 1) // parts
-    for part in prange(parts):
-        _dequantize(bits, codes, alpha, n_blocks, block, g0 + part * per_part, min(g1, g0 + (part + 1) * per_part),
-                    tile, g0, (g1 - g0) * GROUP_ROWS)
 
 
 @jit()
@@ -140,50 +140,69 @@ def _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, column, width,
 
 
 @jit()
-def _matmul(bits, codes, alpha, n_blocks, block, g0, x, out):
+def _matmul(bits, codes, alpha, n_blocks, block, x, out):
     tokens, ic = x.shape
     panel = np.empty(ic * GROUP_ROWS, np.float32)
     spill = np.empty(tokens * 16, np.float32)
     rows = out.shape[1]
-    for gi in range(-(-rows // GROUP_ROWS)):
-        _matmul_group(bits, codes, alpha, n_blocks, block, g0 + gi, x, out, gi * GROUP_ROWS,
-                      min(GROUP_ROWS, rows - gi * GROUP_ROWS), panel, spill)
+    for g in range(-(-rows // GROUP_ROWS)):
+        _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, g * GROUP_ROWS,
+                      min(GROUP_ROWS, rows - g * GROUP_ROWS), panel, spill)
 
 
 @jit(parallel=True)
-def _matmul_parallel(bits, codes, alpha, n_blocks, block, g0, x, out):
+def _matmul_parallel(bits, codes, alpha, n_blocks, block, x, out):
     tokens, ic = x.shape
     rows = out.shape[1]
-    for gi in prange(-(-rows // GROUP_ROWS)):
+    for g in prange(-(-rows // GROUP_ROWS)):
         panel = np.empty(ic * GROUP_ROWS, np.float32)
         spill = np.empty(tokens * 16, np.float32)
-        _matmul_group(bits, codes, alpha, n_blocks, block, g0 + gi, x, out, gi * GROUP_ROWS,
-                      min(GROUP_ROWS, rows - gi * GROUP_ROWS), panel, spill)
+        _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, g * GROUP_ROWS,
+                      min(GROUP_ROWS, rows - g * GROUP_ROWS), panel, spill)
 
 
-def gemv(packed: PackedWeight, x: np.ndarray, out: np.ndarray, g0: int, g1: int, threads: int) -> None:
-    """out[:(g1 - g0) * 32] = rows of groups g0..g1 of W @ x (x float32 [ic], out float32)."""
-    if threads > 1:
-        kernel = _gemv_q4_parallel if packed.bits == 4 else _gemv_q8_parallel
-        kernel(packed.codes, packed.alpha, x, out, packed.n_blocks, packed.block, g0, g1, threads)
-    else:
-        kernel = _gemv_q4 if packed.bits == 4 else _gemv_q8
-        kernel(packed.codes, packed.alpha, x, out, packed.n_blocks, packed.block, g0, g1)
+@jit(fastmath=False)
+def _dequantize_all(bits, codes, alpha, n_blocks, block, groups, tile):
+    _dequantize(bits, codes, alpha, n_blocks, block, 0, groups, tile, 0, groups * GROUP_ROWS)
 
 
-def dequantize_groups(packed: PackedWeight, g0: int, g1: int, tile: np.ndarray, threads: int) -> np.ndarray:
-    """W[rows of groups g0..g1].T as float32 [ic, (g1 - g0) * 32], written into the flat scratch `tile`."""
-    width = (g1 - g0) * GROUP_ROWS
-    if threads > 1:
-        _dequantize_parallel(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, g0, g1, tile,
-                             threads)
-    else:
-        _dequantize(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, g0, g1, tile, g0, width)
-    return tile[:packed.ic * width].reshape(packed.ic, width)
+class Gemv:
+    """One GEMV call over up to MEMBERS same-format weights that read the same x: result m =
+    weights[m] @ x (float32, weights[m].groups * 32 values, padding rows included)."""
+
+    def __init__(self, weights: list[PackedWeight]):
+        if not 1 <= len(weights) <= MEMBERS or any(not w.same_format(weights[0]) for w in weights):
+            raise ValueError(f"a GEMV takes 1 to {MEMBERS} weights of one format")
+        first = self.first = weights[0]
+        self.results = [np.zeros(w.groups * GROUP_ROWS, np.float32) for w in weights]
+        pad = MEMBERS - len(weights)
+        self.codes = tuple(w.codes for w in weights) + (first.codes[:0],) * pad
+        self.alphas = tuple(w.alpha for w in weights) + (first.alpha[:0],) * pad
+        self.targets = tuple(self.results) + (self.results[0][:0],) * pad
+        self.starts = np.zeros(MEMBERS + 1, np.int64)
+        self.starts[1:len(weights) + 1] = np.cumsum([w.groups for w in weights])
+        self.starts[len(weights) + 1:] = self.starts[len(weights)]
+        self.parallel_worth = sum(w.nbytes for w in weights) > PARALLEL_BYTES
+
+    def __call__(self, x: np.ndarray, threads: int) -> list[np.ndarray]:
+        first = self.first
+        if threads > 1 and self.parallel_worth:
+            _gemv_parallel(first.bits, self.codes, self.alphas, self.targets, self.starts, x, first.n_blocks,
+                           first.block, threads)
+        else:
+            _gemv(first.bits, self.codes, self.alphas, self.targets, self.starts, x, first.n_blocks, first.block)
+        return self.results
 
 
-def matmul(packed: PackedWeight, x: np.ndarray, out: np.ndarray, g0: int, threads: int) -> None:
-    """out[tokens, rows] = x[tokens, ic] @ W[out's rows from group g0].T (float32, C-contiguous): each group
-    of rows is dequantized into a panel that the register-blocked GEMM reuses for every token."""
+def matmul(packed: PackedWeight, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+    """out[tokens, oc] = x[tokens, ic] @ W.T (float32, C-contiguous): each group of rows is
+    dequantized into a panel that the register-blocked GEMM reuses for every token."""
     kernel = _matmul_parallel if threads > 1 else _matmul
-    kernel(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, g0, x, out)
+    kernel(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, x, out)
+
+
+def dequantize(packed: PackedWeight) -> np.ndarray:
+    """float32 [oc, ic] as the GEMM's panels hold it (for tests against the reference)."""
+    tile = np.empty(packed.ic * packed.groups * GROUP_ROWS, np.float32)
+    _dequantize_all(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, packed.groups, tile)
+    return tile.reshape(packed.ic, -1)[:, :packed.oc].T.copy()

@@ -1,10 +1,10 @@
 """Convolution 1x1 on packed int4/int8 weights, the cpu backend's `memory: "low"` path.
 
 Weights are packed once at creation (`kernels/layout.py`) and never expanded to fp32 whole:
-one token runs the GEMV kernel on the packed bytes, more tokens multiply dequantized tiles
-through BLAS. Linears that read the same input tensor (q/k/v, gate/up) share one packed
-weight with their rows one after another: for one token the first of them computes every
-member's rows in one kernel call and the others copy their slice.
+one token runs the GEMV kernel on the packed bytes, more tokens multiply dequantized panels
+(`kernels/linear.py`). Linears that read the same input tensor (q/k/v, gate/up) share one
+GEMV: for one token the first of them to run computes every member's rows in one kernel
+call and the others copy their result.
 """
 from __future__ import annotations
 
@@ -12,43 +12,40 @@ import numpy as np
 
 from mnnllm_core.core.backend import Execution
 
-from ..kernels.layout import PackedWeight, concatenate, pack
-from ..kernels.linear import FEW_TOKENS, gemv, matmul
-from ..kernels.simd import GROUP_ROWS
+from ..kernels.layout import PackedWeight, pack
+from ..kernels.linear import FEW_TOKENS, MEMBERS, Gemv, matmul
 
 
 class SharedInput:
-    """The packed rows of every linear reading one input tensor, and the one-token result."""
+    """The packed linears reading one input tensor, and their one-token results."""
 
     def __init__(self, weight: PackedWeight):
-        self.weight = weight
-        self.starts = [0]  # first group of each member
-        self.rows = [weight.oc]
-        self.result = np.empty(weight.groups * GROUP_ROWS, np.float32)
-        self.computed: tuple[int, int] | None = None  # (run, id of the input) the result belongs to
+        self.weights = [weight]
+        self.gemv = Gemv(self.weights)
+        self.computed: tuple[int, int] | None = None  # (run, id of the input) the results belong to
 
-    def accepts(self, weight: PackedWeight) -> bool:
-        return self.weight.same_format(weight)
-
-    def join(self, weight: PackedWeight) -> int:
-        """Append a member's rows; returns its index."""
-        self.starts.append(self.weight.groups)
-        self.rows.append(weight.oc)
-        self.weight = concatenate([self.weight, weight])
-        self.result = np.empty(self.weight.groups * GROUP_ROWS, np.float32)
-        return len(self.rows) - 1
+    def join(self, weight: PackedWeight) -> int | None:
+        """Add a member; its index, or None when it cannot share this GEMV."""
+        if len(self.weights) == MEMBERS or not weight.same_format(self.weights[0]):
+            return None
+        self.weights.append(weight)
+        self.gemv = Gemv(self.weights)
+        return len(self.weights) - 1
 
     def twin(self) -> "SharedInput":
-        """The same weights with a result buffer of its own (for a cloned session)."""
-        twin = SharedInput.__new__(SharedInput)
-        twin.weight, twin.starts, twin.rows = self.weight, self.starts, self.rows
-        twin.result = np.empty_like(self.result)
-        twin.computed = None
+        """The same weights with result buffers of their own (for a cloned session)."""
+        twin = SharedInput(self.weights[0])
+        twin.weights = self.weights
+        twin.gemv = Gemv(self.weights)
         return twin
 
-    def member_bytes(self, member: int) -> int:
-        groups = -(-self.rows[member] // GROUP_ROWS)
-        return self.weight.nbytes * groups // self.weight.groups
+    def results(self, x: np.ndarray, run: int, threads: int) -> list[np.ndarray]:
+        """Every member's rows for the one token x, computed once per run."""
+        key = (run, id(x))
+        if self.computed != key:
+            self.gemv(x.reshape(-1), threads)
+            self.computed = key
+        return self.gemv.results
 
 
 class PackedLinearExecution(Execution):
@@ -56,30 +53,26 @@ class PackedLinearExecution(Execution):
                  relu6: bool):
         super().__init__(backend)
         self.shared, self.member = shared, member
+        self.weight = shared.weights[member]
         self.bias = bias
         self.relu, self.relu6 = relu, relu6
-        self.packed_bytes = shared.member_bytes(member) + (bias.nbytes if bias is not None else 0)
+        self.packed_bytes = self.weight.nbytes + (bias.nbytes if bias is not None else 0)
+        self.single: Gemv | None = None  # this weight alone, for a few tokens
 
     def on_execute(self, inputs, outputs) -> None:
         x = inputs[0].storage
         tokens = x.shape[0]
         out = outputs[0].storage.reshape(tokens, -1)
-        shared, threads = self.shared, self.backend.runtime.thread_num
-        rows, first = shared.rows[self.member], shared.starts[self.member]
+        threads, rows = self.backend.runtime.thread_num, self.weight.oc
         if tokens == 1:
-            key = (self.backend.run_count, id(x))
-            if shared.computed != key:  # the first member of this run computes every member's rows
-                gemv(shared.weight, x.reshape(-1), shared.result, 0, shared.weight.groups, threads)
-                shared.computed = key
-            out[0] = shared.result[first * GROUP_ROWS:first * GROUP_ROWS + rows]
+            out[0] = self.shared.results(x, self.backend.run_count, threads)[self.member][:rows]
         elif tokens <= FEW_TOKENS:
-            shared.computed = None
-            last = first + -(-rows // GROUP_ROWS)
+            if self.single is None:
+                self.single = Gemv([self.weight])
             for t in range(tokens):
-                gemv(shared.weight, x[t].reshape(-1), shared.result, first, last, threads)
-                out[t] = shared.result[:rows]
+                out[t] = self.single(x[t].reshape(-1), threads)[0][:rows]
         else:
-            matmul(shared.weight, x.reshape(tokens, -1), out, first, threads)
+            matmul(self.weight, x.reshape(tokens, -1), out, threads)
         if self.bias is not None:
             out += self.bias
         if self.relu6:
@@ -100,9 +93,8 @@ def create_packed_linear(backend, inputs, weight, bias, relu: bool, relu6: bool)
     packed = pack(weight)
     key = inputs[0].index
     shared = backend.shared_inputs.get(key)
-    if shared is not None and shared.accepts(packed):
-        member = shared.join(packed)
-    else:
+    member = shared.join(packed) if shared is not None else None
+    if member is None:
         shared, member = SharedInput(packed), 0
         backend.shared_inputs[key] = shared
     return PackedLinearExecution(backend, shared, member, bias, relu, relu6)
