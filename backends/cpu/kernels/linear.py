@@ -90,7 +90,8 @@ def _gemv_parallel(bits, codes, alphas, outs, starts, x, n_blocks, block, parts)
     x_sum = _block_sums(x, n_blocks, block)
     total = starts[MEMBERS]
     per_part = (total + parts - 1) // parts
-    for part in prange(parts):
+    for task in prange(parts):
+        part = np.int64(task)  # prange counts unsigned; int64 keeps the arithmetic integral
         _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, x_sum, n_blocks, block, part * per_part,
               min(total, (part + 1) * per_part))
 
@@ -154,7 +155,8 @@ def _matmul(bits, codes, alpha, n_blocks, block, x, out):
 def _matmul_parallel(bits, codes, alpha, n_blocks, block, x, out):
     tokens, ic = x.shape
     rows = out.shape[1]
-    for g in prange(-(-rows // GROUP_ROWS)):
+    for task in prange(-(-rows // GROUP_ROWS)):
+        g = np.int64(task)
         panel = np.empty(ic * GROUP_ROWS, np.float32)
         spill = np.empty(tokens * 16, np.float32)
         _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, g * GROUP_ROWS,

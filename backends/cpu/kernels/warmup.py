@@ -45,11 +45,14 @@ def warm_up(threads: int) -> None:
     gamma, empty = np.ones(ic, np.float32), np.zeros(0, np.float32)
     norm.normalize_rows(x, ic, gamma, empty, 1e-6, True, x.copy())
     norm.add_normalize_rows(x, x, ic, gamma, empty, 1e-6, True, x.copy(), x.copy())
-    rope.rope_heads(x, 1, ic, ic, x.reshape(1, ic), x.reshape(1, ic), empty, empty, 0.0, True, False, x.copy())
+    table = x.reshape(1, ic)
+    rope.rope_qk(x, x, 1, 1, ic, ic, table, table, False, empty, empty, 0.0, True, False, empty, empty, 0.0, True,
+                 x.copy(), x.copy())
     q = np.zeros((2, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
-    attention.attend_few(q, keys_t, values, 0, np.float32(1.0), q.copy(), np.zeros(16, np.float32))
-    attention.attend_many(q, keys_t, values, 0, np.float32(1.0), q.copy())
+    attention.attend(q, keys_t, values, 0, np.float32(1.0), q.copy())
+    if threads > 1:
+        attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), q.copy())
     activation.mul_silu(x, x, x.copy())
     release_compiler_pages()
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from mnnllm_core.core.backend import Execution
 
-FEW_TOKENS = 8  # up to this many new tokens the low-memory kernel attends query by query
+FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
 PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
 
 
@@ -71,6 +71,17 @@ class AttentionExecution(Execution):
         self.scale = scale
         self.heads = heads  # (num_head, kv_num_head, head_dim) when q/k/v are packed
         self.cache = cache if cache is not None else KVCache(keys_transposed=use_cache and backend.low_memory())
+        self.kernel_call = None  # (kernel, q, out, scale) bound at resize for the key-transposed cache
+
+    def on_resize(self, inputs, outputs) -> None:
+        self.kernel_call = None
+        q = self._split(inputs[0], False)
+        seq, num_head, dim = q.shape
+        if self.cache.keys_transposed and dim % PANEL == 0 and q.flags.c_contiguous:
+            from ..kernels.attention import attend, attend_parallel
+            kernel = attend if seq <= FEW_TOKENS or self.backend.runtime.thread_num == 1 else attend_parallel
+            scale = np.float32(self.scale if self.scale else 1.0 / np.sqrt(dim))
+            self.kernel_call = (kernel, q, outputs[0].storage.reshape(seq, num_head, dim), scale)
 
     def _split(self, tensor, kv: bool) -> np.ndarray:
         x = tensor.storage
@@ -97,8 +108,9 @@ class AttentionExecution(Execution):
             self.cache.append(k, v)
             length = self.cache.length
             if self.cache.keys_transposed:
-                if mask is None or mask.size == 1:
-                    self._attend_kernel(q, past, outputs)
+                if self.kernel_call is not None and (mask is None or mask.size == 1):
+                    kernel, queries, out, scale = self.kernel_call
+                    kernel(queries, self.cache.k, self.cache.v, past, scale, out)
                     return
                 keys = self.cache.k[:, :, :length].transpose(0, 2, 1)
             else:
@@ -115,18 +127,6 @@ class AttentionExecution(Execution):
         probs = softmax_last(scores)
         context = np.matmul(probs, values[:, None])  # [kvh, group, seq, dim]
         outputs[0].storage.reshape(seq, kv_heads, group, dim)[...] = context.transpose(2, 0, 1, 3)
-
-    def _attend_kernel(self, q: np.ndarray, past: int, outputs) -> None:
-        """Causal attention of the new tokens over the key-transposed cache (memory "low")."""
-        from ..kernels.attention import attend_few, attend_many
-        seq, num_head, dim = q.shape
-        scale = np.float32(self.scale if self.scale else 1.0 / np.sqrt(dim))
-        out = outputs[0].storage.reshape(seq, num_head, dim)
-        q = np.ascontiguousarray(q)
-        if seq <= FEW_TOKENS or dim % PANEL:
-            attend_few(q, self.cache.k, self.cache.v, past, scale, out, self.backend.scratch("scores", past + seq))
-        else:
-            attend_many(q, self.cache.k, self.cache.v, past, scale, out)
 
     @staticmethod
     def _mask(scores: np.ndarray, mask: np.ndarray | None, past: int, seq: int, total: int) -> None:

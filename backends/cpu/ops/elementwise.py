@@ -76,9 +76,13 @@ class BinaryExecution(Execution):
 class MulSiluExecution(Execution):
     """memory "low": a * silu(b) in one numba pass when both sides have the output's shape."""
 
-    def on_execute(self, inputs, outputs) -> None:
+    def on_resize(self, inputs, outputs) -> None:
         from ..kernels.activation import mul_silu
-        mul_silu(inputs[0].storage.reshape(-1), inputs[1].storage.reshape(-1), outputs[0].storage.reshape(-1))
+        self.kernel = mul_silu
+        self.arguments = tuple(t.storage.reshape(-1) for t in (*inputs, *outputs))  # fixed until the next resize
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.kernel(*self.arguments)
 
 
 class UnaryExecution(Execution):

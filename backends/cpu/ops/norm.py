@@ -32,11 +32,11 @@ class LayerNormExecution(Execution):
         self.axis_count, self.group = axis_count, group
         self.channel_axis = channel_axis  # C4 tensors normalize over channels
         self.packed_bytes = sum(a.nbytes for a in (gamma, beta) if a is not None)
-        self.kernel_args = None  # (row size, gamma, beta) when the numba kernel runs this norm
+        self.kernel_call = None  # (kernel, arguments) bound at resize when a numba kernel runs this norm
 
     def on_resize(self, inputs, outputs) -> None:
+        self.kernel_call = None
         x = inputs[0]
-        self.kernel_args = None
         shape = tuple(x.shape)
         if self.channel_axis and len(shape) == 4:
             if shape[2:] != (1, 1):  # rows of channels only when each image is one pixel
@@ -44,16 +44,25 @@ class LayerNormExecution(Execution):
             inner = shape[1]
         else:
             inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
-        if self.backend.low_memory() and self.group == 1 and x.dtype == np.float32:
-            empty = np.zeros(0, np.float32)
-            gamma = self.gamma if self.gamma is not None else empty
-            beta = self.beta if self.beta is not None else empty
-            if all(a.size in (0, inner) for a in (gamma, beta)):
-                self.kernel_args = (inner, gamma, beta)
+        if not (self.backend.low_memory() and self.group == 1 and x.dtype == np.float32):
+            return
+        empty = np.zeros(0, np.float32)
+        gamma = self.gamma if self.gamma is not None else empty
+        beta = self.beta if self.beta is not None else empty
+        if any(a.size not in (0, inner) for a in (gamma, beta)):
+            return
+        from ..kernels.norm import add_normalize_rows, normalize_rows
+        flat = [t.storage.reshape(-1) for t in (*inputs, *outputs)]  # storages stay put until the next resize
+        if len(inputs) == 2:
+            self.kernel_call = (add_normalize_rows, (flat[0], flat[1], inner, gamma, beta, self.eps, self.rms,
+                                                     flat[2], flat[3]))
+        else:
+            self.kernel_call = (normalize_rows, (flat[0], inner, gamma, beta, self.eps, self.rms, flat[1]))
 
     def on_execute(self, inputs, outputs) -> None:
-        if self.kernel_args is not None:
-            self._execute_kernel(inputs, outputs)
+        if self.kernel_call is not None:
+            kernel, arguments = self.kernel_call
+            kernel(*arguments)
             return
         x = inputs[0].storage
         if len(inputs) == 2:
@@ -75,16 +84,6 @@ class LayerNormExecution(Execution):
         inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
         y = normalize(x.reshape(-1, inner), self.gamma, self.beta, self.eps, self.rms)
         target[...] = y.reshape(target.shape)
-
-    def _execute_kernel(self, inputs, outputs) -> None:
-        from ..kernels.norm import add_normalize_rows, normalize_rows
-        inner, gamma, beta = self.kernel_args
-        x = inputs[0].storage.reshape(-1)
-        if len(inputs) == 2:
-            add_normalize_rows(x, inputs[1].storage.reshape(-1), inner, gamma, beta, self.eps, self.rms,
-                               outputs[0].storage.reshape(-1), outputs[1].storage.reshape(-1))
-        else:
-            normalize_rows(x, inner, gamma, beta, self.eps, self.rms, outputs[0].storage.reshape(-1))
 
     def on_clone(self, backend, op):
         return LayerNormExecution(backend, self.gamma, self.beta, self.eps, self.rms, self.axis_count, self.group,

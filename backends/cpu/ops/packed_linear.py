@@ -39,11 +39,12 @@ class SharedInput:
         twin.gemv = Gemv(self.weights)
         return twin
 
-    def results(self, x: np.ndarray, run: int, threads: int) -> list[np.ndarray]:
-        """Every member's rows for the one token x, computed once per run."""
-        key = (run, id(x))
+    def results(self, x: np.ndarray, source: int, run: int, threads: int) -> list[np.ndarray]:
+        """Every member's rows for the one token x ([1, ic], a view of the input storage `source`
+        identifies), computed once per run."""
+        key = (run, source)
         if self.computed != key:
-            self.gemv(x.reshape(-1), threads)
+            self.gemv(x[0], threads)
             self.computed = key
         return self.gemv.results
 
@@ -59,20 +60,25 @@ class PackedLinearExecution(Execution):
         self.packed_bytes = self.weight.nbytes + (bias.nbytes if bias is not None else 0)
         self.single: Gemv | None = None  # this weight alone, for a few tokens
 
+    def on_resize(self, inputs, outputs) -> None:
+        x = inputs[0].storage  # storages stay put until the next resize
+        self.tokens = x.shape[0]
+        self.x = x.reshape(self.tokens, -1)
+        self.out = outputs[0].storage.reshape(self.tokens, -1)
+        self.threads = self.backend.runtime.thread_num
+        self.source = id(x)
+
     def on_execute(self, inputs, outputs) -> None:
-        x = inputs[0].storage
-        tokens = x.shape[0]
-        out = outputs[0].storage.reshape(tokens, -1)
-        threads, rows = self.backend.runtime.thread_num, self.weight.oc
+        tokens, x, out, rows = self.tokens, self.x, self.out, self.weight.oc
         if tokens == 1:
-            out[0] = self.shared.results(x, self.backend.run_count, threads)[self.member][:rows]
+            out[0] = self.shared.results(x, self.source, self.backend.run_count, self.threads)[self.member][:rows]
         elif tokens <= FEW_TOKENS:
             if self.single is None:
                 self.single = Gemv([self.weight])
             for t in range(tokens):
-                out[t] = self.single(x[t].reshape(-1), threads)[0][:rows]
+                out[t] = self.single(x[t], self.threads)[0][:rows]
         else:
-            matmul(self.weight, x.reshape(tokens, -1), out, threads)
+            matmul(self.weight, x, out, self.threads)
         if self.bias is not None:
             out += self.bias
         if self.relu6:

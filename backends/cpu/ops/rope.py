@@ -25,6 +25,7 @@ class RoPEExecution(Execution):
     def __init__(self, backend, params: RoPEParams):
         super().__init__(backend)
         self.params = params
+        self.kernel_call = None  # (kernel, arguments) bound at resize on the low-memory path
 
     def _apply(self, x, heads: int, norm: NormParams | None, cos, sin, out) -> None:
         seq, head_dim = cos.shape[0], self.params.head_dim
@@ -33,33 +34,45 @@ class RoPEExecution(Execution):
             h = normalize(h, norm.gamma, norm.beta, norm.epsilon, norm.rms)
         out.reshape(seq, heads, head_dim)[...] = rotate(h, cos, sin, self.params.rope_dim)
 
+    def on_resize(self, inputs, outputs) -> None:
+        self.kernel_call = None
+        if not (self.backend.low_memory() and inputs[0].dtype == np.float32):
+            return
+        from ..kernels.rope import rope_qk
+        p = self.params
+        q, k, cos, sin = (t.storage for t in inputs[:4])  # storages stay put until the next resize
+        seq = q.size // (p.num_head * p.head_dim)
+        self.kernel_call = (rope_qk, (q.reshape(-1), k.reshape(-1), p.num_head, p.kv_num_head, p.head_dim, p.rope_dim,
+                                      cos.reshape(seq, -1), sin.reshape(seq, -1), *_norm_args(p.q_norm),
+                                      *_norm_args(p.k_norm), outputs[0].storage.reshape(-1),
+                                      outputs[1].storage.reshape(-1)))
+
     def on_execute(self, inputs, outputs) -> None:
+        if self.kernel_call is not None:
+            kernel, arguments = self.kernel_call
+            kernel(*arguments)
+            return
         p = self.params
         q, k = inputs[0].storage, inputs[1].storage
-        if self.backend.low_memory() and q.dtype == np.float32:
-            self._execute_kernel(q, k, inputs[2].storage, inputs[3].storage, outputs)
-            return
         seq = q.size // (p.num_head * p.head_dim)
         cos = inputs[2].storage.reshape(seq, -1)[:, :p.rope_dim]
         sin = inputs[3].storage.reshape(seq, -1)[:, :p.rope_dim]
         self._apply(q, p.num_head, p.q_norm, cos, sin, outputs[0].storage)
         self._apply(k, p.kv_num_head, p.k_norm, cos, sin, outputs[1].storage)
 
-    def _execute_kernel(self, q, k, cos, sin, outputs) -> None:
-        from ..kernels.rope import rope_heads
-        p = self.params
-        seq = q.size // (p.num_head * p.head_dim)
-        cos, sin = cos.reshape(seq, -1), sin.reshape(seq, -1)
-        empty = np.zeros(0, np.float32)
-        for x, heads, norm, out in ((q, p.num_head, p.q_norm, outputs[0]), (k, p.kv_num_head, p.k_norm, outputs[1])):
-            gamma = norm.gamma if norm is not None and norm.gamma is not None else empty
-            beta = norm.beta if norm is not None and norm.beta is not None else empty
-            rope_heads(x.reshape(-1), heads, p.head_dim, p.rope_dim, cos, sin, gamma, beta,
-                       norm.epsilon if norm is not None else 0.0, norm.rms if norm is not None else True,
-                       norm is not None, out.storage.reshape(-1))
-
     def on_clone(self, backend, op):
         return RoPEExecution(backend, self.params)
+
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+def _norm_args(norm: NormParams | None) -> tuple:
+    """(present, gamma, beta, epsilon, rms) of a per-head norm for the kernel; empty arrays when absent."""
+    if norm is None:
+        return False, _EMPTY, _EMPTY, 0.0, True
+    return (True, _EMPTY if norm.gamma is None else norm.gamma, _EMPTY if norm.beta is None else norm.beta,
+            float(norm.epsilon), bool(norm.rms))
 
 
 def create_rope(backend, inputs, outputs, op):
