@@ -4,12 +4,13 @@ MNN stores a quantized [oc, ic] weight row-major, codes packed high nibble first
 (zero, scale) per (row, block). The kernels read it as groups of GROUP_ROWS (32) rows:
 
     codes  uint8, [groups][ic * bits / 8][32]: byte j of each of the group's 32 rows side by
-           side, so 8 bytes load as 8 lanes of 8 rows (int4: the byte holds weights 2j in its
-           high nibble and 2j+1 in its low nibble, as in MNN; int8: weight j)
+           side, so 8 bytes load as 8 lanes of 8 rows (int4: the byte holds the codes of weights
+           2j in its high nibble and 2j+1 in its low nibble, as in MNN; int8: the signed value
+           of weight j)
     alpha  [groups][blocks][zero[32], scale[32]], fp16 bits (uint16) when the values are
            exactly fp16 (the exporter's default), else float32
 
-and w = zero + scale * (code - mid), mid = 8 (int4) or 128 (int8). Rows past oc are padding
+and w = zero + scale * (code - 8) for int4, zero + scale * value for int8. Rows past oc are padding
 with zero codes and alphas. Only 4-bit weights with a linear value map, an even ic and an
 even block stay 4-bit; every other quantization (2..8 bits, a value map) is re-coded to
 8-bit codes holding the same values, still 4x smaller than fp32.
@@ -90,12 +91,11 @@ def interleave_rows(rows, out):
 
 
 def _eight_bit_codes(weight: QuantizedWeight) -> np.ndarray:
-    """uint8 [oc, ic] codes of the same values with mid 128: code = value + 128."""
+    """The int8 values [oc, ic] (as uint8 bytes) of the weight's codes."""
     codes = weight.unpack()
     if weight.is_linear:
-        return codes + np.uint8(128 - (1 << (weight.bits - 1)))
-    table = (weight.value_map.astype(np.int16) + 128).astype(np.uint8)
-    return table[codes]
+        return codes - np.uint8(1 << (weight.bits - 1))  # wraps to the two's complement of the value
+    return weight.value_map.view(np.uint8)[codes]
 
 
 def _alpha(zero: np.ndarray, scale: np.ndarray, groups: int) -> np.ndarray:
@@ -116,11 +116,11 @@ def dequantize(packed: PackedWeight) -> np.ndarray:
     if packed.bits == 4:
         codes = np.empty((raw.shape[0], packed.ic), np.float32)
         codes[:, 0::2], codes[:, 1::2] = raw >> 4, raw & 15
-        mid = 8
+        codes -= 8
     else:
-        codes, mid = raw.astype(np.float32), 128
+        codes = raw.view(np.int8).astype(np.float32)
     alpha = packed.alpha.view(np.float16) if packed.alpha.dtype == np.uint16 else packed.alpha
     pairs = alpha.astype(np.float32).reshape(groups, packed.n_blocks, 2, GROUP_ROWS).transpose(0, 3, 1, 2)
     pairs = pairs.reshape(-1, packed.n_blocks, 2)
-    values = (codes - mid).reshape(-1, packed.n_blocks, packed.block) * pairs[:, :, 1:2] + pairs[:, :, 0:1]
+    values = codes.reshape(-1, packed.n_blocks, packed.block) * pairs[:, :, 1:2] + pairs[:, :, 0:1]
     return values.reshape(-1, packed.ic)[:packed.oc]

@@ -73,8 +73,13 @@ def reset_slots(builder, slots):
 
 
 def _codes(builder, codes, index):
-    """Eight code bytes as <8 x i32>."""
+    """Eight unsigned code bytes as <8 x i32>."""
     return builder.zext(load_vector(builder, codes, index, _VB, 1), _VI)
+
+
+def _values(builder, codes, index):
+    """Eight signed int8 values as <8 x float> (exact)."""
+    return builder.sitofp(builder.sext(load_vector(builder, codes, index, _VB, 1), _VI), VF)
 
 
 def _accumulate(builder, alpha, a_index, half, xs, mid, sums, acc):
@@ -95,9 +100,8 @@ def _block_alphas(builder, alpha, a_index, half):
     return zeros, scales
 
 
-def _exact_weight(builder, codes, mid, scale, zero):
-    """(code - mid) * scale + zero rounded twice, exactly as MNN and `QuantizedWeight.dequantize`."""
-    value = builder.fsub(builder.uitofp(codes, VF), mid)
+def _exact_weight(builder, value, scale, zero):
+    """value * scale + zero rounded twice, exactly as MNN and `QuantizedWeight.dequantize`."""
     return builder.fadd(builder.fmul(value, scale), zero)
 
 
@@ -154,7 +158,7 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
 
 @intrinsic
 def q8_group_dot(typingctx, codes, c_start, alpha, a_start, x, x_sum, n_blocks, block, out, o_start):
-    """One group of 32 rows of an int8 GEMV: codes uint8 [ic][32] from c_start, w = zero + scale * (code - 128)."""
+    """One group of 32 rows of an int8 GEMV: int8 values [ic][32] from c_start, w = zero + scale * value."""
     sig = types.void(codes, c_start, alpha, a_start, x, x_sum, n_blocks, block, out, o_start)
     half = alpha.dtype == types.uint16
 
@@ -175,12 +179,12 @@ def q8_group_dot(typingctx, codes, c_start, alpha, a_start, x, x_sum, n_blocks, 
                 xj = splat(builder, builder.load(builder.gep(x_p, [j])))
                 row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
                 for v in range(_VECTORS):
-                    w = builder.uitofp(_codes(builder, code_p, builder.add(row0, i64(v * LANES))), VF)
+                    w = _values(builder, code_p, builder.add(row0, i64(v * LANES)))
                     builder.store(fma(builder, w, xj, builder.load(part[v])), part[v])
             sums = [builder.load(part[v]) for v in range(_VECTORS)]
             xs = splat(builder, builder.load(builder.gep(xs_p, [b])))
             a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
-            _accumulate(builder, alpha_p, a_index, half, xs, 128, sums, acc)
+            _accumulate(builder, alpha_p, a_index, half, xs, 0, sums, acc)
         _finish(builder, out_p, o_start_v, acc)
         return context.get_dummy_value()
 
@@ -213,8 +217,10 @@ def q4_group_dequantize(typingctx, codes, c_start, alpha, a_start, n_blocks, blo
                 odd = builder.add(even, stride)
                 for v in range(_VECTORS):
                     w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
-                    hi = _exact_weight(builder, builder.lshr(w, four), eight, scales[v], zeros[v])
-                    lo = _exact_weight(builder, builder.and_(w, mask), eight, scales[v], zeros[v])
+                    hi = builder.fsub(builder.uitofp(builder.lshr(w, four), VF), eight)
+                    lo = builder.fsub(builder.uitofp(builder.and_(w, mask), VF), eight)
+                    hi = _exact_weight(builder, hi, scales[v], zeros[v])
+                    lo = _exact_weight(builder, lo, scales[v], zeros[v])
                     store_vector(builder, hi, tile_p, builder.add(even, i64(v * LANES)))
                     store_vector(builder, lo, tile_p, builder.add(odd, i64(v * LANES)))
         return context.get_dummy_value()
@@ -233,7 +239,6 @@ def q8_group_dequantize(typingctx, codes, c_start, alpha, a_start, n_blocks, blo
         code_p, alpha_p = array_data(context, builder, tys[0], args[0]), array_data(context, builder, tys[2], args[2])
         tile_p = array_data(context, builder, tys[6], args[6])
         c_start_v, a_start_v, blocks, per_block, t_start_v, stride = args[1], args[3], args[4], args[5], args[7], args[8]
-        mid = ir.Constant(VF, [128.0] * LANES)
         with cgutils.for_range(builder, blocks) as block_loop:
             b = block_loop.index
             a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
@@ -244,7 +249,7 @@ def q8_group_dequantize(typingctx, codes, c_start, alpha, a_start, n_blocks, blo
                 row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
                 target = builder.add(t_start_v, builder.mul(j, stride))
                 for v in range(_VECTORS):
-                    w = _exact_weight(builder, _codes(builder, code_p, builder.add(row0, i64(v * LANES))), mid,
+                    w = _exact_weight(builder, _values(builder, code_p, builder.add(row0, i64(v * LANES))),
                                       scales[v], zeros[v])
                     store_vector(builder, w, tile_p, builder.add(target, i64(v * LANES)))
         return context.get_dummy_value()
