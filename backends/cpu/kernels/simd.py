@@ -191,68 +191,46 @@ def q8_group_dot(typingctx, codes, c_start, alpha, a_start, x, x_sum, n_blocks, 
     return sig, codegen
 
 
-@intrinsic
-def q4_group_dequantize(typingctx, codes, c_start, alpha, a_start, n_blocks, block_bytes, tile, t_start, t_stride):
-    """Weights of one int4 group, transposed: tile[t_start + i * t_stride + r] = w[r, i] for its 32 rows."""
-    sig = types.void(codes, c_start, alpha, a_start, n_blocks, block_bytes, tile, t_start, t_stride)
-    half = alpha.dtype == types.uint16
+def _dequantizer(bits: int):
+    """The intrinsic writing one group's weights transposed: tile[t_start + i * t_stride + r] = w[r, i]
+    for its 32 rows (int4: block_bytes = block / 2 code bytes per block; int8: block values)."""
 
-    def codegen(context, builder, signature, args):
-        tys = signature.args
-        code_p, alpha_p = array_data(context, builder, tys[0], args[0]), array_data(context, builder, tys[2], args[2])
-        tile_p = array_data(context, builder, tys[6], args[6])
-        c_start_v, a_start_v, blocks, per_block, t_start_v, stride = args[1], args[3], args[4], args[5], args[7], args[8]
-        mask = ir.Constant(_VI, [15] * LANES)
-        four = ir.Constant(_VI, [4] * LANES)
-        eight = ir.Constant(VF, [8.0] * LANES)
-        with cgutils.for_range(builder, blocks) as block_loop:
-            b = block_loop.index
-            a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
-            zeros, scales = _block_alphas(builder, alpha_p, a_index, half)
-            first = builder.mul(b, per_block)
-            with cgutils.for_range(builder, per_block) as byte_loop:
-                j = builder.add(first, byte_loop.index)
-                row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
-                even = builder.add(t_start_v, builder.mul(builder.mul(j, i64(2)), stride))
-                odd = builder.add(even, stride)
-                for v in range(_VECTORS):
-                    w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
-                    hi = builder.fsub(builder.uitofp(builder.lshr(w, four), VF), eight)
-                    lo = builder.fsub(builder.uitofp(builder.and_(w, mask), VF), eight)
-                    hi = _exact_weight(builder, hi, scales[v], zeros[v])
-                    lo = _exact_weight(builder, lo, scales[v], zeros[v])
-                    store_vector(builder, hi, tile_p, builder.add(even, i64(v * LANES)))
-                    store_vector(builder, lo, tile_p, builder.add(odd, i64(v * LANES)))
-        return context.get_dummy_value()
+    @intrinsic
+    def dequantize(typingctx, codes, c_start, alpha, a_start, n_blocks, block_bytes, tile, t_start, t_stride):
+        sig = types.void(codes, c_start, alpha, a_start, n_blocks, block_bytes, tile, t_start, t_stride)
+        half = alpha.dtype == types.uint16
 
-    return sig, codegen
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            code_p, alpha_p = (array_data(context, builder, tys[i], args[i]) for i in (0, 2))
+            tile_p = array_data(context, builder, tys[6], args[6])
+            c_start_v, a_start_v, blocks, per_block, t_start_v, stride = (args[i] for i in (1, 3, 4, 5, 7, 8))
+            mask, four = ir.Constant(_VI, [15] * LANES), ir.Constant(_VI, [4] * LANES)
+            eight = ir.Constant(VF, [8.0] * LANES)
+            with cgutils.for_range(builder, blocks) as block_loop:
+                b = block_loop.index
+                a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
+                zeros, scales = _block_alphas(builder, alpha_p, a_index, half)
+                with cgutils.for_range(builder, per_block) as byte_loop:
+                    j = builder.add(builder.mul(b, per_block), byte_loop.index)
+                    row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
+                    first = builder.add(t_start_v, builder.mul(builder.mul(j, i64(8 // bits)), stride))
+                    for v in range(_VECTORS):
+                        if bits == 4:
+                            w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
+                            values = [builder.fsub(builder.uitofp(builder.lshr(w, four), VF), eight),
+                                      builder.fsub(builder.uitofp(builder.and_(w, mask), VF), eight)]
+                        else:
+                            values = [_values(builder, code_p, builder.add(row0, i64(v * LANES)))]
+                        for i, value in enumerate(values):
+                            target = builder.add(builder.add(first, builder.mul(i64(i), stride)), i64(v * LANES))
+                            store_vector(builder, _exact_weight(builder, value, scales[v], zeros[v]), tile_p, target)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dequantize
 
 
-@intrinsic
-def q8_group_dequantize(typingctx, codes, c_start, alpha, a_start, n_blocks, block, tile, t_start, t_stride):
-    """Weights of one int8 group, transposed: tile[t_start + i * t_stride + r] = w[r, i] for its 32 rows."""
-    sig = types.void(codes, c_start, alpha, a_start, n_blocks, block, tile, t_start, t_stride)
-    half = alpha.dtype == types.uint16
-
-    def codegen(context, builder, signature, args):
-        tys = signature.args
-        code_p, alpha_p = array_data(context, builder, tys[0], args[0]), array_data(context, builder, tys[2], args[2])
-        tile_p = array_data(context, builder, tys[6], args[6])
-        c_start_v, a_start_v, blocks, per_block, t_start_v, stride = args[1], args[3], args[4], args[5], args[7], args[8]
-        with cgutils.for_range(builder, blocks) as block_loop:
-            b = block_loop.index
-            a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
-            zeros, scales = _block_alphas(builder, alpha_p, a_index, half)
-            first = builder.mul(b, per_block)
-            with cgutils.for_range(builder, per_block) as column_loop:
-                j = builder.add(first, column_loop.index)
-                row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
-                target = builder.add(t_start_v, builder.mul(j, stride))
-                for v in range(_VECTORS):
-                    w = _exact_weight(builder, _values(builder, code_p, builder.add(row0, i64(v * LANES))),
-                                      scales[v], zeros[v])
-                    store_vector(builder, w, tile_p, builder.add(target, i64(v * LANES)))
-        return context.get_dummy_value()
-
-    return sig, codegen
-
+q4_group_dequantize = _dequantizer(4)
+q8_group_dequantize = _dequantizer(8)

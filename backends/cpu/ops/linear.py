@@ -12,6 +12,16 @@ from mnnllm_core.express.quant import QuantizedWeight
 FEW_ROWS = 64
 
 
+def finish(out: np.ndarray, bias: np.ndarray | None, relu: bool, relu6: bool) -> None:
+    """The convolution's bias and activation, in place."""
+    if bias is not None:
+        out += bias
+    if relu6:
+        np.clip(out, 0, 6, out=out)
+    elif relu:
+        np.maximum(out, 0, out=out)
+
+
 class LinearExecution(Execution):
     def __init__(self, backend, weight: np.ndarray, bias: np.ndarray | None, relu: bool, relu6: bool):
         super().__init__(backend)
@@ -30,12 +40,7 @@ class LinearExecution(Execution):
             out[...] = np.dot(self.weight, x.reshape(rows, -1).T).T
         else:
             np.dot(x.reshape(rows, -1), self.weight.T, out=out)
-        if self.bias is not None:
-            out += self.bias
-        if self.relu6:
-            np.clip(out, 0, 6, out=out)
-        elif self.relu:
-            np.maximum(out, 0, out=out)
+        finish(out, self.bias, self.relu, self.relu6)
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.weight, self.bias, self.relu, self.relu6)

@@ -14,6 +14,7 @@ from mnnllm_core.core.backend import Execution
 
 from ..kernels.layout import PackedWeight, pack
 from ..kernels.linear import FEW_TOKENS, MEMBERS, Gemv, matmul
+from .linear import finish
 
 
 class SharedInput:
@@ -79,12 +80,7 @@ class PackedLinearExecution(Execution):
                 out[t] = self.single(x[t], self.threads)[0][:rows]
         else:
             matmul(self.weight, x, out, self.threads)
-        if self.bias is not None:
-            out += self.bias
-        if self.relu6:
-            np.clip(out, 0, 6, out=out)
-        elif self.relu:
-            np.maximum(out, 0, out=out)
+        finish(out, self.bias, self.relu, self.relu6)
 
     def on_clone(self, backend, op):
         twins = backend.shared_twins
