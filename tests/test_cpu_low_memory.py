@@ -191,12 +191,16 @@ def test_mul_silu_and_exp_match_float64():
     assert np.isnan(exp32(np.float32(np.nan)))
 
 
-@pytest.fixture(scope="module")
-def low_llm():
+def load(memory: str):
     import mnnllm_core
     model = mnnllm_core.create(CONFIG)
-    model.set_config({"sampler_type": "greedy", "thread_num": 2, "memory": "low"})
+    model.set_config({"sampler_type": "greedy", "thread_num": 2, "memory": memory})
     return model.load()
+
+
+@pytest.fixture(scope="module")
+def low_llm():
+    return load("low")
 
 
 @pytest.mark.slow
@@ -205,6 +209,17 @@ def test_memory_low_greedy_tokens_equal_mnn_memory_normal(low_llm, index):
     prompt = PROMPTS[index]
     low_llm.reset()
     assert low_llm.generate(prompt["prompt_ids"], 64) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"]
+
+
+@pytest.mark.slow
+def test_memory_normal_stays_the_fp32_reference_path():
+    from mnnllm_backends.cpu.ops.linear import LinearExecution
+    llm = load("normal")
+    executions = [e for _, e in llm.pool.get(1, False).static_module.session.pipeline.executions.values()]
+    assert all(isinstance(e, LinearExecution) for e in executions if "Linear" in type(e).__name__)
+    for prompt in PROMPTS:
+        llm.reset()
+        assert llm.generate(prompt["prompt_ids"], 64) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"]
 
 
 def test_memory_low_keeps_weights_packed_and_reads_a_quarter_of_the_fp32_bytes(low_llm):

@@ -20,9 +20,9 @@ from .linear import finish
 class SharedInput:
     """The packed linears reading one input tensor, and their one-token results."""
 
-    def __init__(self, weight: PackedWeight):
-        self.weights = [weight]
-        self.gemv = Gemv(self.weights)
+    def __init__(self, weights: list[PackedWeight]):
+        self.weights = weights
+        self.gemv = Gemv(weights)
         self.computed: tuple[int, int] | None = None  # (run, id of the input) the results belong to
 
     def join(self, weight: PackedWeight) -> int | None:
@@ -35,10 +35,7 @@ class SharedInput:
 
     def twin(self) -> "SharedInput":
         """The same weights with result buffers of their own (for a cloned session)."""
-        twin = SharedInput(self.weights[0])
-        twin.weights = self.weights
-        twin.gemv = Gemv(self.weights)
-        return twin
+        return SharedInput(self.weights)
 
     def results(self, x: np.ndarray, source: int, run: int, threads: int) -> list[np.ndarray]:
         """Every member's rows for the one token x ([1, ic], a view of the input storage `source`
@@ -97,6 +94,6 @@ def create_packed_linear(backend, inputs, weight, bias, relu: bool, relu6: bool)
     shared = backend.shared_inputs.get(key)
     member = shared.join(packed) if shared is not None else None
     if member is None:
-        shared, member = SharedInput(packed), 0
+        shared, member = SharedInput([packed]), 0
         backend.shared_inputs[key] = shared
     return PackedLinearExecution(backend, shared, member, bias, relu, relu6)
