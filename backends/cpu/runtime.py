@@ -1,4 +1,5 @@
-"""The numpy cpu backend: storage is numpy arrays, executions are numpy/BLAS calls."""
+"""The numpy cpu backend: storage is numpy arrays, executions are numpy/BLAS calls, and with
+`memory: "low"` numba kernels on packed int4/int8 weights (`kernels/`)."""
 from __future__ import annotations
 
 import logging
@@ -18,6 +19,28 @@ log = logging.getLogger(__name__)
 class CPUBackend(HostBackend):
     name = "cpu"
 
+    def __init__(self, runtime: "CPURuntime", config: BackendConfig):
+        super().__init__(runtime, config)
+        self._scratch: dict[str, np.ndarray] = {}
+        self.run_count = 0
+        self.shared_inputs: dict[int, object] = {}  # input tensor index -> packed linears reading it
+        self.shared_twins: dict[int, object] = {}  # id of a cloned session's SharedInput -> this one's
+
+    def low_memory(self) -> bool:
+        """memory "low" with the numba kernels at hand: packed weights and the fused kernels (`kernels/`)."""
+        return self.config.memory == "low" and self.runtime.low_memory_kernels()
+
+    def scratch(self, name: str, size: int) -> np.ndarray:
+        """A float32 buffer of at least `size` reused by every execution of this backend."""
+        buffer = self._scratch.get(name)
+        if buffer is None or buffer.size < size:
+            buffer = self._scratch[name] = np.empty(size, np.float32)
+        return buffer
+
+    def on_execute_begin(self) -> None:
+        self.run_count += 1
+        self.runtime.apply_threads()
+
 
 class CPURuntime(Runtime):
     name = "cpu"
@@ -28,6 +51,27 @@ class CPURuntime(Runtime):
         # more BLAS threads than cores only makes threads wait on each other
         self.thread_num = max(1, min(int(config.thread_num), os.cpu_count() or 1))
         self._limits = _limit_blas_threads(self.thread_num)
+        self._kernels = None  # the numba kernels module once loaded, False when numba is missing
+
+    def low_memory_kernels(self) -> bool:
+        """Load the packed-weight kernels on first use (numba's import is paid only by memory "low")."""
+        if self._kernels is None:
+            try:
+                from . import kernels
+            except ImportError as err:
+                log.warning("numba is not installed (%s): memory \"low\" computes on fp32 weights", err)
+                self._kernels = False
+            else:
+                self._kernels = kernels
+                self.apply_threads()
+                from .kernels.warmup import warm_up
+                warm_up(self.thread_num)
+        return bool(self._kernels)
+
+    def apply_threads(self) -> None:
+        """thread_num for the numba kernels launched from the calling thread."""
+        if self._kernels:
+            self._kernels.set_threads(self.thread_num)
 
     def create_backend(self, config: BackendConfig) -> CPUBackend:
         return CPUBackend(self, config)
@@ -47,11 +91,12 @@ def _limit_blas_threads(threads: int):
 
 
 class CPURuntimeCreator(RuntimeCreator):
-    """fp32 on every precision; weights dequantized once at load whatever `memory` says."""
+    """thread_num for BLAS and the numba kernels; memory "low" keeps quantized weights packed,
+    "normal"/"high" dequantize them once to fp32; fp32 on every precision."""
 
     name = "cpu"
     static_shapes = False
-    settings = frozenset({"thread_num"})
+    settings = frozenset({"thread_num", "memory"})
 
     def is_available(self) -> tuple[bool, str]:
         a = np.arange(6, dtype=np.float32).reshape(2, 3)

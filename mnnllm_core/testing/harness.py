@@ -104,9 +104,10 @@ class Graph:
 
 
 def new_runtime(backend: str = "cpu", thread_num: int = 2, precision: str = "normal",
-                hints: dict[str, Any] | None = None) -> RuntimeManager:
+                hints: dict[str, Any] | None = None, memory: str = "normal") -> RuntimeManager:
     """A runtime of its own (with its own KV meta) on `backend`."""
-    config = ScheduleConfig(backend_type=backend, thread_num=thread_num, backend_config=BackendConfig(precision))
+    config = ScheduleConfig(backend_type=backend, thread_num=thread_num,
+                            backend_config=BackendConfig(precision=precision, memory=memory))
     return RuntimeManager.create(config, hints)
 
 

@@ -82,12 +82,14 @@ class Runner:
     hints: dict[str, Any] = field(default_factory=dict)
     thread_num: int = 2
     half: bool = False  # the hints make the backend store activations as fp16
+    memory: str = "normal"
     _runtime: RuntimeManager | None = field(default=None, repr=False)
 
     @property
     def runtime(self) -> RuntimeManager:
         if self._runtime is None:
-            self._runtime = new_runtime(self.backend, self.thread_num, self.precision, self.hints or None)
+            self._runtime = new_runtime(self.backend, self.thread_num, self.precision, self.hints or None,
+                                        self.memory)
         return self._runtime
 
     @property
@@ -96,8 +98,13 @@ class Runner:
         from ..plugins.manager import registry
         return self.half or (self.precision == "low" and "precision" in registry().get(self.backend).settings)
 
+    @property
+    def reference(self) -> bool:
+        """The reference backend: cpu in fp32 on dequantized weights (any memory but "low")."""
+        return self.backend == REFERENCE_BACKEND and self.memory != "low"
+
     def run(self, case: Case, perf: bool = False) -> CaseResult:
-        tol = case.tolerance(self.backend == REFERENCE_BACKEND, self.fp16)
+        tol = case.tolerance(self.reference, self.fp16)
         trial = case.trial()
         runtime = self.runtime
         meta = runtime.kv_meta
@@ -201,9 +208,9 @@ def select(op: str | None = None, perf: bool = False, name: str | None = None) -
 
 def run_suite(backend: str, op: str | None = None, perf: bool = False, precision: str = "normal",
               hints: dict[str, Any] | None = None, thread_num: int = 2, cases: Sequence[Case] | None = None,
-              name: str | None = None, half: bool = False) -> list[CaseResult]:
+              name: str | None = None, half: bool = False, memory: str = "normal") -> list[CaseResult]:
     """Every selected case on `backend` (see `select`)."""
-    runner = Runner(backend, precision, dict(hints or {}), thread_num, half)
+    runner = Runner(backend, precision, dict(hints or {}), thread_num, half, memory)
     chosen = list(cases) if cases is not None else select(op, perf, name)
     results = []
     for case in chosen:

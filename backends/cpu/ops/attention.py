@@ -3,6 +3,8 @@
 q [seq, heads*dim, 1, 1] (packed, as MNN's transformer-fused export emits) or [1, seq, heads, dim];
 k and v likewise with kv heads. Grouped-query heads share kv heads. A scalar mask means
 "causal"; a full float mask is added to the scores; an int mask blocks where it is 0.
+With memory "low" and the causal mask, numba kernels attend (`kernels/attention.py`), over a
+cache that holds keys transposed.
 """
 from __future__ import annotations
 
@@ -10,37 +12,48 @@ import numpy as np
 
 from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused, UnsupportedError, attention_mask
 
+FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
+PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
+
 
 class HostKVCache(KVCache):
-    """[kv_heads, capacity, dim] keys and values in host memory."""
+    """Keys and values in host memory, [kv_heads, capacity, dim] each (keys [kv_heads, dim,
+    capacity] when `keys_transposed`); capacity in whole panels."""
 
-    min_capacity = 128
-
-    def __init__(self) -> None:
+    def __init__(self, keys_transposed: bool = False) -> None:
         super().__init__()
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
+        self.keys_transposed = keys_transposed
+        self._heads = self._dim = 0
+
+    def capacity_for(self, need: int) -> int:
+        return -(-max(need, 2 * (self.capacity or 32)) // PANEL) * PANEL
 
     def grow(self, capacity: int) -> None:
-        grown = []
-        for old in (self.k, self.v):
-            new = np.zeros((self._heads, capacity, self._dim), np.float32)
-            if old is not None:
-                new[:, :self.length] = old[:, :self.length]
-            grown.append(new)
-        self.k, self.v = grown
+        heads, dim = self._heads, self._dim
+        grown_v = np.zeros((heads, capacity, dim), np.float32)
+        grown_k = np.zeros((heads, dim, capacity) if self.keys_transposed else grown_v.shape, np.float32)
+        if self.v is not None:
+            grown_v[:, :self.length] = self.v[:, :self.length]
+            if self.keys_transposed:
+                grown_k[:, :, :self.length] = self.k[:, :, :self.length]
+            else:
+                grown_k[:, :self.length] = self.k[:, :self.length]
+        self.k, self.v = grown_k, grown_v
 
     def write(self, k: np.ndarray, v: np.ndarray, seq: int) -> None:
         """k, v: [seq, kv_heads, dim]."""
-        self.k[:, self.length:self.length + seq] = k.transpose(1, 0, 2)
-        self.v[:, self.length:self.length + seq] = v.transpose(1, 0, 2)
+        end = self.length + seq
+        if self.keys_transposed:
+            self.k[:, :, self.length:end] = k.transpose(1, 2, 0)
+        else:
+            self.k[:, self.length:end] = k.transpose(1, 0, 2)
+        self.v[:, self.length:end] = v.transpose(1, 0, 2)
 
     def add(self, k: np.ndarray, v: np.ndarray) -> None:
         self._heads, self._dim = k.shape[1], k.shape[2]
         self.append(k, v, k.shape[0])
-
-    def keys(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.k[:, :self.length], self.v[:, :self.length]
 
 
 def softmax_last(x: np.ndarray) -> np.ndarray:
@@ -54,36 +67,60 @@ class AttentionExecution(Execution):
     def __init__(self, backend, params: AttentionParams, cache: HostKVCache | None = None):
         super().__init__(backend)
         self.params = params
-        self.cache = cache if cache is not None else HostKVCache()
+        self.cache = cache if cache is not None else HostKVCache(keys_transposed=params.kv_cache
+                                                                 and backend.low_memory())
+        self.kernel_call = None  # (kernel, q, out, scale) bound at resize for the key-transposed cache
 
-    def on_execute(self, inputs, outputs) -> None:
+    def _layout(self, inputs) -> tuple[int, int, int, int]:
         layout = self.params.layout(inputs[0].shape, inputs[1].shape)
         if layout is None:
             raise UnsupportedError("packed attention inputs need the head configuration", field="heads")
-        seq, num_head, kv_heads, dim = layout
+        return layout
+
+    def on_resize(self, inputs, outputs) -> None:
+        self.kernel_call = None
+        seq, num_head, kv_heads, dim = self._layout(inputs)
+        q = inputs[0].storage.reshape(seq, num_head, dim)
+        if self.cache.keys_transposed and dim % PANEL == 0 and q.flags.c_contiguous:
+            from ..kernels.attention import attend, attend_parallel
+            kernel = attend if seq <= FEW_TOKENS or self.backend.runtime.thread_num == 1 else attend_parallel
+            self.kernel_call = (kernel, q, outputs[0].storage.reshape(seq, num_head, dim),
+                                np.float32(self.params.scale_for(dim)))
+
+    def on_execute(self, inputs, outputs) -> None:
+        seq, num_head, kv_heads, dim = self._layout(inputs)
         q = inputs[0].storage.reshape(seq, num_head, dim)
         k = inputs[1].storage.reshape(-1, kv_heads, dim)
         v = inputs[2].storage.reshape(-1, kv_heads, dim)
         group = num_head // kv_heads
+        mask = inputs[3] if len(inputs) > 3 else None
+        kind = attention_mask(mask, seq)
         if self.params.kv_cache:
             past = self.cache.begin_step(self.backend.kv_meta)
             self.cache.add(k, v)
-            keys, values = self.cache.keys()
+            length = self.cache.length
+            if self.cache.keys_transposed:
+                if self.kernel_call is not None and kind.kind == "causal":
+                    kernel, queries, out, scale = self.kernel_call
+                    kernel(queries, self.cache.k, self.cache.v, past, scale, out)
+                    return
+                keys = self.cache.k[:, :, :length].transpose(0, 2, 1)
+            else:
+                keys = self.cache.k[:, :length]
+            values = self.cache.v[:, :length]
         else:
             past = 0
             keys, values = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
         total = keys.shape[1]
         queries = q.reshape(seq, kv_heads, group, dim).transpose(1, 2, 0, 3)  # [kvh, group, seq, dim]
         scores = np.matmul(queries, keys.transpose(0, 2, 1)[:, None]) * np.float32(self.params.scale_for(dim))
-        mask = inputs[3] if len(inputs) > 3 else None
-        self._mask(scores, mask, past, seq, total)
+        self._mask(scores, mask, kind.kind, past, seq, total)
         probs = softmax_last(scores)
         context = np.matmul(probs, values[:, None])  # [kvh, group, seq, dim]
         outputs[0].storage.reshape(seq, kv_heads, group, dim)[...] = context.transpose(2, 0, 1, 3)
 
     @staticmethod
-    def _mask(scores: np.ndarray, mask, past: int, seq: int, total: int) -> None:
-        kind = attention_mask(mask, seq).kind
+    def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int) -> None:
         if kind == "causal":
             if seq > 1:
                 allowed = np.arange(total)[None, :] <= (past + np.arange(seq))[:, None]

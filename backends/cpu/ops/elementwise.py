@@ -73,6 +73,18 @@ class BinaryExecution(Execution):
         out[...] = result
 
 
+class MulSiluExecution(Execution):
+    """memory "low": a * silu(b) in one numba pass when both sides have the output's shape."""
+
+    def on_resize(self, inputs, outputs) -> None:
+        from ..kernels.activation import mul_silu
+        self.kernel = mul_silu
+        self.arguments = tuple(t.storage.reshape(-1) for t in (*inputs, *outputs))  # fixed until the next resize
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.kernel(*self.arguments)
+
+
 class UnaryExecution(Execution):
     def __init__(self, backend, function):
         super().__init__(backend)
@@ -107,10 +119,14 @@ class EltwiseExecution(Execution):
 
 
 def _binary(backend, inputs, outputs, op):
-    function = BINARY.get(op.param.operation)
+    p = op.param
+    function = BINARY.get(p.operation)
     if function is None:
-        return Refused(f"no {op.param.operation} kernel")
-    return BinaryExecution(backend, function, ACTIVATIONS.get(op.param.activation))
+        return Refused(f"no {p.operation} kernel")
+    if (p.operation == "MUL_SILU" and not p.activation and backend.low_memory()
+            and all(t.shape == outputs[0].shape and t.dtype == np.float32 for t in (*inputs, outputs[0]))):
+        return MulSiluExecution(backend)
+    return BinaryExecution(backend, function, ACTIVATIONS.get(p.activation))
 
 
 def _unary(backend, inputs, outputs, op):

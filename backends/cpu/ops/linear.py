@@ -1,12 +1,23 @@
-"""Convolution 1x1 as a linear layer: weights dequantized once to fp32 [oc, ic] at creation
-(the cpu backend's packing), then one BLAS GEMM/GEMV per run."""
+"""Convolution 1x1 as a linear layer. With `memory: "normal"`/`"high"` the weights are dequantized
+once to fp32 [oc, ic] at creation (the exact reference), then one BLAS GEMM/GEMV per run; with
+`memory: "low"` quantized weights stay packed (`packed_linear.py`)."""
 from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import RELU, RELU6, Execution, Refused, linear_weights
+from mnnllm_core.backend_api import RELU, RELU6, Execution, QuantizedWeight, Refused, linear_weights
 
 FEW_ROWS = 64
+
+
+def finish(out: np.ndarray, bias: np.ndarray | None, activation: int) -> None:
+    """The convolution's bias and activation, in place."""
+    if bias is not None:
+        out += bias
+    if activation == RELU6:
+        np.clip(out, 0, 6, out=out)
+    elif activation == RELU:
+        np.maximum(out, 0, out=out)
 
 
 class LinearExecution(Execution):
@@ -27,12 +38,7 @@ class LinearExecution(Execution):
             out[...] = np.dot(self.weight, x.reshape(rows, -1).T).T
         else:
             np.dot(x.reshape(rows, -1), self.weight.T, out=out)
-        if self.bias is not None:
-            out += self.bias
-        if self.activation == RELU6:
-            np.clip(out, 0, 6, out=out)
-        elif self.activation == RELU:
-            np.maximum(out, 0, out=out)
+        finish(out, self.bias, self.activation)
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.weight, self.bias, self.activation)
@@ -42,6 +48,9 @@ def create_linear(backend, inputs, outputs, op):
     weights = linear_weights(op)
     if isinstance(weights, Refused):
         return weights
+    if isinstance(weights.quantized, QuantizedWeight) and backend.low_memory():
+        from .packed_linear import create_packed_linear
+        return create_packed_linear(backend, inputs, weights.quantized, weights.nonzero_bias, op.param.activation)
     return LinearExecution(backend, weights.dequantize(), weights.nonzero_bias, op.param.activation)
 
 

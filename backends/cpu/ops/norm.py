@@ -1,5 +1,6 @@
 """LayerNorm / RMSNorm, including MNN's fused residual form (two inputs: out0 = a + b,
-out1 = norm(out0)) and group norm."""
+out1 = norm(out0)) and group norm. With memory "low" a norm over the last axis runs as one
+numba kernel (`kernels/norm.py`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,12 +29,33 @@ class LayerNormExecution(Execution):
         self.params = params
         self.gamma, self.beta = gamma, beta
         self.packed_bytes = sum(a.nbytes for a in (gamma, beta) if a is not None)
+        self.kernel_call = None  # (kernel, arguments) bound at resize when a numba kernel runs this norm
 
     def on_resize(self, inputs, outputs) -> None:
-        check_norm_lengths(self.params.layout(inputs[0].shape), *(0 if a is None else a.size
-                                                                  for a in (self.gamma, self.beta)))
+        self.kernel_call = None
+        p, x = self.params, inputs[0]
+        layout = p.layout(x.shape)
+        check_norm_lengths(layout, *(0 if a is None else a.size for a in (self.gamma, self.beta)))
+        if p.channel_axis and len(x.shape) == 4 and tuple(x.shape[2:]) != (1, 1):
+            return  # rows of channels only when each image is one pixel
+        if not (self.backend.low_memory() and p.group == 1 and x.dtype == np.float32):
+            return
+        empty = np.zeros(0, np.float32)
+        gamma = self.gamma if self.gamma is not None else empty
+        beta = self.beta if self.beta is not None else empty
+        from ..kernels.norm import add_normalize_rows, normalize_rows
+        flat = [t.storage.reshape(-1) for t in (*inputs, *outputs)]  # storages stay put until the next resize
+        if len(inputs) == 2:
+            self.kernel_call = (add_normalize_rows, (flat[0], flat[1], layout.length, gamma, beta, p.epsilon, p.rms,
+                                                     flat[2], flat[3]))
+        else:
+            self.kernel_call = (normalize_rows, (flat[0], layout.length, gamma, beta, p.epsilon, p.rms, flat[1]))
 
     def on_execute(self, inputs, outputs) -> None:
+        if self.kernel_call is not None:
+            kernel, arguments = self.kernel_call
+            kernel(*arguments)
+            return
         p = self.params
         x = inputs[0].storage
         if len(inputs) == 2:

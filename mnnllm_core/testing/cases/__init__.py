@@ -7,7 +7,8 @@ case's id). `op_type` is the type a backend sees: a Concat or a Permute is lower
 by the core, and its trial says so (`commands`), which the runner checks too.
 
 Tolerances, relative to the largest expected magnitude (at least 1): `tol` on the reference cpu
-backend (fp32: 1e-5), `device_tol` on every other backend (kernels that sum or round in another
+backend (fp32 on dequantized weights: 1e-5), `device_tol` on every other backend (and on cpu with
+memory "low") (kernels that sum or round in another
 order: 2e-5 for linear layers, 3e-5 for transcendental unary ops), and FP16_TOL when a backend
 stores activations as fp16 (precision "low"). 0 means exact (data movement, integers).
 """
