@@ -88,7 +88,7 @@ def test_backends_json_lists_the_installed_plugins_with_version_devices_and_avai
     minimal = rows["minimal"]
     assert (minimal["plugin"], minimal["version"], minimal["available"], minimal["static_shapes"]) == (
         "minimal", "0.1.0", True, False)
-    assert (minimal["settings"], rows["cpu"]["settings"], rows["torch"]["settings"]) == ([], ["thread_num"],
+    assert (minimal["settings"], rows["cpu"]["settings"], rows["torch"]["settings"]) == ([], ["memory", "thread_num"],
                                                                                        ["thread_num"])
     assert minimal["devices"] == ["host memory (numpy)"]
     torch_row = rows["torch"]

@@ -3,6 +3,8 @@ out1 = norm(out0)) and group norm. With memory "low" a norm over the last axis r
 numba kernel (`kernels/norm.py`)."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from mnnllm_core.backend_api import Execution, LayerNormParams, check_norm_lengths
@@ -29,7 +31,7 @@ class LayerNormExecution(Execution):
         self.params = params
         self.gamma, self.beta = gamma, beta
         self.packed_bytes = sum(a.nbytes for a in (gamma, beta) if a is not None)
-        self.kernel_call = None  # (kernel, arguments) bound at resize when a numba kernel runs this norm
+        self.kernel_call = None  # the numba kernel with its arguments, bound at resize (memory "low")
 
     def on_resize(self, inputs, outputs) -> None:
         self.kernel_call = None
@@ -46,15 +48,14 @@ class LayerNormExecution(Execution):
         from ..kernels.norm import add_normalize_rows, normalize_rows
         flat = [t.storage.reshape(-1) for t in (*inputs, *outputs)]  # storages stay put until the next resize
         if len(inputs) == 2:
-            self.kernel_call = (add_normalize_rows, (flat[0], flat[1], layout.length, gamma, beta, p.epsilon, p.rms,
-                                                     flat[2], flat[3]))
+            self.kernel_call = partial(add_normalize_rows, flat[0], flat[1], layout.length, gamma, beta, p.epsilon,
+                                       p.rms, flat[2], flat[3])
         else:
-            self.kernel_call = (normalize_rows, (flat[0], layout.length, gamma, beta, p.epsilon, p.rms, flat[1]))
+            self.kernel_call = partial(normalize_rows, flat[0], layout.length, gamma, beta, p.epsilon, p.rms, flat[1])
 
     def on_execute(self, inputs, outputs) -> None:
         if self.kernel_call is not None:
-            kernel, arguments = self.kernel_call
-            kernel(*arguments)
+            self.kernel_call()
             return
         p = self.params
         x = inputs[0].storage

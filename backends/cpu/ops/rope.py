@@ -2,6 +2,8 @@
 with memory "low" one numba kernel per input (`kernels/rope.py`)."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from mnnllm_core.backend_api import Execution, QKNorm, Refused, RoPEParams
@@ -24,7 +26,7 @@ class RoPEExecution(Execution):
     def __init__(self, backend, params: RoPEParams):
         super().__init__(backend)
         self.params = params
-        self.kernel_call = None  # (kernel, arguments) bound at resize on the low-memory path
+        self.kernel_call = None  # the numba kernel with its arguments, bound at resize on the low-memory path
 
     def _apply(self, x, heads: int, norm: QKNorm | None, cos, sin, out) -> None:
         seq, head_dim = cos.shape[0], self.params.head_dim
@@ -41,15 +43,14 @@ class RoPEExecution(Execution):
         p = self.params
         q, k, cos, sin = (t.storage for t in inputs[:4])  # storages stay put until the next resize
         seq, _ = p.rows(q.size, cos.size)
-        self.kernel_call = (rope_qk, (q.reshape(-1), k.reshape(-1), p.num_head, p.kv_num_head, p.head_dim, p.rope_dim,
-                                      cos.reshape(seq, -1), sin.reshape(seq, -1), *_norm_args(p.q_norm),
-                                      *_norm_args(p.k_norm), outputs[0].storage.reshape(-1),
-                                      outputs[1].storage.reshape(-1)))
+        self.kernel_call = partial(rope_qk, q.reshape(-1), k.reshape(-1), p.num_head, p.kv_num_head, p.head_dim,
+                                   p.rope_dim, cos.reshape(seq, -1), sin.reshape(seq, -1), *_norm_args(p.q_norm),
+                                   *_norm_args(p.k_norm), outputs[0].storage.reshape(-1),
+                                   outputs[1].storage.reshape(-1))
 
     def on_execute(self, inputs, outputs) -> None:
         if self.kernel_call is not None:
-            kernel, arguments = self.kernel_call
-            kernel(*arguments)
+            self.kernel_call()
             return
         p = self.params
         q, k = inputs[0].storage, inputs[1].storage
