@@ -1,4 +1,4 @@
-"""The `mnnllm` command: run, chat, inspect, backends, export, bench."""
+"""The `mnnllm` command: run, chat, serve, inspect, backends, export, bench."""
 from __future__ import annotations
 
 import argparse
@@ -93,6 +93,15 @@ def cmd_chat(args) -> int:
             print(piece, end="", flush=True)
         print()
         messages.append({"role": "assistant", "content": "".join(answer)})
+
+
+def cmd_serve(args) -> int:
+    from .serve.server import model_config_path, prepare, run
+    prepare()
+    args.config = model_config_path(args.config)
+    log.info("loading %s", args.config or "the default model")
+    return run(_load_llm(args), host=args.host, port=args.port, api_key=args.api_key,
+               queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
 
 
 def cmd_inspect(args) -> int:
@@ -214,6 +223,15 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="interactive, streamed, multi-turn chat")
     model_args(chat)
     chat.set_defaults(func=cmd_chat)
+
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server and chat page for one model")
+    model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    serve.add_argument("--api-key", default=os.environ.get("MNNLLM_API_KEY"),
+                       help="require Authorization: Bearer KEY on /v1/ (default: $MNNLLM_API_KEY)")
+    serve.add_argument("--queue-size", type=int, default=8, help="requests that may wait; more get 503")
+    serve.set_defaults(func=cmd_serve)
 
     inspect = sub.add_parser("inspect", help="describe an llm.mnn (or a model's config.json)")
     inspect.add_argument("path")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -146,6 +146,16 @@ class Llm:
     def _budget(self, max_new_tokens: int | None) -> int:
         return int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
 
+    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+        """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
+        the common prefix with the history, less the last prompt token (it must run for logits)."""
+        common = 0
+        for a, b in zip(self.context.history_tokens, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        return max(min(common, len(prompt_ids) - 1), 0)
+
     def _start(self, prompt_ids: list[int]) -> list[int]:
         """Reuse the KV cache for the longest common prefix of the history; return what is new."""
         history = self.context.history_tokens
@@ -155,12 +165,7 @@ class Llm:
             raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; max_all_tokens is "
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
-        common = 0
-        for a, b in zip(history, prompt_ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt_ids) - 1)  # at least one token must run to get logits
+        common = self.cached_prefix(prompt_ids)
         if common < len(history):
             self.kv_meta.remove = len(history) - common
             del history[common:]
@@ -170,14 +175,25 @@ class Llm:
         ctx.output_tokens = []
         return prompt_ids[common:]
 
-    def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None) -> list[int]:
-        """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
-        new = self._start([int(t) for t in input_ids])
-        return list(self.generation.generate(new, self._budget(max_new_tokens)))
+    def make_sampler(self, overrides: Mapping[str, Any]) -> Sampler:
+        """A sampler of the config with `overrides` (sampler keys) merged over it, for one call
+        of generate/stream_ids/stream_text; the config and `self.sampler` stay as they are."""
+        return Sampler(SamplerConfig.from_config({**self.config.to_dict(), **overrides}))
 
-    def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None) -> Iterator[int]:
+    def _generation_for(self, sampler: Sampler | None):
+        return self.generation if sampler is None else create_generation(self, sampler)
+
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
+                 sampler: Sampler | None = None) -> list[int]:
+        """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
+        return list(self.stream_ids(input_ids, max_new_tokens, sampler))
+
+    def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
+                   sampler: Sampler | None = None) -> Iterator[int]:
+        """The new token ids one by one. Closing the iterator early (a cancelled request) leaves
+        the engine consistent: the history holds exactly the tokens the KV cache holds."""
         new = self._start([int(t) for t in input_ids])
-        yield from self.generation.generate(new, self._budget(max_new_tokens))
+        yield from self._generation_for(sampler).generate(new, self._budget(max_new_tokens))
 
     def _prompt_ids(self, prompt: Messages) -> list[int]:
         text = self.prompt.apply_chat_template(prompt) if self.config.use_template else str(prompt)
@@ -191,12 +207,14 @@ class Llm:
         the KV cache of the common prefix is reused.
         """
         ids = self._prompt_ids(prompt)
-        pieces = self._stream_text(ids, max_new_tokens)
+        pieces = self.stream_text(ids, max_new_tokens)
         return pieces if stream else "".join(pieces)
 
-    def _stream_text(self, ids: list[int], max_new_tokens: int | None) -> Iterator[str]:
+    def stream_text(self, ids: Sequence[int], max_new_tokens: int | None = None,
+                    sampler: Sampler | None = None) -> Iterator[str]:
+        """The answer to prompt ids as text pieces, the stop token left out."""
         decoder = self.tokenizer.stream()
-        for token in self.stream_ids(ids, max_new_tokens):
+        for token in self.stream_ids(ids, max_new_tokens, sampler):
             if self.tokenizer.is_stop(token):
                 break
             piece = decoder.put(token)
@@ -207,8 +225,9 @@ class Llm:
             yield tail
 
     def reset(self) -> None:
-        """Forget the conversation: the KV cache is emptied on the next forward."""
-        self.kv_meta.remove = len(self.context.history_tokens)
+        """Forget the conversation: the KV cache is emptied on the next forward (all of it,
+        also what a pending removal of `_start` was about to drop)."""
+        self.kv_meta.reset()
         self.context.history_tokens.clear()
         self.context.output_tokens = []
         self.context.all_seq_len = 0
