@@ -1,7 +1,8 @@
 """`mnnllm serve` live on 127.0.0.1, driven by the official `openai` client: greedy answers
 equal reference.json's tokens (mnn_cpp_q4_memory_normal), streamed and whole; stop sequences;
 usage and the KV cache reused across turns; OpenAI's error shapes; a cancelled request frees
-the model at once; a full queue answers 503."""
+the model at once; a full queue answers 503; the
+same answers on the opencl and vulkan backends."""
 import http.client
 import json
 import logging
@@ -13,6 +14,8 @@ from urllib.parse import urlparse
 import openai
 import pytest
 
+from mnnllm_core.errors import ConfigError
+from mnnllm_core.plugins.manager import registry
 from paths import REFERENCE
 from serve_harness import LiveServer, load_model
 
@@ -226,3 +229,23 @@ def test_a_client_that_gives_up_on_a_whole_answer_cancels_it(server, client, llm
     _wait_for(lambda: _health(server)["cancelled"] == before + 1 and not _health(server)["busy"])
     answer = client.chat.completions.create(model="any", messages=_user(0), temperature=0)
     assert answer.choices[0].message.content == _reference_text(llm, 0)
+
+
+def test_a_conversation_the_chat_template_refuses_is_a_bad_request(server, llm, monkeypatch):
+    def refuse(messages):
+        raise ConfigError("chat template failed: TemplateError: roles must alternate", field="jinja")
+    monkeypatch.setattr(llm, "apply_chat_template", refuse)
+    status, answer = _raw(server, "POST", "/v1/chat/completions", json.dumps(CHAT))
+    assert status == 400 and answer["error"]["param"] == "messages" and "alternate" in answer["error"]["message"]
+
+
+@pytest.mark.parametrize("backend", ["opencl", "vulkan"])
+def test_the_server_answers_on_the_other_backends_too(backend, llm):
+    available, reason = registry().get(backend).is_available()
+    if not available:
+        pytest.skip(f"{backend} unavailable: {reason}")
+    with LiveServer(load_model(backend_type=backend)) as other:
+        client = openai.OpenAI(base_url=other.url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        assert client.models.list().data[0].model_dump()["backend"] == backend
+        answer = client.chat.completions.create(model="any", messages=_user(0), temperature=0, max_tokens=8)
+        assert answer.choices[0].message.content == _reference_text(llm, 0)

@@ -48,8 +48,8 @@ def _sampler(request_fields, base=MIXED):
                                                                    **request_fields}), base)
     if overrides is None:
         return None
-    return SamplerConfig.from_config({**{"sampler_type": base.sampler_type, "mixed_samplers": list(base.mixed_samplers)},
-                                      **overrides})
+    model_config = {"sampler_type": base.sampler_type, "mixed_samplers": list(base.mixed_samplers)}
+    return SamplerConfig.from_config({**model_config, **overrides})
 
 
 def test_a_request_without_sampling_fields_keeps_the_model_sampler():

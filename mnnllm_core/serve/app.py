@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -25,6 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..errors import ConfigError
 from ..llm.llm import Llm
+from ..llm.sampler import Sampler
 from .errors import SERVER_ERROR, ApiError, error_body
 from .sampling import sampler_overrides
 from .schemas import (ChatCompletionRequest, ChatFormat, CompletionFormat, CompletionRequest, SamplingRequest,
@@ -42,17 +44,21 @@ class ModelService:
 
     def __init__(self, llm: Llm, worker: Worker, model_id: str, default_max_tokens: int | None):
         self.llm, self.worker, self.model_id = llm, worker, model_id
-        self.context = llm.config.max_all_tokens
+        self.context_length = llm.config.max_all_tokens
         self.default_max_tokens = default_max_tokens or llm.config.max_new_tokens
         self.created = int(os.path.getmtime(llm.config.llm_model))
 
     def model_card(self) -> dict[str, Any]:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "mnnllm",
-                "backend": self.llm.runtime_manager.config.backend_type, "context_length": self.context}
+                "backend": self.llm.runtime_manager.config.backend_type, "context_length": self.context_length}
 
     def chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
         messages = [m.as_template_message() for m in request.messages]
-        return self.llm.tokenizer_encode(self.llm.apply_chat_template(messages))
+        try:
+            text = self.llm.apply_chat_template(messages)
+        except ConfigError as err:  # the model's template refuses the conversation (roles, order)
+            raise ApiError(400, str(err), param="messages", code="invalid_value") from None
+        return self.llm.tokenizer_encode(text)
 
     def completion_prompt(self, request: CompletionRequest) -> list[int]:
         prompt = request.prompt
@@ -60,25 +66,25 @@ class ModelService:
 
     def generation(self, request: SamplingRequest, prompt_ids: list[int], prompt_field: str) -> Generation:
         """The job a validated request asks for, or a 400 when it does not fit the model."""
+        limit, prompt = self.context_length, len(prompt_ids)
         if not prompt_ids:
             raise ApiError(400, "The prompt encodes to no tokens.", param=prompt_field, code="invalid_value")
-        if len(prompt_ids) >= self.context:
-            raise ApiError(400, f"This model's maximum context length is {self.context} tokens. However, your "
-                                f"prompt has {len(prompt_ids)} tokens. Please shorten it.",
-                           param=prompt_field, code="context_length_exceeded")
+        if prompt >= limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                                f"{prompt} tokens. Please shorten it.", param=prompt_field,
+                           code="context_length_exceeded")
         asked, field = request.completion_budget, request.budget_field
-        if asked is not None and asked >= self.context:
-            raise ApiError(400, f"{field} is too large: {asked}. This model supports at most {self.context - 1} "
-                                f"completion tokens, whereas you provided {asked}.", param=field,
-                           code="invalid_value")
-        if asked is not None and len(prompt_ids) + asked > self.context:
-            raise ApiError(400, f"This model's maximum context length is {self.context} tokens. However, you "
-                                f"requested {len(prompt_ids) + asked} tokens ({len(prompt_ids)} in the prompt, "
-                                f"{asked} in the completion). Please reduce the prompt or the completion length.",
-                           param=field, code="context_length_exceeded")
-        budget = asked if asked is not None else min(self.default_max_tokens, self.context - len(prompt_ids))
+        if asked is not None and asked >= limit:
+            raise ApiError(400, f"{field} is too large: {asked}. This model supports at most {limit - 1} completion "
+                                f"tokens, whereas you provided {asked}.", param=field, code="invalid_value")
+        if asked is not None and prompt + asked > limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{prompt + asked} tokens ({prompt} in the prompt, {asked} in the completion). "
+                                f"Please reduce the prompt or the completion length.", param=field,
+                           code="context_length_exceeded")
         self._check_token_ids(prompt_ids, prompt_field)
         self._check_token_ids([int(t) for t in request.logit_bias or {}], "logit_bias")
+        budget = asked if asked is not None else min(self.default_max_tokens, limit - prompt)
         return Generation(prompt_ids, budget, self._sampler(request), tuple(request.stop or ()))
 
     def _check_token_ids(self, ids: list[int], field: str) -> None:
@@ -87,7 +93,7 @@ class ModelService:
             raise ApiError(400, f"{field} names token id {max(ids)}, beyond the vocabulary ({vocab} tokens).",
                            param=field, code="invalid_value")
 
-    def _sampler(self, request: SamplingRequest):
+    def _sampler(self, request: SamplingRequest) -> Sampler | None:
         overrides = sampler_overrides(request, self.llm.sampler.config)
         if overrides is None:
             return None
@@ -114,7 +120,8 @@ def _too_large() -> ApiError:
 
 
 def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n"
 
 
 class EventStream(StreamingResponse):
@@ -230,11 +237,13 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
 
     async def chat_completions(request: Request) -> Response:
         body = validate(ChatCompletionRequest, await _read_json(request))
-        return await _answer(request, service, body, service.chat_prompt(body), "messages", ChatFormat)
+        prompt_ids = await run_in_threadpool(service.chat_prompt, body)  # a long prompt must not stall streams
+        return await _answer(request, service, body, prompt_ids, "messages", ChatFormat)
 
     async def completions(request: Request) -> Response:
         body = validate(CompletionRequest, await _read_json(request))
-        return await _answer(request, service, body, service.completion_prompt(body), "prompt", CompletionFormat)
+        prompt_ids = await run_in_threadpool(service.completion_prompt, body)
+        return await _answer(request, service, body, prompt_ids, "prompt", CompletionFormat)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [service.model_card()]})

@@ -129,6 +129,10 @@ class Worker:
             return {"busy": self._running is not None, "waiting": len(self._waiting),
                     "queue_size": self.queue_size, **self.counts}
 
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.counts[outcome] += 1
+
     def _withdraw(self, job: Job) -> None:
         with self._lock:
             if job in self._waiting:
@@ -155,7 +159,7 @@ class Worker:
     def _run(self, job: Job) -> None:
         llm, gen = self.llm, job.generation
         if job.cancelled:  # its client left between the queue and here
-            self.counts["cancelled"] += 1
+            self._count("cancelled")
             return
         started = time.perf_counter()
         cached = llm.cached_prefix(gen.prompt_ids)
@@ -179,14 +183,14 @@ class Worker:
                 finish = "stop" if llm.context.status == FINISHED else "length"
         except Exception as err:  # the request fails; the server goes on serving the next one
             log.exception("%s: generation failed", job.id)
-            self.counts["failed"] += 1
+            self._count("failed")
             llm.reset()  # start the next request from a clean engine
             job._send("error", err)
             return
         finally:
             pieces.close()
         outcome = self._outcome(job, finish, started, cached)
-        self.counts["served" if finish else "cancelled"] += 1
+        self._count("served" if finish else "cancelled")
         _log_outcome(job.id, outcome)
         job._send("done", outcome)
 
