@@ -1,8 +1,7 @@
 """`mnnllm serve` live on 127.0.0.1, driven by the official `openai` client: greedy answers
 equal reference.json's tokens (mnn_cpp_q4_memory_normal), streamed and whole; stop sequences;
 usage and the KV cache reused across turns; OpenAI's error shapes; a cancelled request frees
-the model at once; a full queue answers 503; the
-same answers on the opencl and vulkan backends."""
+the model at once; a full queue answers 503; the same answers on the opencl and vulkan backends."""
 import http.client
 import json
 import logging
