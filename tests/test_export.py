@@ -13,7 +13,7 @@ import pytest
 from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
 from mnnllm_core.export import ensure_default_model, export_model
 from mnnllm_core.export import default_model
-from mnnllm_core.export.graph import rotary_inv_freq
+from mnnllm_core.export.rope import RopeSpec
 from mnnllm_core.export.weights import block_size_for, quantize_rows, to_bf16
 from mnnllm_core.llm.tokenizer import create_tokenizer
 from mnnllm_core.llm.tokenizer.base import unicode_to_bytes
@@ -154,7 +154,7 @@ def reference_logits(weights: dict[str, np.ndarray], model_type: str, tied: bool
         return out + weights[name + ".bias"] if name + ".bias" in weights else out
 
     n = len(ids)
-    freq = rotary_inv_freq(d, TINY["rope_theta"]).astype(np.float64)
+    freq = RopeSpec(TINY["rope_theta"]).inv_freq(d).astype(np.float64)
     angle = np.arange(n)[:, None] * freq[None]
     cos, sin = np.tile(np.cos(angle), 2)[:, None], np.tile(np.sin(angle), 2)[:, None]
 
@@ -273,8 +273,9 @@ def test_tokenizer_round_trips_to_the_same_ids_as_hf(tmp_path, llama_dir, kind):
 # GGUF
 # ---------------------------------------------------------------------------
 
-def write_gguf(path: Path, weights: dict[str, np.ndarray]) -> None:
-    """A tiny llama GGUF as llama.cpp's converter writes one: F32 tensors, q/k rows permuted per head."""
+def write_gguf(path: Path, weights: dict[str, np.ndarray], extra=None) -> None:
+    """A tiny llama GGUF as llama.cpp's converter writes one: F32 tensors, q/k rows permuted per head;
+    `extra(writer)` adds fields."""
     import gguf
 
     heads, kv_heads = TINY["num_attention_heads"], TINY["num_key_value_heads"]
@@ -306,6 +307,8 @@ def write_gguf(path: Path, weights: dict[str, np.ndarray]) -> None:
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
+    if extra is not None:
+        extra(w)
     for name, array in weights.items():
         if name in names:
             w.add_tensor(names[name], array)

@@ -14,16 +14,19 @@ from typing import Any
 from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.progress import Progress
 
-from . import llama, qwen2
+from . import gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
+from .decoder import DecoderGraph
 from .folder import check_destination, replace_folder, staging_folder
-from .graph import DecoderGraph
 from .sources import Source, TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
 from .weights import QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding
 
 logger = logging.getLogger(__name__)
 
-ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2}
+ARCHITECTURES: dict[str, ModuleType] = {
+    "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma2": gemma2,
+    "gemma3_text": gemma3_text, "mistral": mistral, "phi3": phi3, "smollm3": smollm3,
+}
 TOKENIZER_FORMATS = ("mtok", "txt")
 
 # config.json as MNN's exporter writes it (the runtime defaults a user edits).
@@ -100,7 +103,7 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
     model = arch.Model(args)
     spec = source.tokenizer()
     tied = args.tie_word_embeddings and not separate_embed
-    report = ExportReport(str(out), model_type, quant_bit, quant_block, _parameter_count(source, model))
+    report = ExportReport(str(out), model_type, quant_bit, quant_block, model.parameter_count(source))
     logger.info("exporting %s (%d layers) from %s: %d-bit, block %d, embedding %s", model_type,
                 args.num_hidden_layers, source.path, quant_bit, quant_block,
                 "tied to the lm_head" if tied else "in embeddings_bf16.bin")
@@ -120,7 +123,7 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
     tokenizer_file = f"tokenizer.{tokenizer}"
     with open(out / tokenizer_file, "wb") as f:
         (write_mtok if tokenizer == "mtok" else write_txt)(f, spec)
-    _write_json(out / "llm_config.json", _llm_config(args, spec, lm_head if tied else None, quant_block))
+    _write_json(out / "llm_config.json", _llm_config(model, spec, lm_head if tied else None, quant_block))
     _write_json(out / "config.json", {**_RUNTIME_CONFIG, **(runtime_config or {}), "tokenizer_file": tokenizer_file})
 
     report.files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
@@ -141,29 +144,15 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _parameter_count(source: Source, model: llama.Model) -> int:
-    """Elements the weight file is built from (the lm_head counts again when tied, as it is written again)."""
-    a = model.args
-    names = [model.final_norm(), model.lm_head()]
-    for i in range(a.num_hidden_layers):
-        names += [model.input_norm(i), model.post_attention_norm(i)]
-        names += [f"{model.linear(i, p)}.weight" for p in
-                  ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")]
-    total = 0
-    for name in names:
-        shape = source.tensor(name).shape
-        total += int(shape[0]) * (int(shape[1]) if len(shape) > 1 else 1)
-    return total
-
-
-def _llm_config(args: llama.ModelArgs, spec: TokenizerSpec, lm_head: LinearInfo | None,
+def _llm_config(model: llama.Model, spec: TokenizerSpec, lm_head: LinearInfo | None,
                 quant_block: int) -> dict[str, Any]:
+    args = model.args
     config: dict[str, Any] = {
         "model_type": args.model_type,
         "hidden_size": int(args.hidden_size),
         "layer_nums": int(args.num_hidden_layers),
         "attention_mask": "float",
-        "attention_type": "full",
+        **model.llm_config(),
         "is_mrope": False,
     }
     jinja = {k: v for k, v in (("chat_template", spec.chat_template), ("bos", spec.bos_token),

@@ -1,19 +1,26 @@
-"""Llama (SmolLM2, TinyLlama, Llama 2/3 without rope scaling): RMSNorm, GQA attention with RoPE, SwiGLU MLP."""
+"""Llama (SmolLM2, TinyLlama, Llama 2/3 incl. llama3 rope scaling): RMSNorm, GQA attention with RoPE, SwiGLU MLP.
+
+The base every other architecture file builds on: `ModelArgs.read` pulls its fields out of a
+`ConfigReader`, `Model` names the checkpoint's tensors and says, layer by layer, what the graph
+must compute (`AttentionSpec`, `MlpSpec`).
+"""
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from mnnllm_core.errors import ConfigError, UnsupportedError
+import numpy as np
 
-_SIZES = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size",
-          "num_key_value_heads", "head_dim")
+from .config import FULL, SLIDING, ConfigReader
+from .rope import RopeSpec
+from .sources import LazyTensor, Source
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass
 class ModelArgs:
-    """The config.json fields the export needs; `from_dict` ignores the rest."""
+    """The config.json fields the export needs; `from_dict` refuses keys it does not understand."""
 
     model_type: str
     hidden_size: int
@@ -21,49 +28,130 @@ class ModelArgs:
     intermediate_size: int
     num_attention_heads: int
     vocab_size: int
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
+    num_key_value_heads: int
+    head_dim: int
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
-    mlp_bias: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: int | None = None
+    ropes: list[RopeSpec | None] = field(default_factory=list)
+    act: str = "silu"
+
+    default_theta = 10000.0
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], file: str | None = None) -> "ModelArgs":
-        """A ConfigError naming `file` and the field when a size is missing or not a positive integer."""
-        fields = dataclasses.fields(cls)
-        for f in fields:
-            value = config.get(f.name)
-            required = f.default is dataclasses.MISSING
-            if f.name in _SIZES and (value is not None or required) and (
-                    isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ConfigError(f"{f.name} must be a positive integer, got {value!r}", file=file, field=f.name)
-        names = {f.name for f in fields}
-        return cls(**{k: v for k, v in config.items() if k in names})
+        """A ConfigError naming `file` and the field when a size is bad; UnsupportedError for a key not understood."""
+        reader = ConfigReader(config, file)
+        args = cls(**cls.read(reader))
+        reader.finish()
+        return args
 
-    def __post_init__(self) -> None:
-        if self.num_key_value_heads is None:
-            self.num_key_value_heads = self.num_attention_heads
-        if self.head_dim is None:
-            self.head_dim = self.hidden_size // self.num_attention_heads
-        scaling = (self.rope_scaling or {}).get("rope_type", (self.rope_scaling or {}).get("type", "default"))
-        if scaling != "default":
-            raise UnsupportedError(f"{self.model_type}: rope_scaling {scaling!r}", field="rope_scaling")
-        if self.mlp_bias:
-            raise UnsupportedError(f"{self.model_type}: mlp_bias", field="mlp_bias")
+    @classmethod
+    def read(cls, r: ConfigReader) -> dict[str, Any]:
+        """The dataclass fields from `r`; subclasses extend the dict."""
+        heads = r.size("num_attention_heads")
+        hidden = r.size("hidden_size")
+        layers = r.size("num_hidden_layers")
+        kw = dict(model_type=r.get("model_type"), hidden_size=hidden, num_hidden_layers=layers,
+                  intermediate_size=r.size("intermediate_size"), num_attention_heads=heads,
+                  vocab_size=r.size("vocab_size"), num_key_value_heads=r.size("num_key_value_heads", heads),
+                  head_dim=r.size("head_dim", hidden // heads), rms_norm_eps=r.number("rms_norm_eps", 1e-6),
+                  tie_word_embeddings=r.flag("tie_word_embeddings", False))
+        kw["act"] = cls.activation(r)
+        r.require("mlp_bias", (False,), False)
+        r.require("rope_interleaved", (False,), False)  # SmolLM2's configs say so; True would pair dims differently
+        kw["qkv_bias"], kw["o_bias"] = cls.biases(r)
+        kw.update(cls.attention_layout(r, layers))
+        return kw
+
+    @classmethod
+    def activation(cls, r: ConfigReader) -> str:
+        """The MLP's gate activation, as the graph names it."""
+        r.require("hidden_act", ("silu",), "silu")
+        return "silu"
+
+    @classmethod
+    def biases(cls, r: ConfigReader) -> tuple[bool, bool]:
+        """(q/k/v bias, o_proj bias): llama's `attention_bias` puts one on all four."""
+        bias = r.flag("attention_bias", False)
+        return bias, bias
+
+    @classmethod
+    def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
+        """Per-layer attention kind, window and rotary table; llama: full attention, one table."""
+        rope = r.rope(cls.default_theta)
+        return dict(layer_types=[FULL] * layers, sliding_window=None, ropes=[rope] * layers)
+
+    @staticmethod
+    def window_from(r: ConfigReader, types: list[str], default: int | None = None) -> int | None:
+        """`sliding_window` when some layer slides (missing: the architecture's transformers default);
+        a sliding layer whose window is null, or missing without a default, is an error."""
+        if SLIDING not in types:
+            r.ignore("sliding_window")
+            return None
+        if "sliding_window" in r.config and r.config["sliding_window"] is None:
+            raise r.error("sliding_window is null but layers slide", "sliding_window")
+        return r.size("sliding_window", default)
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """What one layer's attention computes beyond plain causal softmax(q k^T / sqrt(d)) v."""
+
+    rope: RopeSpec | None          # None: a NoPE layer (the graph rotates by angle 0)
+    window: int | None             # sliding window in keys, the query's own included; None: full
+    q_norm: str | None = None      # per-head RMSNorm weights (Qwen3, Gemma 3)
+    k_norm: str | None = None
+    scale: float | None = None     # None: 1/sqrt(head_dim)
+
+
+@dataclass(frozen=True)
+class MlpSpec:
+    """A dense gated MLP (`act` on gate, times up) or a routed mixture of such experts."""
+
+    act: str = "silu"              # silu | gelu_tanh
+    experts: int = 0
+    top_k: int = 0
+    norm_topk: bool = False
 
 
 class Model:
-    """Names of the weights of one architecture, in the HF checkpoint's naming."""
+    """Names of the weights of one architecture, in the HF checkpoint's naming, and what each layer computes."""
+
+    style = "c4"                   # c4: MNN's transformer_c4 fused graph; plain: one Linear after another
+    norm_offset = 0.0              # Gemma stores RMSNorm weights as w - 1
+    sandwich_norms = False         # Gemma 2/3: norms after attention and after the MLP too
 
     def __init__(self, args: ModelArgs):
         self.args = args
 
     @property
-    def qkv_bias(self) -> bool:
-        return self.args.attention_bias
+    def embed_scale(self) -> float | None:
+        return None
+
+    @property
+    def final_softcap(self) -> float | None:
+        return None
+
+    def attention(self, layer: int) -> AttentionSpec:
+        a = self.args
+        window = a.sliding_window if a.layer_types[layer] == SLIDING else None
+        return AttentionSpec(a.ropes[layer], window)
+
+    def mlp(self, layer: int) -> MlpSpec:
+        return MlpSpec(self.args.act)
+
+    def llm_config(self) -> dict[str, Any]:
+        """The llm_config.json keys that describe attention: MNN builds a 2-plane mask for "mix"."""
+        windows = {self.attention(i).window for i in range(self.args.num_hidden_layers)} - {None}
+        if not windows:
+            return {"attention_type": "full"}
+        return {"attention_type": "mix", "sliding_window": int(windows.pop())}
+
+    # -- tensor names -----------------------------------------------------------
 
     def embedding(self) -> str:
         return "model.embed_tokens.weight"
@@ -81,6 +169,31 @@ class Model:
         return f"model.layers.{layer}.post_attention_layernorm.weight"
 
     def linear(self, layer: int, name: str) -> str:
-        """`name` is one of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj."""
+        """`name` is one of PROJECTIONS."""
         group = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
         return f"model.layers.{layer}.{group}.{name}"
+
+    def linear_weight(self, source: Source, layer: int, name: str) -> LazyTensor:
+        return source.tensor(f"{self.linear(layer, name)}.weight")
+
+    def linear_bias(self, source: Source, layer: int, name: str) -> LazyTensor | None:
+        a = self.args
+        wanted = a.qkv_bias if name in ("q_proj", "k_proj", "v_proj") else a.o_bias if name == "o_proj" else False
+        return source.tensor(f"{self.linear(layer, name)}.bias") if wanted else None
+
+    def norms(self, layer: int) -> list[str]:
+        """Every norm weight of a layer (for counting what the export writes)."""
+        spec = self.attention(layer)
+        return [self.input_norm(layer), self.post_attention_norm(layer)] + [n for n in (spec.q_norm, spec.k_norm) if n]
+
+    def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        """Every tensor of a layer that the export writes."""
+        return ([source.tensor(n) for n in self.norms(layer)] +
+                [self.linear_weight(source, layer, p) for p in PROJECTIONS])
+
+    def parameter_count(self, source: Source) -> int:
+        """Elements the weight file is built from (the lm_head counts again when tied, as it is written again)."""
+        tensors = [source.tensor(self.final_norm()), source.tensor(self.lm_head())]
+        for i in range(self.args.num_hidden_layers):
+            tensors += self.layer_tensors(source, i)
+        return sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensors)

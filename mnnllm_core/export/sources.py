@@ -41,6 +41,28 @@ class LazyTensor:
     def load(self) -> np.ndarray:
         return self.rows(0, self.shape[0])
 
+    def row_range(self, start: int, stop: int, name: str) -> "LazyTensor":
+        """Rows [start, stop) as a tensor of its own (one projection of a fused qkv or gate_up weight)."""
+        if not 0 <= start < stop <= self.shape[0]:
+            raise FormatError(f"tensor {self.name!r} of {self.shape[0]} rows has no rows [{start}, {stop}) for "
+                              f"{name}", field=self.name)
+        return LazyTensor(name, (stop - start,) + self.shape[1:], lambda a, b: self.read_rows(start + a, start + b))
+
+
+def concat_rows(parts: list[LazyTensor], name: str) -> LazyTensor:
+    """Tensors of the same row width stacked into one (MNN's fused gate_up Linear of an expert)."""
+    if len({p.shape[1:] for p in parts}) != 1:
+        raise FormatError(f"{name}: cannot stack rows of shapes {[p.shape for p in parts]}",
+                          field=parts[0].name)
+    starts = np.cumsum([0] + [p.shape[0] for p in parts])
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        chunks = [p.rows(max(start, a) - a, min(stop, b) - a) for p, a, b in zip(parts, starts[:-1], starts[1:])
+                  if max(start, a) < min(stop, b)]
+        return np.concatenate(chunks)
+
+    return LazyTensor(name, (int(starts[-1]),) + parts[0].shape[1:], rows)
+
 
 @dataclass
 class TokenizerSpec:
@@ -301,6 +323,13 @@ class GGUFSource(Source):
             if value is not None:
                 self.config[key] = value
         names = {t.name: t for t in self._reader.tensors}
+        if "rope_freqs.weight" in names:  # llama.cpp's per-frequency factors (llama3 rope scaling)
+            raise UnsupportedError("GGUF rope_freqs (per-frequency rope factors) is not read", file=self.path,
+                                   field="rope_freqs.weight")
+        scaling = self._field(f"{arch}.rope.scaling.type", "none")
+        if scaling != "none":  # handed to the config reader, which knows linear and refuses the rest
+            self.config["rope_scaling"] = {"rope_type": scaling,
+                                           "factor": self._field(f"{arch}.rope.scaling.factor", None)}
         self.config["tie_word_embeddings"] = "output.weight" not in names
         if "vocab_size" not in self.config and "token_embd.weight" in names:
             self.config["vocab_size"] = int(names["token_embd.weight"].shape[-1])

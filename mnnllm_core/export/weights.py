@@ -114,8 +114,9 @@ class WeightWriter:
         self.out.write(raw)
         return len(raw)
 
-    def layernorm(self, gamma: LazyTensor) -> list[int]:
-        g = gamma.load().astype(np.float32).reshape(-1)
+    def layernorm(self, gamma: LazyTensor, offset: float = 0.0) -> list[int]:
+        """`offset` 1 for Gemma, whose RMSNorm multiplies by (1 + w)."""
+        g = gamma.load().astype(np.float32).reshape(-1) + np.float32(offset)
         start = self.offset
         g_len = self._write(g.astype("<f4"))
         b_len = self._write(np.zeros_like(g, dtype="<f4"))

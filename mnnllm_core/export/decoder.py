@@ -1,0 +1,405 @@
+"""Build llm.mnn: the op graph MNN's exporter emits for a decoder, in one of its two shapes.
+
+Only the part of MNN's graph that computes the outputs is written (MNN's file also carries dead
+shape computations left behind by its optimizer). Shared by both shapes:
+
+    position_ids -> Cast -> Reshape [-1,1] -> * inv_freq -> Cos, Sin -> [2,seq,d/2] -> concat with
+        itself on the last axis -> Unsqueeze 2, 1 -> [2,1,seq,1,d] -> GatherV2 0 (cos) and 1 (sin);
+        one such table per distinct rotary (Gemma 3: local and global; a NoPE layer: inv_freq 0);
+        a query scale other than 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar) multiplies the
+        table by sqrt(scale * sqrt(head_dim)): q and k both carry it, so q.k does once. MNN 3.6.1's
+        runtime ignores AttentionParam.attnScale, so the scale cannot go there.
+    attention_mask: [1,1,-1,-1] (full attention: the causal mask lives in Attention), or for
+        "mix" attention [2,1,1,-1,-1], plane 0 full, plane 1 sliding, picked per layer by GatherV2
+    per layer: q, k, v Convolution 1x1 (the quantized linear, NC4HW4 in and out) -> RoPE(q, k, cos,
+        sin) with the optional per-head q/k norm tables -> Attention(q, k, v, mask) -> o_proj
+
+`c4` (MNN's transformer_c4 fusion, llama-like models): the hidden state stays NC4HW4 [seq,H,1,1];
+each LayerNorm from layer 1 on is fused with the residual add (inputs (residual, x), outputs
+(residual + x, norm)); the MLP is gate, up -> BinaryOp MUL_SILU(up, gate) -> down.
+
+`plain` (Gemma, MoE models): the hidden state is NCHW [1,seq,H]; every Linear is Reshape [-1,ic,1,1]
+-> ConvertTensor -> Convolution -> ConvertTensor -> Reshape [1,-1,oc]; residual adds are BinaryOps;
+Gemma's sandwich norms, GELU-tanh (spelled out as MNN writes it) and final soft-cap; MoE layers are
+a router Linear -> Softmax -> TopKV2 (-> Reduction SUM, RealDiv) -> MoE op over expert subgraphs.
+
+Weights are written as the ops that use them are built, so llm.mnn.weight comes out in MNN's
+order: each layer's input norm, q, k, v, o, its norms and MLP; then the final norm and the lm_head.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
+from mnnllm_core.schema.MNN.Axis import AxisT
+from mnnllm_core.schema.MNN.BinaryOpOperation import BinaryOpOperation
+from mnnllm_core.schema.MNN.CastParam import CastParamT
+from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
+from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT
+from mnnllm_core.schema.MNN.DataType import DataType
+from mnnllm_core.schema.MNN.IDSTQuan import IDSTQuanT
+from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
+from mnnllm_core.schema.MNN.OpParameter import OpParameter
+from mnnllm_core.schema.MNN.OpType import OpType
+from mnnllm_core.schema.MNN.ReductionParam import ReductionParamT
+from mnnllm_core.schema.MNN.ReductionType import ReductionType
+from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
+from mnnllm_core.schema.MNN.SubGraphProto import SubGraphProtoT
+from mnnllm_core.schema.MNN.TopKV2 import TopKV2T
+from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
+
+from .graph import NC4HW4, NCHW, NHWC, GraphBuilder
+from .llama import AttentionSpec, Model
+from .rope import RopeSpec
+from .sources import LazyTensor, Source
+from .weights import LinearInfo, WeightWriter
+
+# The end index of the logits slice: "to the end" in MNN's graph.
+_SLICE_END = 1 << 30
+_SCALE_FP16 = 1
+_GELU_C = math.sqrt(2.0 / math.pi)
+_NOPE = RopeSpec(theta=1.0, kind="nope")  # the key of the angle-0 table of NoPE layers
+
+
+class DecoderGraph:
+    """Emits the graph of one model, writing its weights through `weights` on the way."""
+
+    def __init__(self, model: Model, source: Source, weights: WeightWriter):
+        self.model = model
+        self.args = model.args
+        self.source = source
+        self.weights = weights
+        self.g = GraphBuilder()
+        self.subgraphs: list[SubGraphProtoT] = []
+        self.tables: dict[tuple[RopeSpec, float], tuple[str, str]] = {}
+        self.masks: dict[bool, str] = {}
+
+    def build(self, model_id: str) -> tuple[bytes, LinearInfo]:
+        """The packed llm.mnn and where the lm_head's block went (for `tie_embeddings`)."""
+        x = self._inputs()
+        self._rotary_tables()
+        body = self._c4_body if self.model.style == "c4" else self._plain_body
+        logits, lm_head = body(x)
+        return self.g.finish([logits, "hidden_states"], model_id, self.subgraphs), lm_head
+
+    # -- inputs, rotary tables, masks ---------------------------------------
+
+    def _inputs(self) -> str:
+        g, hidden = self.g, self.args.hidden_size
+        windows = any(self.model.attention(i).window for i in range(self.args.num_hidden_layers))
+        g.input("input_ids", [1, 1, hidden], DataType.DT_FLOAT)
+        g.input("attention_mask", [2, 1, 1, -1, -1] if windows else [1, 1, -1, -1], DataType.DT_FLOAT)
+        g.input("position_ids", [1, -1], DataType.DT_INT32)
+        g.input("logits_index", [1], DataType.DT_INT32)
+        self.one = g.const_int("/rotary/one", [1], None)
+        self.axis1 = g.const_int("/rotary/axis_1", [1], [1])
+        self.axis0 = g.const_int("/rotary/Constant_3_output_0", [0], [1])
+        if windows:
+            full, sliding = g.planes("attention_mask", 2, ["/Gather_output_0", "/Gather_1_output_0"], self.one,
+                                     self.axis1)
+            self.masks = {False: full, True: sliding}
+        else:
+            self.masks = {False: "attention_mask"}
+        x = "input_ids"
+        if self.model.embed_scale is not None:
+            scale = g.const_float("/Constant_output_0", float(self.model.embed_scale))
+            x = g.binary("/Mul_output_0", BinaryOpOperation.MUL, x, scale)
+        shape = g.const_int("/blocks.0/Constant_output_0", [1, -1, hidden], [3])
+        return g.reshape("/blocks.0/Reshape_output_0", [x, shape], None, NHWC)
+
+    def _rotary_tables(self) -> None:
+        """One cos/sin table per distinct rotary of the layers, in the order the layers first use them."""
+        g, a = self.g, self.args
+        keys = []
+        for i in range(a.num_hidden_layers):
+            key = self._table_key(i)
+            if key not in keys:
+                keys.append(key)
+        cast = CastParamT()
+        cast.srcT, cast.dstT = DataType.DT_VARIANT, DataType.DT_FLOAT
+        pos = g.op(OpType.Cast, "/rotary/Cast_output_0", ["position_ids"], ["/rotary/Cast_output_0"],
+                   OpParameter.CastParam, cast)
+        column = g.const_int("/rotary/Constant_output_0", [-1, 1], [2])
+        pos = g.reshape("/rotary/Reshape_output_0", [pos, column], None, NHWC)
+        axis2 = g.const_int("/rotary/Constant_5_output_0", [2], [1])
+        for n, (spec, gain) in enumerate(keys):
+            p = "/rotary" if n == 0 else f"/rotary_{n}"
+            inv = np.zeros(a.head_dim // 2, np.float32) if spec is _NOPE else spec.inv_freq(a.head_dim)
+            freq = g.const_float(f"{p}/Constant_1_output_0", inv)
+            angle = g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, pos, freq)
+            parts = [g.unsqueeze(f"{p}/Unsqueeze_{tag}", g.unary(f"{p}/{tag}_output_0", fn, angle), self.axis0)
+                     for fn, tag in ((UnaryOpOperation.COS, "Cos"), (UnaryOpOperation.SIN, "Sin"))]
+            both = g.concat(f"{p}/Concat_output_0", parts, 0)
+            if gain != 1.0:
+                both = g.binary(f"{p}/scaled", BinaryOpOperation.MUL, both, g.const_float(f"{p}/gain", gain))
+            both = g.concat(f"{p}/Concat_1_output_0", [both, both], -1)
+            both = g.unsqueeze(f"{p}/Unsqueeze_2_output_0", both, axis2)
+            table = g.unsqueeze(f"{p}/Unsqueeze_3_output_0", both, self.axis1)
+            names = [f"/blocks.{n}/self_attn/Gather_2_output_0", f"/blocks.{n}/self_attn/Gather_3_output_0"]
+            cos, sin = g.planes(table, 2, names, self.one, self.axis1)
+            self.tables[(spec, gain)] = (cos, sin)
+
+    def _table_key(self, layer: int) -> tuple[RopeSpec, float]:
+        spec = self.model.attention(layer)
+        gain = 1.0 if spec.scale is None else math.sqrt(spec.scale * math.sqrt(self.args.head_dim))
+        return spec.rope or _NOPE, gain
+
+    # -- the two graph shapes ------------------------------------------------
+
+    def _c4_body(self, x: str) -> tuple[str, LinearInfo]:
+        g, a, m = self.g, self.args, self.model
+        hidden = a.hidden_size
+        x = g.reshape("FuseTransformerC4_region_pre_reshape", [x], [-1, hidden, 1, 1], NCHW)
+        x = g.convert("FuseTransformerC4_region_pre_convert", x, NCHW, NC4HW4, NCHW)
+        residual = x
+        h = self._layernorm("/blocks.0/input_layernorm/Mul_1_output_0", m.input_norm(0), [x],
+                            ["/blocks.0/input_layernorm/Mul_1_output_0"], NC4HW4)
+        for i in range(a.num_hidden_layers):
+            attn = self._attention(i, h)
+            residual, h = self._fused_norm(f"/blocks.{i}/post_attention_layernorm/Mul_1_output_0",
+                                           m.post_attention_norm(i), residual, attn, f"/blocks.{i}/Add_output_0")
+            gate = self._conv(f"/layers.{i}/mlp/gate_proj/Linear", h, m.linear_weight(self.source, i, "gate_proj"))
+            up = self._conv(f"/layers.{i}/mlp/up_proj/Linear", h, m.linear_weight(self.source, i, "up_proj"))
+            act = g.binary(f"/blocks.{i}/mlp/Mul_output_0", BinaryOpOperation.MUL_SILU, up, gate, NC4HW4,
+                           f"/layers.{i}/mlp/down_proj/Linear/pre_convert")
+            mlp = self._conv(f"/layers.{i}/mlp/down_proj/Linear", act, m.linear_weight(self.source, i, "down_proj"))
+            if i + 1 < a.num_hidden_layers:
+                residual, h = self._fused_norm(f"/blocks.{i + 1}/input_layernorm/Mul_1_output_0",
+                                               m.input_norm(i + 1), residual, mlp, f"/blocks.{i}/Add_1_output_0")
+        last = g.binary(f"/blocks.{a.num_hidden_layers - 1}/Add_1_output_0", BinaryOpOperation.ADD, residual, mlp,
+                        NC4HW4)
+        end = g.const_int("/Constant_1_output_0", [_SLICE_END], [1])
+        x = g.strided_slice("/Slice_output_0", [last, "logits_index", end, self.axis0, self.axis1],
+                            DataType.DT_INVALID, 1, NC4HW4)
+        hidden_states = self._layernorm("hidden_states", m.final_norm(), [x], ["hidden_states"], NC4HW4)
+        logits, info = self._linear("/lm/lm_head/Linear", hidden_states, self.source.tensor(m.lm_head()))
+        logits = g.convert("/lm/lm_head/Linear/post_convert", logits, NC4HW4, NCHW, NHWC)
+        logits = g.reshape("/lm/lm_head/Linear/post_reshape", [logits], [1, -1, a.vocab_size], NHWC,
+                           output=self._logits_name())
+        return self._softcap(logits), info
+
+    def _plain_body(self, x: str) -> tuple[str, LinearInfo]:
+        g, a, m = self.g, self.args, self.model
+        for i in range(a.num_hidden_layers):
+            h = self._layernorm(f"/blocks.{i}/input_layernorm/Mul_1_output_0", m.input_norm(i), [x])
+            h = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
+            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", self._attention(i, h), a.hidden_size)
+            if m.sandwich_norms:
+                attn = self._layernorm(f"/blocks.{i}/post_attention_layernorm/Mul_1_output_0",
+                                       m.post_attention_norm(i), [attn])
+            x = g.binary(f"/blocks.{i}/Add_output_0", BinaryOpOperation.ADD, x, attn)
+            before = m.mlp_norms(i)[0] if m.sandwich_norms else m.post_attention_norm(i)
+            tag = "pre_feedforward_layernorm" if m.sandwich_norms else "post_attention_layernorm"
+            h = self._layernorm(f"/blocks.{i}/{tag}/Mul_1_output_0", before, [x])
+            mlp = self._moe(i, h) if m.mlp(i).experts else self._plain_mlp(i, h)
+            if m.sandwich_norms:
+                mlp = self._layernorm(f"/blocks.{i}/post_feedforward_layernorm/Mul_1_output_0", m.mlp_norms(i)[1],
+                                      [mlp])
+            x = g.binary(f"/blocks.{i}/Add_1_output_0", BinaryOpOperation.ADD, x, mlp)
+        end = g.const_int("/Constant_2_output_0", [_SLICE_END], [1])
+        x = g.strided_slice("/Slice_output_0", [x, "logits_index", end, self.axis1, self.axis1],
+                            DataType.DT_INVALID, 1)
+        hidden_states = self._layernorm("hidden_states", m.final_norm(), [x], ["hidden_states"])
+        name = "/lm/lm_head/Linear"
+        logits, info = self._linear(name, self._to_c4(name, hidden_states, a.hidden_size),
+                                    self.source.tensor(m.lm_head()))
+        return self._softcap(self._from_c4(name, logits, a.vocab_size, output=self._logits_name())), info
+
+    def _logits_name(self) -> str:
+        return "logits" if self.model.final_softcap is None else "/lm/lm/FakeLinear_output_0"
+
+    def _softcap(self, x: str) -> str:
+        """Gemma's final soft-cap, cap * tanh(x / cap), ending in `logits`; nothing without one."""
+        g, cap = self.g, self.model.final_softcap
+        if cap is None:
+            return x
+        cap_const = g.const_float("/lm/Constant_output_0", float(cap))
+        x = g.binary("/lm/Div_output_0", BinaryOpOperation.REALDIV, x, cap_const)
+        x = g.unary("/lm/Tanh_output_0", UnaryOpOperation.TANH, x)
+        return g.binary("logits", BinaryOpOperation.MUL, x, cap_const)
+
+    # -- pieces -------------------------------------------------------------
+
+    def _layernorm(self, name: str, weight: str, inputs: list[str], outputs: list[str] | None = None,
+                   fmt: int = NHWC) -> str:
+        param = LayerNormT()
+        param.axis = [-1]
+        param.epsilon = float(self.args.rms_norm_eps)
+        param.group = 1
+        param.useRmsnorm = True
+        param.external = self.weights.layernorm(self.source.tensor(weight), self.model.norm_offset)
+        outputs = outputs or [name]
+        self.g.op(OpType.LayerNorm, name, inputs, outputs, OpParameter.LayerNorm, param, fmt)
+        return outputs[-1]
+
+    def _fused_norm(self, name: str, weight: str, residual: str, x: str, sum_name: str) -> tuple[str, str]:
+        norm = self._layernorm(name, weight, [residual, x], [sum_name, name], NC4HW4)
+        return sum_name, norm
+
+    def _head_norm(self, weight: str | None) -> LayerNormT | None:
+        """A per-head RMSNorm as RoPEParam carries it: gamma inline."""
+        if weight is None:
+            return None
+        param = LayerNormT()
+        param.axis = [-1]
+        param.epsilon = float(self.args.rms_norm_eps)
+        param.group = 1
+        param.useRmsnorm = True
+        gamma = self.source.tensor(weight).load().astype(np.float32) + np.float32(self.model.norm_offset)
+        param.gamma = gamma.astype(np.float32).tolist()
+        return param
+
+    def _linear(self, name: str, x: str, weight: LazyTensor, bias: LazyTensor | None = None,
+                output: str | None = None, g: GraphBuilder | None = None) -> tuple[str, LinearInfo]:
+        g = g or self.g
+        info = self.weights.linear(weight, bias)
+        common = Convolution2DCommonT()
+        common.outputCount, common.inputCount = info.oc, info.ic
+        quant = IDSTQuanT()
+        if info.bits == 16:
+            quant.type = 3
+        else:
+            quant.type = 1
+            quant.quantScale = 1.0
+            quant.aMaxOrBits = info.bits
+            quant.aMin = 1
+            quant.readType = info.oc * (info.ic // info.block_size)
+            quant.shapeInt32 = info.shape_int32
+            quant.scaleStorage = _SCALE_FP16
+        conv = Convolution2DT()
+        conv.common = common
+        conv.quanParameter = quant
+        conv.external = info.external
+        out = g.op(OpType.Convolution, name, [x], [output or name], OpParameter.Convolution2D, conv)
+        return out, info
+
+    def _conv(self, name: str, x: str, weight: LazyTensor, bias: LazyTensor | None = None,
+              g: GraphBuilder | None = None) -> str:
+        return self._linear(name, x, weight, bias, g=g)[0]
+
+    def _to_c4(self, name: str, x: str, ic: int, g: GraphBuilder | None = None) -> str:
+        g = g or self.g
+        x = g.reshape(f"{name}/pre_reshape", [x], [-1, ic, 1, 1], NHWC)
+        return g.convert(f"{name}/pre_convert", x, NCHW, NC4HW4, NHWC)
+
+    def _from_c4(self, name: str, x: str, oc: int, rows: int = 1, g: GraphBuilder | None = None,
+                 output: str | None = None) -> str:
+        """Back to NCHW [1,-1,oc] (rows 1) or [-1,oc] (rows 0, inside an expert)."""
+        g = g or self.g
+        x = g.convert(f"{name}/post_convert", x, NC4HW4, NCHW, NHWC)
+        return g.reshape(f"{name}/post_reshape", [x], [1, -1, oc] if rows else [-1, oc], NHWC, output)
+
+    def _attention(self, i: int, h: str) -> str:
+        """q, k, v from the NC4HW4 `h` -> RoPE -> Attention -> o_proj (its NC4HW4 output)."""
+        g, a, m = self.g, self.args, self.model
+        spec: AttentionSpec = m.attention(i)
+        proj = {p: self._conv(f"/layers.{i}/self_attn/{p}/Linear", h, m.linear_weight(self.source, i, p),
+                              m.linear_bias(self.source, i, p)) for p in ("q_proj", "k_proj", "v_proj")}
+        rope = RoPEParamT()
+        rope.ropeCutHeadDim = a.head_dim
+        rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
+        cos, sin = self.tables[self._table_key(i)]
+        q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
+        k_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_1"
+        g.op(OpType.RoPE, f"/layers.{i}/self_attn/FusedRoPE", [proj["q_proj"], proj["k_proj"], cos, sin],
+             [q_out, k_out], OpParameter.RoPEParam, rope)
+        attn = AttentionParamT()
+        attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
+        ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention",
+                   [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]],
+                   [f"/layers.{i}/self_attn/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, attn)
+        return self._conv(f"/layers.{i}/self_attn/o_proj/Linear", ctx, m.linear_weight(self.source, i, "o_proj"),
+                          m.linear_bias(self.source, i, "o_proj"))
+
+    def _activation(self, prefix: str, x: str, act: str, g: GraphBuilder | None = None) -> str:
+        """silu, or gelu_tanh spelled out as MNN writes it: 0.5 x (1 + tanh(c (x + 0.044715 x^3)))."""
+        g = g or self.g
+        if act == "silu":
+            return g.unary(f"{prefix}/act_fn/Mul_output_0", UnaryOpOperation.SILU, x)
+        mul, add = BinaryOpOperation.MUL, BinaryOpOperation.ADD
+        sq = g.unary(f"{prefix}/act_fn/Square_output_0", UnaryOpOperation.SQUARE, x)
+        cube = g.binary(f"{prefix}/act_fn/Mul_1_output_0", mul, x, sq)
+        k = g.const_float(f"{prefix}/act_fn/Constant_output_0", 0.044715)
+        inner = g.binary(f"{prefix}/act_fn/Add_output_0", add, x, g.binary(f"{prefix}/act_fn/Mul_2_output_0", mul,
+                                                                            k, cube))
+        c = g.const_float(f"{prefix}/act_fn/Constant_1_output_0", _GELU_C)
+        t = g.unary(f"{prefix}/act_fn/Tanh_output_0", UnaryOpOperation.TANH,
+                    g.binary(f"{prefix}/act_fn/Mul_3_output_0", mul, c, inner))
+        one = g.const_float(f"{prefix}/act_fn/Constant_2_output_0", 1.0)
+        half = g.const_float(f"{prefix}/act_fn/Constant_3_output_0", 0.5)
+        y = g.binary(f"{prefix}/act_fn/Mul_4_output_0", mul, x, g.binary(f"{prefix}/act_fn/Add_1_output_0", add,
+                                                                          one, t))
+        return g.binary(f"{prefix}/act_fn/Mul_5_output_0", mul, half, y)
+
+    def _plain_mlp(self, i: int, h: str) -> str:
+        g, a, m = self.g, self.args, self.model
+        act = m.mlp(i).act
+        ffn = a.intermediate_size
+        pre = self._to_c4(f"/layers.{i}/mlp/gate_proj/Linear", h, a.hidden_size)
+        gate = self._from_c4(f"/layers.{i}/mlp/gate_proj/Linear",
+                             self._conv(f"/layers.{i}/mlp/gate_proj/Linear", pre,
+                                        m.linear_weight(self.source, i, "gate_proj")), ffn)
+        gate = self._activation(f"/blocks.{i}/mlp", gate, act)
+        up = self._from_c4(f"/layers.{i}/mlp/up_proj/Linear",
+                           self._conv(f"/layers.{i}/mlp/up_proj/Linear", pre, m.linear_weight(self.source, i, "up_proj")),
+                           ffn)
+        y = g.binary(f"/blocks.{i}/mlp/Mul_output_0", BinaryOpOperation.MUL, gate, up)
+        name = f"/layers.{i}/mlp/down_proj/Linear"
+        down = self._conv(name, self._to_c4(name, y, ffn), m.linear_weight(self.source, i, "down_proj"))
+        return self._from_c4(name, down, a.hidden_size)
+
+    def _moe(self, i: int, h: str) -> str:
+        """Router -> Softmax -> TopKV2 (-> renormalise) -> MoE over the `/expert/{i}_{e}` subgraphs."""
+        g, a, m = self.g, self.args, self.model
+        spec = m.mlp(i)
+        p = f"/blocks.{i}/mlp"
+        flat = g.reshape(f"{p}/Reshape_output_0", [h, g.const_int(f"{p}/flat_shape", [-1, a.hidden_size], [2])],
+                         None, NHWC)
+        name = f"/layers.{i}/mlp/gate/Linear"
+        logits = self._from_c4(name, self._conv(name, self._to_c4(name, flat, a.hidden_size),
+                                                self.source.tensor(m.router(i))), spec.experts)
+        softmax = AxisT()
+        softmax.axis = -1
+        probs = g.op(OpType.Softmax, f"{p}/Softmax_output_0", [logits], [f"{p}/Softmax_output_0"], OpParameter.Axis,
+                     softmax)
+        topk = TopKV2T()
+        topk.t, topk.sorted, topk.largest = DataType.DT_FLOAT, True, True
+        k = g.const_int(f"{p}/top_k", [spec.top_k], [1])
+        last = g.const_int(f"{p}/last_axis", [-1], None)
+        weights, experts = f"{p}/TopK_output_0", f"{p}/TopK_output_1"
+        g.op(OpType.TopKV2, f"{p}/TopK_output_0", [probs, k, last], [weights, experts], OpParameter.TopKV2, topk)
+        if spec.norm_topk:
+            reduce = ReductionParamT()
+            reduce.operation, reduce.keepDims, reduce.dType = ReductionType.SUM, True, DataType.DT_FLOAT
+            axes = g.const_int(f"{p}/reduce_axes", [-1], [1])
+            total = g.op(OpType.Reduction, f"{p}/ReduceSum_output_0", [weights, axes], [f"{p}/ReduceSum_output_0"],
+                         OpParameter.ReductionParam, reduce)
+            weights = g.binary(f"{p}/Div_output_0", BinaryOpOperation.REALDIV, weights, total)
+        for e in range(spec.experts):
+            self.subgraphs.append(self._expert(i, e))
+        return g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [flat, weights, experts],
+                       [f"{p}/custom_moe/MoE_output_0"],
+                       {"layer_id": i, "num_experts": spec.experts, "top_k": spec.top_k})
+
+    def _expert(self, i: int, e: int) -> SubGraphProtoT:
+        """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> silu(gate) * up -> down."""
+        g, a, m = GraphBuilder(), self.args, self.model
+        name = f"/expert/{i}_{e}"
+        ffn = m.args.moe_intermediate_size
+        x = g.input("hidden_states.1", [1, a.hidden_size], DataType.DT_FLOAT)
+        lin = f"{name}/gate_up_proj_linear"
+        both = self._conv(lin, self._to_c4(lin, x, a.hidden_size, g), m.expert_weight(self.source, i, e, "gate_up"),
+                          g=g)
+        both = self._from_c4(lin, both, 2 * ffn, rows=0, g=g)
+        axis = g.const_int("/axis", [-1], [1])
+        halves = [g.const_int(f"/bound_{v}", [v], [1]) for v in (0, ffn, 2 * ffn)]
+        gate = g.strided_slice("/Slice_output_0", [both, halves[0], halves[1], axis], DataType.DT_INVALID, 1)
+        up = g.strided_slice("/Slice_1_output_0", [both, halves[1], halves[2], axis], DataType.DT_INVALID, 1)
+        y = g.binary("/Mul_2_output_0", BinaryOpOperation.MUL, up, self._activation("", gate, "silu", g))
+        lin = f"{name}/down_proj_linear"
+        down = self._conv(lin, self._to_c4(lin, y, ffn, g), m.expert_weight(self.source, i, e, "down"), g=g)
+        out = self._from_c4(lin, down, a.hidden_size, rows=0, g=g, output="hidden_states")
+        return g.subgraph(name, [x], [out])

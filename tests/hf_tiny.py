@@ -1,0 +1,131 @@
+"""Tiny random HF models of each exported architecture, built with transformers at test time.
+
+Weights sit on a 1/64 grid (|w| < 4), so fp16 and bf16 hold them exactly: a 16-bit export then
+carries the very weights transformers computes with, and the greedy tokens must agree. The
+transformers reference is a plain greedy loop, full forward per token, fp32, eager attention.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from test_export import TEMPLATE, VOCAB, dequantized, tokenizer_json
+
+GRID = 64
+BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB, "max_position_embeddings": 256,
+        "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+WINDOW = 6
+PROMPTS = [[1, 40, 80, 200, 262, 120, 9, 33, 71, 140], [5, 17, 99, 250, 3, 64, 128, 11]]
+NEW_TOKENS = 12
+STOP = 2  # <|im_end|>, the tokenizer's eos: both runtimes stop there
+
+
+@dataclass(frozen=True)
+class Arch:
+    """One tiny model: its model_type, config on top of BASE, and how norm weights are centred."""
+
+    name: str
+    model_type: str
+    config: dict[str, Any] = field(default_factory=dict)
+    norm_centre: float = 1.0          # Gemma stores w - 1: weights centred on 0
+    embed_std: float = 0.5            # Gemma scales embeddings by sqrt(hidden): smaller, or they drown the layers
+    windowed: bool = False            # MNN "mix" attention: our engine cannot build the mask yet
+    moe: bool = False                 # MNN's MoE op: our engine cannot run TopKV2 / MoE yet
+    seed: int = 0
+
+
+ARCHS = [
+    Arch("llama3", "llama", {"tie_word_embeddings": False, "rope_parameters": {
+        "rope_type": "llama3", "rope_theta": 100000.0, "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
+    Arch("qwen2", "qwen2", {"tie_word_embeddings": True, "rope_parameters": {"rope_type": "default",
+                                                                            "rope_theta": 1000000.0}},
+         embed_std=0.2),
+    Arch("qwen3", "qwen3", {"tie_word_embeddings": False}),
+    Arch("qwen3_moe", "qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                    "norm_topk_prob": True, "mlp_only_layers": [1]}, moe=True),
+    Arch("gemma2", "gemma2", {"sliding_window": WINDOW, "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
+                              "attn_logit_softcapping": None}, norm_centre=0.0, embed_std=0.1, windowed=True),
+    Arch("gemma3_text", "gemma3_text", {"sliding_window": WINDOW, "query_pre_attn_scalar": 16,
+                                        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+         norm_centre=0.0, embed_std=0.1, windowed=True),
+    Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}, windowed=True),
+    Arch("phi3", "phi3", {"tie_word_embeddings": False}),
+    Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
+]
+
+
+def build(arch: Arch, folder: Path):
+    """Save the tiny model (safetensors, config, tokenizer) into `folder`; returns the torch model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(arch.seed)
+    config = AutoConfig.for_model(arch.model_type, **{**BASE, **arch.config})
+    config._attn_implementation = "eager"
+    model = AutoModelForCausalLM.from_config(config).eval()
+    rng = np.random.default_rng(arch.seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                values = arch.norm_centre + 0.1 * rng.standard_normal(p.shape)
+            elif "embed_tokens" in name:
+                values = arch.embed_std * rng.standard_normal(p.shape)
+            else:
+                values = rng.standard_normal(p.shape) * (1.2 / np.sqrt(p.shape[-1]))
+            p.copy_(torch.from_numpy(on_grid(values)))
+    model.save_pretrained(folder)
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "chat_template": TEMPLATE,
+         "clean_up_tokenization_spaces": False}))
+    (folder / "generation_config.json").unlink(missing_ok=True)
+    return model
+
+
+def on_grid(values: np.ndarray) -> np.ndarray:
+    return (np.clip(np.round(values * GRID), -4 * GRID + 1, 4 * GRID - 1) / GRID).astype(np.float32)
+
+
+def greedy(model, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> list[list[int]]:
+    """transformers' greedy tokens, up to and including the stop token."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids, new = list(prompt), []
+            for _ in range(n):
+                logits = model(torch.tensor([ids])).logits[0, -1]
+                token = int(torch.argmax(logits))
+                new.append(token)
+                ids.append(token)
+                if token == STOP:
+                    break
+            out.append(new)
+    return out
+
+
+def dequantize_into(model, bits: int, block: int) -> None:
+    """Replace the model's weights by what a `bits`-bit export stores: every Linear (and a tied
+    embedding, which is read from the lm_head's block) dequantized; norms stay fp32. transformers 5
+    holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is quantized alone."""
+    import torch
+
+    tied = model.config.tie_word_embeddings
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() < 2 or ("embed_tokens" in name and not tied):
+                continue
+            matrices = p.numpy().reshape((-1,) + tuple(p.shape[-2:]))
+            stored = np.stack([dequantized(w, bits, block) for w in matrices]).reshape(p.shape)
+            p.copy_(torch.from_numpy(stored.astype(np.float32)))
+
+
+def until_stop(tokens: list[int]) -> list[int]:
+    return tokens[:tokens.index(STOP) + 1] if STOP in tokens else tokens
