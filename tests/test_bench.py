@@ -64,3 +64,49 @@ def test_jsonl_and_csv_have_one_row_per_test():
 def test_test_names_follow_llama_bench():
     assert [t.name for t in plan([512], [128], [(512, 128)])] == ["pp512", "tg128", "pp512+tg128"]
     assert BenchTest(512, 128).tokens == 640
+
+
+def test_ratios_come_from_mnn_rows_only_and_llama_rows_get_one_too():
+    ours, mnn = _fake_results()
+    llama = {**ours, "backend": "llama.cpp", "decode_weight_bytes": None,
+             "rows": [{**r, "avg_ts": r["avg_ts"] * 4} for r in ours["rows"]]}
+    attach_ratios([ours], [mnn, llama])
+    assert [r["vs_mnn"] for r in ours["rows"]] == [0.5, 0.5]
+    assert [r["vs_mnn"] for r in llama["rows"]] == [2.0, 2.0]
+    assert "vs_mnn" not in mnn["rows"][0]
+
+
+def test_vs_llama_is_skipped_with_a_reason_when_llama_cpp_is_missing(monkeypatch, capsys):
+    from mnnllm_core.bench import llama_worker, runner
+    monkeypatch.setattr(llama_worker, "available", lambda: (False, "llama-cpp-python is not installed"))
+    results, references = runner.run_bench([str(CONFIG)], [], [2], [(8, 0)], 1, 2, False, False,
+                                           vs_llama="model.gguf")
+    assert results == [] and references == []
+    assert "[llama.cpp] skipped: llama-cpp-python is not installed" in capsys.readouterr().err
+
+
+def test_llama_worker_measures_the_gguf_of_the_default_model():
+    import pytest
+    pytest.importorskip("llama_cpp")
+    from mnnllm_core.export.default_model import default_gguf
+    job = {"config": str(CONFIG), "gguf": str(default_gguf()), "threads": 2, "tests": [[8, 0], [0, 4]], "reps": 1}
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.bench.llama_worker"], input=json.dumps(job), text=True,
+                          capture_output=True, timeout=300)
+    result = json.loads(done.stdout.split("@@BENCH@@", 1)[1])
+    assert result["backend"] == "llama.cpp" and [r["test"] for r in result["rows"]] == ["pp8", "tg4"]
+    assert all(r["avg_ts"] > 0 for r in result["rows"]) and result["peak_rss_mb"] > 0
+
+
+def test_memory_modes_run_side_by_side_and_the_roofline_counts_packed_bytes():
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "-a", "cpu",
+                           "-p", "16", "-n", "4", "-rep", "1", "--memory", "low,normal", "-o", "json"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [r["backend"] for r in rows] == ["cpu(low)", "cpu(low)", "cpu(normal)", "cpu(normal)"]
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "-a", "cpu",
+                           "-p", "0", "-n", "4", "-rep", "1", "--memory", "low,normal"],
+                          capture_output=True, text=True, timeout=900)
+    low, normal = (float(line.split(": ")[1].split(" MiB")[0]) for line in done.stdout.splitlines()
+                   if line.startswith("decode roofline"))
+    assert 60 < low < 80 and normal > 6 * low  # int4 + fp16 alphas vs fp32 weights of the same 135M model

@@ -1,4 +1,5 @@
-"""The numpy cpu backend: storage is numpy arrays, executions are numpy/BLAS calls."""
+"""The numpy cpu backend: storage is numpy arrays, executions are numpy/BLAS calls, and with
+`memory: "low"` numba kernels on packed int4/int8 weights (`kernels/`)."""
 from __future__ import annotations
 
 import logging
@@ -23,6 +24,25 @@ class CPUBackend(Backend):
     def __init__(self, runtime: "CPURuntime", config: BackendConfig):
         super().__init__(runtime, config)
         self._free: dict[tuple, list[np.ndarray]] = defaultdict(list)
+        self._scratch: dict[str, np.ndarray] = {}
+        self.run_count = 0
+        self.shared_inputs: dict[int, object] = {}  # input tensor index -> packed linears reading it
+        self.shared_twins: dict[int, object] = {}  # id of a cloned session's SharedInput -> this one's
+
+    def low_memory(self) -> bool:
+        """memory "low" with the numba kernels at hand: packed weights and the fused kernels (`kernels/`)."""
+        return self.config.memory == "low" and self.runtime.low_memory_kernels()
+
+    def scratch(self, name: str, size: int) -> np.ndarray:
+        """A float32 buffer of at least `size` reused by every execution of this backend."""
+        buffer = self._scratch.get(name)
+        if buffer is None or buffer.size < size:
+            buffer = self._scratch[name] = np.empty(size, np.float32)
+        return buffer
+
+    def on_execute_begin(self) -> None:
+        self.run_count += 1
+        self.runtime.apply_threads()
 
     def on_acquire_buffer(self, tensor: Tensor) -> None:
         key = (tensor.shape, tensor.dtype.str)
@@ -52,6 +72,27 @@ class CPURuntime(Runtime):
         # more BLAS threads than cores only makes threads wait on each other
         self.thread_num = max(1, min(int(config.thread_num), os.cpu_count() or 1))
         self._limits = _limit_blas_threads(self.thread_num)
+        self._kernels = None  # the numba kernels module once loaded, False when numba is missing
+
+    def low_memory_kernels(self) -> bool:
+        """Load the packed-weight kernels on first use (numba's import is paid only by memory "low")."""
+        if self._kernels is None:
+            try:
+                from . import kernels
+            except ImportError as err:
+                log.warning("numba is not installed (%s): memory \"low\" computes on fp32 weights", err)
+                self._kernels = False
+            else:
+                self._kernels = kernels
+                self.apply_threads()
+                from .kernels.warmup import warm_up
+                warm_up(self.thread_num)
+        return bool(self._kernels)
+
+    def apply_threads(self) -> None:
+        """thread_num for the numba kernels launched from the calling thread."""
+        if self._kernels:
+            self._kernels.set_threads(self.thread_num)
 
     def create_backend(self, config: BackendConfig) -> CPUBackend:
         return CPUBackend(self, config)

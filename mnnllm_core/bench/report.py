@@ -26,10 +26,12 @@ def flatten(results: list[dict]) -> list[dict]:
     return rows
 
 
-def attach_ratios(results: list[dict], mnn: list[dict]) -> None:
-    """Each of our rows gets avg_ts / MNN's avg_ts for the same model, threads and test."""
+def attach_ratios(results: list[dict], references: list[dict]) -> None:
+    """Each row of `results` (and llama.cpp's among `references`) gets avg_ts / MNN's avg_ts for
+    the same model, threads and test."""
+    mnn = [r for r in references if r["backend"].startswith("mnn")]
     reference = {(r["model"], r["threads"], row["test"]): row["avg_ts"] for r in mnn for row in r["rows"]}
-    for result in results:
+    for result in results + [r for r in references if r not in mnn]:
         for row in result["rows"]:
             base = reference.get((result["model"], result["threads"], row["test"]))
             if base:

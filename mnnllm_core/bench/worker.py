@@ -70,7 +70,8 @@ def run(job: dict) -> dict:
     llm = create(job["config"])
     llm.set_config({"backend_type": job["backend"], "thread_num": job["threads"],
                     "precision": PRECISIONS[job["precision"]], "sampler_type": "greedy",
-                    "max_all_tokens": max(4096, max(t[0] + t[1] for t in job["tests"]) + 8)})
+                    "max_all_tokens": max(4096, max(t[0] + t[1] for t in job["tests"]) + 8),
+                    **({"memory": job["memory"]} if job.get("memory") else {})})
     start = time.perf_counter()
     llm.load()
     load_s = time.perf_counter() - start
@@ -89,7 +90,8 @@ def run(job: dict) -> dict:
                      "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
     print("\r", end="", file=sys.stderr)
     result = {
-        "model": job["config"], "model_size": _model_size(llm.config), "backend": job["backend"],
+        "model": job["config"], "model_size": _model_size(llm.config),
+        "backend": f"{job['backend']}({job['memory']})" if job.get("memory") else job["backend"],
         "threads": job["threads"], "precision": PRECISIONS[job["precision"]], "load_s": load_s,
         "device": llm.runtime_manager.runtime.device_name(), "placement": llm.placement(),
         "decode_weight_bytes": _packed_bytes(llm),

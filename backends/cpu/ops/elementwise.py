@@ -73,6 +73,18 @@ class BinaryExecution(Execution):
         out[...] = result
 
 
+class MulSiluExecution(Execution):
+    """memory "low": a * silu(b) in one numba pass when both sides have the output's shape."""
+
+    def on_resize(self, inputs, outputs) -> None:
+        from ..kernels.activation import mul_silu
+        self.kernel = mul_silu
+        self.arguments = tuple(t.storage.reshape(-1) for t in (*inputs, *outputs))  # fixed until the next resize
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.kernel(*self.arguments)
+
+
 class UnaryExecution(Execution):
     def __init__(self, backend, function):
         super().__init__(backend)
@@ -102,9 +114,13 @@ class FunctionExecution(Execution):
 
 
 def _binary(backend, inputs, outputs, op):
-    function = BINARY.get(op.extra.get("operation"))
+    name = op.extra.get("operation")
+    function = BINARY.get(name)
     if function is None:
         return None
+    if (name == "MUL_SILU" and not getattr(op.param, "activationType", 0) and backend.low_memory()
+            and all(t.shape == outputs[0].shape and t.dtype == np.float32 for t in (*inputs, outputs[0]))):
+        return MulSiluExecution(backend)
     return BinaryExecution(backend, function, ACTIVATIONS.get(int(getattr(op.param, "activationType", 0) or 0)))
 
 

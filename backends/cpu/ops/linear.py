@@ -1,13 +1,25 @@
-"""Convolution 1x1 as a linear layer: weights dequantized once to fp32 [oc, ic] at creation
-(the cpu backend's packing), then one BLAS GEMM/GEMV per run."""
+"""Convolution 1x1 as a linear layer. With `memory: "normal"`/`"high"` the weights are dequantized
+once to fp32 [oc, ic] at creation (the exact reference), then one BLAS GEMM/GEMV per run; with
+`memory: "low"` quantized weights stay packed (`packed_linear.py`)."""
 from __future__ import annotations
 
 import numpy as np
 
 from mnnllm_core.core.backend import Execution
+from mnnllm_core.express.quant import QuantizedWeight
 
 
 FEW_ROWS = 64
+
+
+def finish(out: np.ndarray, bias: np.ndarray | None, relu: bool, relu6: bool) -> None:
+    """The convolution's bias and activation, in place."""
+    if bias is not None:
+        out += bias
+    if relu6:
+        np.clip(out, 0, 6, out=out)
+    elif relu:
+        np.maximum(out, 0, out=out)
 
 
 class LinearExecution(Execution):
@@ -28,12 +40,7 @@ class LinearExecution(Execution):
             out[...] = np.dot(self.weight, x.reshape(rows, -1).T).T
         else:
             np.dot(x.reshape(rows, -1), self.weight.T, out=out)
-        if self.bias is not None:
-            out += self.bias
-        if self.relu6:
-            np.clip(out, 0, 6, out=out)
-        elif self.relu:
-            np.maximum(out, 0, out=out)
+        finish(out, self.bias, self.relu, self.relu6)
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.weight, self.bias, self.relu, self.relu6)
@@ -44,9 +51,12 @@ def create_linear(backend, inputs, outputs, op):
     if int(common.kernelX or 1) != 1 or int(common.kernelY or 1) != 1 or int(common.group or 1) != 1:
         return None
     weights = op.weights.convolution()
+    bias = None if weights.bias is None or not np.any(weights.bias) else weights.bias.astype(np.float32)
+    if isinstance(weights.quantized, QuantizedWeight) and backend.low_memory():
+        from .packed_linear import create_packed_linear
+        return create_packed_linear(backend, inputs, weights.quantized, bias, bool(common.relu), bool(common.relu6))
     dense = weights.dense if weights.dense is not None else weights.quantized.dequantize()
     dense = np.ascontiguousarray(dense, dtype=np.float32)
-    bias = None if weights.bias is None or not np.any(weights.bias) else weights.bias.astype(np.float32)
     return LinearExecution(backend, dense, bias, bool(common.relu), bool(common.relu6))
 
 

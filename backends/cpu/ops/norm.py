@@ -1,5 +1,6 @@
 """LayerNorm / RMSNorm, including MNN's fused residual form (two inputs: out0 = a + b,
-out1 = norm(out0)) and group norm."""
+out1 = norm(out0)) and group norm. With memory "low" a norm over the last axis runs as one
+numba kernel (`kernels/norm.py`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -31,8 +32,38 @@ class LayerNormExecution(Execution):
         self.axis_count, self.group = axis_count, group
         self.channel_axis = channel_axis  # C4 tensors normalize over channels
         self.packed_bytes = sum(a.nbytes for a in (gamma, beta) if a is not None)
+        self.kernel_call = None  # (kernel, arguments) bound at resize when a numba kernel runs this norm
+
+    def on_resize(self, inputs, outputs) -> None:
+        self.kernel_call = None
+        x = inputs[0]
+        shape = tuple(x.shape)
+        if self.channel_axis and len(shape) == 4:
+            if shape[2:] != (1, 1):  # rows of channels only when each image is one pixel
+                return
+            inner = shape[1]
+        else:
+            inner = int(np.prod(shape[len(shape) - self.axis_count:], dtype=np.int64))
+        if not (self.backend.low_memory() and self.group == 1 and x.dtype == np.float32):
+            return
+        empty = np.zeros(0, np.float32)
+        gamma = self.gamma if self.gamma is not None else empty
+        beta = self.beta if self.beta is not None else empty
+        if any(a.size not in (0, inner) for a in (gamma, beta)):
+            return
+        from ..kernels.norm import add_normalize_rows, normalize_rows
+        flat = [t.storage.reshape(-1) for t in (*inputs, *outputs)]  # storages stay put until the next resize
+        if len(inputs) == 2:
+            self.kernel_call = (add_normalize_rows, (flat[0], flat[1], inner, gamma, beta, self.eps, self.rms,
+                                                     flat[2], flat[3]))
+        else:
+            self.kernel_call = (normalize_rows, (flat[0], inner, gamma, beta, self.eps, self.rms, flat[1]))
 
     def on_execute(self, inputs, outputs) -> None:
+        if self.kernel_call is not None:
+            kernel, arguments = self.kernel_call
+            kernel(*arguments)
+            return
         x = inputs[0].storage
         if len(inputs) == 2:
             outputs[0].storage[...] = x + inputs[1].storage

@@ -13,19 +13,25 @@ def _box(flat: np.ndarray, offset: int, stride, size) -> np.ndarray:
 
 
 class RasterExecution(Execution):
+    """The strided views of each region are made once per resize (as_strided is slow); the
+    storages they view stay put until the next resize."""
+
     def __init__(self, backend, op):
         super().__init__(backend)
         self.param = op.param
+        self.copies: list[tuple[np.ndarray, np.ndarray]] = []
+
+    def on_resize(self, inputs, outputs) -> None:
+        dst = outputs[0].storage.reshape(-1)
+        sources = [t.storage.reshape(-1) for t in inputs]
+        self.copies = [(_box(dst, r.dst.offset, r.dst.stride, r.size),
+                        _box(sources[r.origin], r.src.offset, r.src.stride, r.size)) for r in self.param.regions]
 
     def on_execute(self, inputs, outputs) -> None:
-        dst = outputs[0].storage.reshape(-1)
         if self.param.zero_fill:
-            dst[...] = 0
-        sources = [t.storage.reshape(-1) for t in inputs]
-        for region in self.param.regions:
-            src = sources[region.origin]
-            _box(dst, region.dst.offset, region.dst.stride, region.size)[...] = _box(
-                src, region.src.offset, region.src.stride, region.size)
+            outputs[0].storage[...] = 0
+        for target, source in self.copies:
+            target[...] = source
 
 
 CREATORS = {"Raster": lambda backend, inputs, outputs, op: RasterExecution(backend, op)}

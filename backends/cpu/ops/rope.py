@@ -1,4 +1,5 @@
-"""Fused RoPE on q and k (rotate-half form), with the optional per-head q/k norm (Qwen3)."""
+"""Fused RoPE on q and k (rotate-half form), with the optional per-head q/k norm (Qwen3);
+with memory "low" one numba kernel per input (`kernels/rope.py`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,6 +25,7 @@ class RoPEExecution(Execution):
     def __init__(self, backend, params: RoPEParams):
         super().__init__(backend)
         self.params = params
+        self.kernel_call = None  # (kernel, arguments) bound at resize on the low-memory path
 
     def _apply(self, x, heads: int, norm: NormParams | None, cos, sin, out) -> None:
         seq, head_dim = cos.shape[0], self.params.head_dim
@@ -32,7 +34,24 @@ class RoPEExecution(Execution):
             h = normalize(h, norm.gamma, norm.beta, norm.epsilon, norm.rms)
         out.reshape(seq, heads, head_dim)[...] = rotate(h, cos, sin, self.params.rope_dim)
 
+    def on_resize(self, inputs, outputs) -> None:
+        self.kernel_call = None
+        if not (self.backend.low_memory() and inputs[0].dtype == np.float32):
+            return
+        from ..kernels.rope import rope_qk
+        p = self.params
+        q, k, cos, sin = (t.storage for t in inputs[:4])  # storages stay put until the next resize
+        seq = q.size // (p.num_head * p.head_dim)
+        self.kernel_call = (rope_qk, (q.reshape(-1), k.reshape(-1), p.num_head, p.kv_num_head, p.head_dim, p.rope_dim,
+                                      cos.reshape(seq, -1), sin.reshape(seq, -1), *_norm_args(p.q_norm),
+                                      *_norm_args(p.k_norm), outputs[0].storage.reshape(-1),
+                                      outputs[1].storage.reshape(-1)))
+
     def on_execute(self, inputs, outputs) -> None:
+        if self.kernel_call is not None:
+            kernel, arguments = self.kernel_call
+            kernel(*arguments)
+            return
         p = self.params
         q, k = inputs[0].storage, inputs[1].storage
         seq = q.size // (p.num_head * p.head_dim)
@@ -43,6 +62,17 @@ class RoPEExecution(Execution):
 
     def on_clone(self, backend, op):
         return RoPEExecution(backend, self.params)
+
+
+_EMPTY = np.zeros(0, np.float32)
+
+
+def _norm_args(norm: NormParams | None) -> tuple:
+    """(present, gamma, beta, epsilon, rms) of a per-head norm for the kernel; empty arrays when absent."""
+    if norm is None:
+        return False, _EMPTY, _EMPTY, 0.0, True
+    return (True, _EMPTY if norm.gamma is None else norm.gamma, _EMPTY if norm.beta is None else norm.beta,
+            float(norm.epsilon), bool(norm.rms))
 
 
 def create_rope(backend, inputs, outputs, op):

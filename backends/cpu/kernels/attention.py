@@ -1,0 +1,95 @@
+"""Causal attention over the KV cache, grouped-query heads, for the low-memory path.
+
+The cache holds keys transposed, [kv_heads, dim, capacity] (values [kv_heads, capacity, dim]).
+For one kv head, the queries of its heads for every new token are rows r = t * group + j of
+a matrix A (scaled by `scale`); scores = A @ K^T and context = softmax(scores) @ V are both
+products of the GEMM core (`gemm.py`) reading the cache contiguously, for one token as for
+a prefill. Row r (token t) sees cache positions < past + t + 1.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import prange
+
+from . import jit
+from .exp import exp32
+from .gemm import GEMM_ROWS, gemm_block
+
+PANEL = 16  # columns per GEMM block; the cache capacity is a multiple of it
+ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one parallel task of a prefill
+
+
+@jit()
+def _softmax(scores, visible, width):
+    """scores[:visible] becomes its softmax; scores[visible:width] becomes 0."""
+    best = scores[0]
+    for p in range(1, visible):
+        best = max(best, scores[p])
+    total = np.float32(0.0)
+    for p in range(visible):
+        weight = exp32(scores[p] - best)
+        scores[p] = weight
+        total += weight
+    inverse = np.float32(1.0) / total
+    for p in range(visible):
+        scores[p] *= inverse
+    for p in range(visible, width):
+        scores[p] = 0.0
+
+
+@jit()
+def _attend_rows(q, keys_t, values, past, scale, out, kv, r0, r1):
+    """Rows r0..r1 of kv head `kv`'s query matrix."""
+    tokens, heads, dim = q.shape
+    kv_heads, _, capacity = keys_t.shape
+    group = heads // kv_heads
+    count = r1 - r0
+    width = -(-(past + (r1 - 1) // group + 1) // PANEL) * PANEL
+    queries = np.empty(count * dim, np.float32)
+    scores = np.empty(count * width, np.float32)
+    context = np.empty(count * dim, np.float32)
+    for i in range(count):
+        t, j = divmod(r0 + i, group)
+        source = q[t, kv * group + j]
+        for d in range(dim):
+            queries[i * dim + d] = source[d] * scale
+    flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
+    for m0 in range(0, count, GEMM_ROWS):
+        rows = min(GEMM_ROWS, count - m0)
+        visible = past + (r0 + m0 + rows - 1) // group + 1  # the block's last row sees the most
+        columns = -(-visible // PANEL) * PANEL
+        for n0 in range(0, columns, PANEL):
+            gemm_block(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity + n0, capacity, dim, scores,
+                       m0 * width + n0, width, False)
+        for i in range(m0, m0 + rows):
+            _softmax(scores[i * width:(i + 1) * width], past + (r0 + i) // group + 1, columns)
+        for n0 in range(0, dim, PANEL):
+            gemm_block(rows, scores, m0 * width, width, flat_v, kv * capacity * dim + n0, dim, visible, context,
+                       m0 * dim + n0, dim, False)
+    for i in range(count):
+        t, j = divmod(r0 + i, group)
+        target = out[t, kv * group + j]
+        for d in range(dim):
+            target[d] = context[i * dim + d]
+
+
+@jit()
+def attend(q, keys_t, values, past, scale, out):
+    """q, out [tokens, heads, dim] with dim a multiple of 16, on the calling thread."""
+    tokens, heads, _ = q.shape
+    kv_heads = keys_t.shape[0]
+    for kv in range(kv_heads):
+        _attend_rows(q, keys_t, values, past, scale, out, kv, 0, tokens * (heads // kv_heads))
+
+
+@jit(parallel=True)
+def attend_parallel(q, keys_t, values, past, scale, out):
+    """As `attend`, tasks of ROWS_PER_TASK rows of one kv head spread over the threads."""
+    tokens, heads, _ = q.shape
+    kv_heads = keys_t.shape[0]
+    rows = tokens * (heads // kv_heads)
+    per_head = -(-rows // ROWS_PER_TASK)
+    for task in prange(kv_heads * per_head):
+        kv, block = divmod(np.int64(task), per_head)  # prange counts unsigned; int64 keeps the arithmetic integral
+        _attend_rows(q, keys_t, values, past, scale, out, kv, block * ROWS_PER_TASK,
+                     min(rows, (block + 1) * ROWS_PER_TASK))

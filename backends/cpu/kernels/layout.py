@@ -1,0 +1,126 @@
+"""The packed weight layout the low-memory kernels read, and packing into it from MNN's layout.
+
+MNN stores a quantized [oc, ic] weight row-major, codes packed high nibble first, with one
+(zero, scale) per (row, block). The kernels read it as groups of GROUP_ROWS (32) rows:
+
+    codes  uint8, [groups][ic * bits / 8][32]: byte j of each of the group's 32 rows side by
+           side, so 8 bytes load as 8 lanes of 8 rows (int4: the byte holds the codes of weights
+           2j in its high nibble and 2j+1 in its low nibble, as in MNN; int8: the signed value
+           of weight j)
+    alpha  [groups][blocks][zero[32], scale[32]], fp16 bits (uint16) when the values are
+           exactly fp16 (the exporter's default), else float32
+
+and w = zero + scale * (code - 8) for int4, zero + scale * value for int8. Rows past oc are padding
+with zero codes and alphas. Only 4-bit weights with a linear value map, an even ic and an
+even block stay 4-bit; every other quantization (2..8 bits, a value map) is re-coded to
+8-bit codes holding the same values, still 4x smaller than fp32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mnnllm_core.express.quant import QuantizedWeight
+
+from . import jit
+from .simd import GROUP_ROWS
+
+
+@dataclass(eq=False)
+class PackedWeight:
+    bits: int  # 4 or 8: the width of one code in `codes`
+    oc: int  # real rows (the groups hold groups * GROUP_ROWS)
+    ic: int
+    block: int  # weights per (zero, scale)
+    codes: np.ndarray
+    alpha: np.ndarray
+
+    @property
+    def groups(self) -> int:
+        return -(-self.oc // GROUP_ROWS)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.ic // self.block
+
+    @property
+    def group_bytes(self) -> int:
+        """Bytes of codes per group."""
+        return self.ic * self.bits // 8 * GROUP_ROWS
+
+    @property
+    def nbytes(self) -> int:
+        """What one GEMV reads."""
+        return self.codes.nbytes + self.alpha.nbytes
+
+    def same_format(self, other: "PackedWeight") -> bool:
+        return (self.bits, self.ic, self.block, self.alpha.dtype) == (other.bits, other.ic, other.block,
+                                                                      other.alpha.dtype)
+
+
+def pack(weight: QuantizedWeight) -> PackedWeight:
+    """The kernels' layout of one quantized weight (a copy: the weight file's pages can go)."""
+    oc, ic, block = weight.oc, weight.ic, weight.block_size
+    four_bit = weight.bits == 4 and weight.is_linear and ic % 2 == 0 and block % 2 == 0
+    groups = -(-oc // GROUP_ROWS)
+    if four_bit:
+        rows = np.asarray(weight.packed[:oc * ic // 2]).reshape(oc, ic // 2)
+    else:
+        rows = _eight_bit_codes(weight)
+    codes = np.empty(groups * GROUP_ROWS * rows.shape[1], np.uint8)
+    interleave_rows(rows, codes)
+    return PackedWeight(4 if four_bit else 8, oc, ic, block, codes, _alpha(weight.zero, weight.scale, groups))
+
+
+@jit()
+def interleave_rows(rows, out):
+    """rows uint8 [oc, n] -> out [groups][n][32]: byte j of each row of a group side by side, zero padded."""
+    oc, n = rows.shape
+    for g in range(out.shape[0] // (n * GROUP_ROWS)):
+        block = out[g * n * GROUP_ROWS:(g + 1) * n * GROUP_ROWS]
+        for r in range(GROUP_ROWS):
+            row = g * GROUP_ROWS + r
+            if row < oc:
+                source = rows[row]
+                for j in range(n):
+                    block[j * GROUP_ROWS + r] = source[j]
+            else:
+                for j in range(n):
+                    block[j * GROUP_ROWS + r] = 0
+
+
+def _eight_bit_codes(weight: QuantizedWeight) -> np.ndarray:
+    """The int8 values [oc, ic] (as uint8 bytes) of the weight's codes."""
+    codes = weight.unpack()
+    if weight.is_linear:
+        return codes - np.uint8(1 << (weight.bits - 1))  # wraps to the two's complement of the value
+    return weight.value_map.view(np.uint8)[codes]
+
+
+def _alpha(zero: np.ndarray, scale: np.ndarray, groups: int) -> np.ndarray:
+    """[groups][blocks][zero[32], scale[32]]: fp16 bits when that is exact, else float32."""
+    oc, blocks = zero.shape
+    as_half = all(np.array_equal(a.astype(np.float16).astype(np.float32), a, equal_nan=True) for a in (zero, scale))
+    pairs = np.zeros((groups * GROUP_ROWS, blocks, 2), np.float16 if as_half else np.float32)
+    pairs[:oc, :, 0], pairs[:oc, :, 1] = zero, scale
+    grouped = pairs.reshape(groups, GROUP_ROWS, blocks, 2).transpose(0, 2, 3, 1)
+    flat = np.ascontiguousarray(grouped).reshape(-1)
+    return flat.view(np.uint16) if as_half else flat
+
+
+def dequantize(packed: PackedWeight) -> np.ndarray:
+    """float32 [oc, ic] from the packed layout, in numpy: the reference the kernels are tested against."""
+    groups, per_row = packed.groups, packed.ic * packed.bits // 8
+    raw = packed.codes.reshape(groups, per_row, GROUP_ROWS).transpose(0, 2, 1).reshape(-1, per_row)
+    if packed.bits == 4:
+        codes = np.empty((raw.shape[0], packed.ic), np.float32)
+        codes[:, 0::2], codes[:, 1::2] = raw >> 4, raw & 15
+        codes -= 8
+    else:
+        codes = raw.view(np.int8).astype(np.float32)
+    alpha = packed.alpha.view(np.float16) if packed.alpha.dtype == np.uint16 else packed.alpha
+    pairs = alpha.astype(np.float32).reshape(groups, packed.n_blocks, 2, GROUP_ROWS).transpose(0, 3, 1, 2)
+    pairs = pairs.reshape(-1, packed.n_blocks, 2)
+    values = codes.reshape(-1, packed.n_blocks, packed.block) * pairs[:, :, 1:2] + pairs[:, :, 0:1]
+    return values.reshape(-1, packed.ic)[:packed.oc]

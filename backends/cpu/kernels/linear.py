@@ -1,0 +1,210 @@
+"""Linear layers on packed weights: a GEMV kernel for one token, dequantized tiles + BLAS for more.
+
+`gemv` reads every packed byte once (the decode roofline); `matmul` turns a tile of groups
+into fp32 in a reused scratch buffer (the same values as `QuantizedWeight.dequantize`) and
+lets BLAS multiply it, so a prefill never holds a whole fp32 copy of a weight.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from numba import prange
+
+from . import jit
+from .layout import PackedWeight
+from .gemm import GEMM_ROWS, gemm_block
+from .simd import GROUP_ROWS, q4_group_dequantize, q4_group_dot, q8_group_dequantize, q8_group_dot
+
+FEW_TOKENS = 4  # up to this many rows run the GEMV kernel once per row
+# a GEMV reading fewer bytes runs on the calling thread: waking the pool costs more than it saves
+PARALLEL_BYTES = int(os.environ.get("MNNLLM_PARALLEL_BYTES", 1 << 19))
+DEPTH = 256  # inner-dimension block of the GEMM: a panel block of 32 KiB stays in L1/L2
+
+
+@jit()
+def _block_sums(x, n_blocks, block):
+    sums = np.empty(n_blocks, np.float32)
+    for b in range(n_blocks):
+        total = np.float32(0.0)
+        for j in range(b * block, (b + 1) * block):
+            total += x[j]
+        sums[b] = total
+    return sums
+
+
+@jit()
+def _lanes(x):
+    """x split into its even and odd elements (the high and low nibbles of a byte)."""
+    half = x.shape[0] // 2
+    even = np.empty(half, np.float32)
+    odd = np.empty(half, np.float32)
+    for j in range(half):
+        even[j] = x[2 * j]
+        odd[j] = x[2 * j + 1]
+    return even, odd
+
+
+MEMBERS = 3  # weights one GEMV call computes together (q, k, v); unused places hold empty arrays
+
+
+@jit()
+def _q4_rows(codes, alpha, x_even, x_odd, x_sum, out, n_blocks, block, g0, g1):
+    group_bytes = x_even.shape[0] * GROUP_ROWS
+    for g in range(g0, g1):
+        q4_group_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, x_even, x_odd, x_sum,
+                     n_blocks, block // 2, out, g * GROUP_ROWS)
+
+
+@jit()
+def _q8_rows(codes, alpha, x, x_sum, out, n_blocks, block, g0, g1):
+    group_bytes = x.shape[0] * GROUP_ROWS
+    for g in range(g0, g1):
+        q8_group_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, x, x_sum, n_blocks, block,
+                     out, g * GROUP_ROWS)
+
+
+@jit()
+def _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, x_sum, n_blocks, block, first, last):
+    """Groups first..last of the members laid end to end (member m holds groups starts[m]..starts[m+1])."""
+    for m in range(MEMBERS):
+        g0 = max(first, starts[m]) - starts[m]
+        g1 = min(last, starts[m + 1]) - starts[m]
+        if g0 < g1:
+            if bits == 4:
+                _q4_rows(codes[m], alphas[m], x_even, x_odd, x_sum, outs[m], n_blocks, block, g0, g1)
+            else:
+                _q8_rows(codes[m], alphas[m], x, x_sum, outs[m], n_blocks, block, g0, g1)
+
+
+@jit()
+def _gemv(bits, codes, alphas, outs, starts, x, n_blocks, block):
+    x_even, x_odd = _lanes(x)
+    _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, _block_sums(x, n_blocks, block), n_blocks, block, 0,
+          starts[MEMBERS])
+
+
+@jit(parallel=True)
+def _gemv_parallel(bits, codes, alphas, outs, starts, x, n_blocks, block, parts):
+    x_even, x_odd = _lanes(x)
+    x_sum = _block_sums(x, n_blocks, block)
+    total = starts[MEMBERS]
+    per_part = (total + parts - 1) // parts
+    for task in prange(parts):
+        part = np.int64(task)  # prange counts unsigned; int64 keeps the arithmetic integral
+        _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, x_sum, n_blocks, block, part * per_part,
+              min(total, (part + 1) * per_part))
+
+
+@jit(fastmath=False)
+def _dequantize(bits, codes, alpha, n_blocks, block, g0, g1, tile, first, stride):
+    """Groups g0..g1 into the transposed tile, group g at column (g - first) * 32."""
+    group_bytes = n_blocks * block * bits // 8 * GROUP_ROWS
+    for g in range(g0, g1):
+        if bits == 4:
+            q4_group_dequantize(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, n_blocks, block // 2,
+                                tile, (g - first) * GROUP_ROWS, stride)
+        else:
+            q8_group_dequantize(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, n_blocks, block,
+                                tile, (g - first) * GROUP_ROWS, stride)
+
+
+@jit()
+def _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, column, width, panel, spill):
+    """out[:, column:column + width] = x @ W[rows of group g].T, via the dequantized panel [ic, 32]."""
+    tokens, ic = x.shape
+    ldc = out.shape[1]
+    _dequantize(bits, codes, alpha, n_blocks, block, g, g + 1, panel, g, GROUP_ROWS)
+    flat_x = x.reshape(-1)
+    flat_out = out.reshape(-1)
+    for half in range(2):
+        left = column + half * 16
+        if left >= column + width:
+            break
+        whole = left + 16 <= column + width  # else the block goes through `spill` and its valid part is copied
+        for k0 in range(0, ic, DEPTH):
+            depth = min(DEPTH, ic - k0)
+            for m0 in range(0, tokens, GEMM_ROWS):
+                rows = min(GEMM_ROWS, tokens - m0)
+                b_start = k0 * GROUP_ROWS + half * 16
+                if whole:
+                    gemm_block(rows, flat_x, m0 * ic + k0, ic, panel, b_start, GROUP_ROWS, depth, flat_out,
+                               m0 * ldc + left, ldc, k0 > 0)
+                else:
+                    gemm_block(rows, flat_x, m0 * ic + k0, ic, panel, b_start, GROUP_ROWS, depth, spill, m0 * 16, 16,
+                               k0 > 0)
+        if not whole:
+            valid = column + width - left
+            for t in range(tokens):
+                for n in range(valid):
+                    out[t, left + n] = spill[t * 16 + n]
+
+
+@jit()
+def _matmul(bits, codes, alpha, n_blocks, block, x, out):
+    tokens, ic = x.shape
+    panel = np.empty(ic * GROUP_ROWS, np.float32)
+    spill = np.empty(tokens * 16, np.float32)
+    rows = out.shape[1]
+    for g in range(-(-rows // GROUP_ROWS)):
+        _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, g * GROUP_ROWS,
+                      min(GROUP_ROWS, rows - g * GROUP_ROWS), panel, spill)
+
+
+@jit(parallel=True)
+def _matmul_parallel(bits, codes, alpha, n_blocks, block, x, out):
+    tokens, ic = x.shape
+    rows = out.shape[1]
+    for task in prange(-(-rows // GROUP_ROWS)):
+        g = np.int64(task)
+        panel = np.empty(ic * GROUP_ROWS, np.float32)
+        spill = np.empty(tokens * 16, np.float32)
+        _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, g * GROUP_ROWS,
+                      min(GROUP_ROWS, rows - g * GROUP_ROWS), panel, spill)
+
+
+@jit(fastmath=False)
+def _dequantize_all(bits, codes, alpha, n_blocks, block, groups, tile):
+    _dequantize(bits, codes, alpha, n_blocks, block, 0, groups, tile, 0, groups * GROUP_ROWS)
+
+
+class Gemv:
+    """One GEMV call over up to MEMBERS same-format weights that read the same x: result m =
+    weights[m] @ x (float32, weights[m].groups * 32 values, padding rows included)."""
+
+    def __init__(self, weights: list[PackedWeight]):
+        if not 1 <= len(weights) <= MEMBERS or any(not w.same_format(weights[0]) for w in weights):
+            raise ValueError(f"a GEMV takes 1 to {MEMBERS} weights of one format")
+        first = self.first = weights[0]
+        self.results = [np.zeros(w.groups * GROUP_ROWS, np.float32) for w in weights]
+        pad = MEMBERS - len(weights)
+        self.codes = tuple(w.codes for w in weights) + (first.codes[:0],) * pad
+        self.alphas = tuple(w.alpha for w in weights) + (first.alpha[:0],) * pad
+        self.targets = tuple(self.results) + (self.results[0][:0],) * pad
+        self.starts = np.zeros(MEMBERS + 1, np.int64)
+        self.starts[1:len(weights) + 1] = np.cumsum([w.groups for w in weights])
+        self.starts[len(weights) + 1:] = self.starts[len(weights)]
+        self.parallel_worth = sum(w.nbytes for w in weights) > PARALLEL_BYTES
+
+    def __call__(self, x: np.ndarray, threads: int) -> list[np.ndarray]:
+        first = self.first
+        if threads > 1 and self.parallel_worth:
+            _gemv_parallel(first.bits, self.codes, self.alphas, self.targets, self.starts, x, first.n_blocks,
+                           first.block, threads)
+        else:
+            _gemv(first.bits, self.codes, self.alphas, self.targets, self.starts, x, first.n_blocks, first.block)
+        return self.results
+
+
+def matmul(packed: PackedWeight, x: np.ndarray, out: np.ndarray, threads: int) -> None:
+    """out[tokens, oc] = x[tokens, ic] @ W.T (float32, C-contiguous): each group of rows is
+    dequantized into a panel that the register-blocked GEMM reuses for every token."""
+    kernel = _matmul_parallel if threads > 1 else _matmul
+    kernel(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, x, out)
+
+
+def dequantize(packed: PackedWeight) -> np.ndarray:
+    """float32 [oc, ic] as the GEMM's panels hold it (for tests against the reference)."""
+    tile = np.empty(packed.ic * packed.groups * GROUP_ROWS, np.float32)
+    _dequantize_all(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, packed.groups, tile)
+    return tile.reshape(packed.ic, -1)[:, :packed.oc].T.copy()

@@ -1,0 +1,236 @@
+"""Explicit 8-lane SIMD for the packed-weight kernels, written as numba intrinsics in LLVM IR.
+
+numba's auto-vectorizer turns a plain nibble loop into gathers or into latency-bound single
+accumulators; these intrinsics spell out the loop over one group of `GROUP_ROWS` interleaved
+rows (see `layout.py`) with eight independent `<8 x float>` accumulators, so LLVM emits
+`vpmovzxbd / vpsrld / vpand / vcvtdq2ps / vfmadd` per 8 bytes and `vcvtph2ps` for the fp16
+alphas on any x86-64 with AVX2+FMA+F16C (and the equivalent NEON on arm64).
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+GROUP_ROWS = 32  # rows interleaved per group: 4 vectors of 8 lanes
+LANES = 8
+
+_F32 = ir.FloatType()
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+VF = ir.VectorType(_F32, LANES)
+_VI = ir.VectorType(_I32, LANES)
+_VB = ir.VectorType(ir.IntType(8), LANES)
+_VH = ir.VectorType(ir.HalfType(), LANES)
+FAST = ("fast",)
+_VECTORS = GROUP_ROWS // LANES
+
+
+def i64(value: int) -> ir.Constant:
+    return ir.Constant(_I64, value)
+
+
+def array_data(context, builder, array_type, array):
+    return context.make_array(array_type)(context, builder, array).data
+
+
+def splat(builder, value):
+    undef = ir.Constant(VF, ir.Undefined)
+    one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+
+
+def load_vector(builder, pointer, index, vector_type, align):
+    address = builder.bitcast(builder.gep(pointer, [index]), vector_type.as_pointer())
+    return builder.load(address, align=align)
+
+
+def store_vector(builder, value, pointer, index):
+    builder.store(value, builder.bitcast(builder.gep(pointer, [index]), VF.as_pointer()), align=4)
+
+
+def fma(builder, a, b, c):
+    return builder.fadd(builder.fmul(a, b, flags=FAST), c, flags=FAST)
+
+
+def _alphas(builder, pointer, index, half: bool):
+    """Eight consecutive alphas (fp16 bits or fp32) as <8 x float>."""
+    if half:
+        return builder.fpext(load_vector(builder, pointer, index, _VH, 2), VF)
+    return load_vector(builder, pointer, index, VF, 4)
+
+
+def zero_slots(builder, count: int):
+    zero = ir.Constant(VF, [0.0] * LANES)
+    return [cgutils.alloca_once_value(builder, zero) for _ in range(count)]
+
+
+def reset_slots(builder, slots):
+    zero = ir.Constant(VF, [0.0] * LANES)
+    for slot in slots:
+        builder.store(zero, slot)
+
+
+def _codes(builder, codes, index):
+    """Eight unsigned code bytes as <8 x i32>."""
+    return builder.zext(load_vector(builder, codes, index, _VB, 1), _VI)
+
+
+def _values(builder, codes, index):
+    """Eight signed int8 values as <8 x float> (exact)."""
+    return builder.sitofp(builder.sext(load_vector(builder, codes, index, _VB, 1), _VI), VF)
+
+
+def _accumulate(builder, alpha, a_index, half, xs, mid, sums, acc):
+    """acc += scale * sum + (zero - mid * scale) * xsum, for each vector of the group."""
+    for v in range(_VECTORS):
+        zero = _alphas(builder, alpha, builder.add(a_index, i64(v * LANES)), half)
+        scale = _alphas(builder, alpha, builder.add(a_index, i64(GROUP_ROWS + v * LANES)), half)
+        shift = builder.fsub(zero, builder.fmul(scale, ir.Constant(VF, [float(mid)] * LANES), flags=FAST),
+                             flags=FAST)
+        builder.store(fma(builder, shift, xs, fma(builder, scale, sums[v], builder.load(acc[v]))), acc[v])
+
+
+def _block_alphas(builder, alpha, a_index, half):
+    """(zeros, scales) of one block of the group, one <8 x float> per vector."""
+    zeros = [_alphas(builder, alpha, builder.add(a_index, i64(v * LANES)), half) for v in range(_VECTORS)]
+    scales = [_alphas(builder, alpha, builder.add(a_index, i64(GROUP_ROWS + v * LANES)), half)
+              for v in range(_VECTORS)]
+    return zeros, scales
+
+
+def _exact_weight(builder, value, scale, zero):
+    """value * scale + zero rounded twice, exactly as MNN and `QuantizedWeight.dequantize`."""
+    return builder.fadd(builder.fmul(value, scale), zero)
+
+
+def _finish(builder, out, o_index, acc):
+    for v in range(_VECTORS):
+        store_vector(builder, builder.load(acc[v]), out, builder.add(o_index, i64(v * LANES)))
+
+
+@intrinsic
+def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes,
+                 out, o_start):
+    """One group of 32 rows of an int4 GEMV: out[o_start:o_start+32] = W_group @ x.
+
+    codes uint8 [ic/2][32] from c_start (byte j of row r at j*32 + r: high nibble is
+    weight 2j, low nibble weight 2j+1); alpha [n_blocks][zero[32], scale[32]] from a_start
+    (fp16 bits as uint16, or float32); w = zero + scale * (code - 8).
+    """
+    sig = types.void(codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes, out, o_start)
+    half = alpha.dtype == types.uint16
+
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        code_p, alpha_p = array_data(context, builder, tys[0], args[0]), array_data(context, builder, tys[2], args[2])
+        xe_p, xo_p = array_data(context, builder, tys[4], args[4]), array_data(context, builder, tys[5], args[5])
+        xs_p, out_p = array_data(context, builder, tys[6], args[6]), array_data(context, builder, tys[9], args[9])
+        c_start_v, a_start_v, blocks, per_block, o_start_v = args[1], args[3], args[7], args[8], args[10]
+        acc = zero_slots(builder, _VECTORS)
+        high, low = zero_slots(builder, _VECTORS), zero_slots(builder, _VECTORS)
+        mask = ir.Constant(_VI, [15] * LANES)
+        four = ir.Constant(_VI, [4] * LANES)
+        with cgutils.for_range(builder, blocks) as block_loop:
+            b = block_loop.index
+            reset_slots(builder, high + low)
+            first = builder.mul(b, per_block)
+            with cgutils.for_range(builder, per_block) as byte_loop:
+                j = builder.add(first, byte_loop.index)
+                even = splat(builder, builder.load(builder.gep(xe_p, [j])))
+                odd = splat(builder, builder.load(builder.gep(xo_p, [j])))
+                row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
+                for v in range(_VECTORS):
+                    w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
+                    hi = builder.uitofp(builder.lshr(w, four), VF)
+                    lo = builder.uitofp(builder.and_(w, mask), VF)
+                    builder.store(fma(builder, lo, odd, fma(builder, hi, even, builder.load(high[v]))), high[v])
+            sums = [builder.load(high[v]) for v in range(_VECTORS)]
+            xs = splat(builder, builder.load(builder.gep(xs_p, [b])))
+            a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
+            _accumulate(builder, alpha_p, a_index, half, xs, 8, sums, acc)
+        _finish(builder, out_p, o_start_v, acc)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def q8_group_dot(typingctx, codes, c_start, alpha, a_start, x, x_sum, n_blocks, block, out, o_start):
+    """One group of 32 rows of an int8 GEMV: int8 values [ic][32] from c_start, w = zero + scale * value."""
+    sig = types.void(codes, c_start, alpha, a_start, x, x_sum, n_blocks, block, out, o_start)
+    half = alpha.dtype == types.uint16
+
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        code_p, alpha_p = array_data(context, builder, tys[0], args[0]), array_data(context, builder, tys[2], args[2])
+        x_p, xs_p = array_data(context, builder, tys[4], args[4]), array_data(context, builder, tys[5], args[5])
+        out_p = array_data(context, builder, tys[8], args[8])
+        c_start_v, a_start_v, blocks, per_block, o_start_v = args[1], args[3], args[6], args[7], args[9]
+        acc = zero_slots(builder, _VECTORS)
+        part = zero_slots(builder, _VECTORS)
+        with cgutils.for_range(builder, blocks) as block_loop:
+            b = block_loop.index
+            reset_slots(builder, part)
+            first = builder.mul(b, per_block)
+            with cgutils.for_range(builder, per_block) as column_loop:
+                j = builder.add(first, column_loop.index)
+                xj = splat(builder, builder.load(builder.gep(x_p, [j])))
+                row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
+                for v in range(_VECTORS):
+                    w = _values(builder, code_p, builder.add(row0, i64(v * LANES)))
+                    builder.store(fma(builder, w, xj, builder.load(part[v])), part[v])
+            sums = [builder.load(part[v]) for v in range(_VECTORS)]
+            xs = splat(builder, builder.load(builder.gep(xs_p, [b])))
+            a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
+            _accumulate(builder, alpha_p, a_index, half, xs, 0, sums, acc)
+        _finish(builder, out_p, o_start_v, acc)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _dequantizer(bits: int):
+    """The intrinsic writing one group's weights transposed: tile[t_start + i * t_stride + r] = w[r, i]
+    for its 32 rows (int4: block_bytes = block / 2 code bytes per block; int8: block values)."""
+
+    @intrinsic
+    def dequantize(typingctx, codes, c_start, alpha, a_start, n_blocks, block_bytes, tile, t_start, t_stride):
+        sig = types.void(codes, c_start, alpha, a_start, n_blocks, block_bytes, tile, t_start, t_stride)
+        half = alpha.dtype == types.uint16
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            code_p, alpha_p = (array_data(context, builder, tys[i], args[i]) for i in (0, 2))
+            tile_p = array_data(context, builder, tys[6], args[6])
+            c_start_v, a_start_v, blocks, per_block, t_start_v, stride = (args[i] for i in (1, 3, 4, 5, 7, 8))
+            mask, four = ir.Constant(_VI, [15] * LANES), ir.Constant(_VI, [4] * LANES)
+            eight = ir.Constant(VF, [8.0] * LANES)
+            with cgutils.for_range(builder, blocks) as block_loop:
+                b = block_loop.index
+                a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
+                zeros, scales = _block_alphas(builder, alpha_p, a_index, half)
+                with cgutils.for_range(builder, per_block) as byte_loop:
+                    j = builder.add(builder.mul(b, per_block), byte_loop.index)
+                    row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
+                    first = builder.add(t_start_v, builder.mul(builder.mul(j, i64(8 // bits)), stride))
+                    for v in range(_VECTORS):
+                        if bits == 4:
+                            w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
+                            values = [builder.fsub(builder.uitofp(builder.lshr(w, four), VF), eight),
+                                      builder.fsub(builder.uitofp(builder.and_(w, mask), VF), eight)]
+                        else:
+                            values = [_values(builder, code_p, builder.add(row0, i64(v * LANES)))]
+                        for i, value in enumerate(values):
+                            target = builder.add(builder.add(first, builder.mul(i64(i), stride)), i64(v * LANES))
+                            store_vector(builder, _exact_weight(builder, value, scales[v], zeros[v]), tile_p, target)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dequantize
+
+
+q4_group_dequantize = _dequantizer(4)
+q8_group_dequantize = _dequantizer(8)

@@ -1,0 +1,99 @@
+"""Convolution 1x1 on packed int4/int8 weights, the cpu backend's `memory: "low"` path.
+
+Weights are packed once at creation (`kernels/layout.py`) and never expanded to fp32 whole:
+one token runs the GEMV kernel on the packed bytes, more tokens multiply dequantized panels
+(`kernels/linear.py`). Linears that read the same input tensor (q/k/v, gate/up) share one
+GEMV: for one token the first of them to run computes every member's rows in one kernel
+call and the others copy their result.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.core.backend import Execution
+
+from ..kernels.layout import PackedWeight, pack
+from ..kernels.linear import FEW_TOKENS, MEMBERS, Gemv, matmul
+from .linear import finish
+
+
+class SharedInput:
+    """The packed linears reading one input tensor, and their one-token results."""
+
+    def __init__(self, weights: list[PackedWeight]):
+        self.weights = weights
+        self.gemv = Gemv(weights)
+        self.computed: tuple[int, int] | None = None  # (run, id of the input) the results belong to
+
+    def join(self, weight: PackedWeight) -> int | None:
+        """Add a member; its index, or None when it cannot share this GEMV."""
+        if len(self.weights) == MEMBERS or not weight.same_format(self.weights[0]):
+            return None
+        self.weights.append(weight)
+        self.gemv = Gemv(self.weights)
+        return len(self.weights) - 1
+
+    def twin(self) -> "SharedInput":
+        """The same weights with result buffers of their own (for a cloned session)."""
+        return SharedInput(self.weights)
+
+    def results(self, x: np.ndarray, source: int, run: int, threads: int) -> list[np.ndarray]:
+        """Every member's rows for the one token x ([1, ic], a view of the input storage `source`
+        identifies), computed once per run."""
+        key = (run, source)
+        if self.computed != key:
+            self.gemv(x[0], threads)
+            self.computed = key
+        return self.gemv.results
+
+
+class PackedLinearExecution(Execution):
+    def __init__(self, backend, shared: SharedInput, member: int, bias: np.ndarray | None, relu: bool,
+                 relu6: bool):
+        super().__init__(backend)
+        self.shared, self.member = shared, member
+        self.weight = shared.weights[member]
+        self.bias = bias
+        self.relu, self.relu6 = relu, relu6
+        self.packed_bytes = self.weight.nbytes + (bias.nbytes if bias is not None else 0)
+        self.single: Gemv | None = None  # this weight alone, for a few tokens
+
+    def on_resize(self, inputs, outputs) -> None:
+        x = inputs[0].storage  # storages stay put until the next resize
+        self.tokens = x.shape[0]
+        self.x = x.reshape(self.tokens, -1)
+        self.out = outputs[0].storage.reshape(self.tokens, -1)
+        self.threads = self.backend.runtime.thread_num
+        self.source = id(x)
+
+    def on_execute(self, inputs, outputs) -> None:
+        tokens, x, out, rows = self.tokens, self.x, self.out, self.weight.oc
+        if tokens == 1:
+            out[0] = self.shared.results(x, self.source, self.backend.run_count, self.threads)[self.member][:rows]
+        elif tokens <= FEW_TOKENS:
+            if self.single is None:
+                self.single = Gemv([self.weight])
+            for t in range(tokens):
+                out[t] = self.single(x[t], self.threads)[0][:rows]
+        else:
+            matmul(self.weight, x, out, self.threads)
+        finish(out, self.bias, self.relu, self.relu6)
+
+    def on_clone(self, backend, op):
+        twins = backend.shared_twins
+        twin = twins.get(id(self.shared))
+        if twin is None:
+            twin = twins[id(self.shared)] = self.shared.twin()
+        return PackedLinearExecution(backend, twin, self.member, self.bias, self.relu, self.relu6)
+
+
+def create_packed_linear(backend, inputs, weight, bias, relu: bool, relu6: bool) -> PackedLinearExecution:
+    """Pack `weight` (a QuantizedWeight) and join the linears already reading the same input."""
+    packed = pack(weight)
+    key = inputs[0].index
+    shared = backend.shared_inputs.get(key)
+    member = shared.join(packed) if shared is not None else None
+    if member is None:
+        shared, member = SharedInput([packed]), 0
+        backend.shared_inputs[key] = shared
+    return PackedLinearExecution(backend, shared, member, bias, relu, relu6)

@@ -1,0 +1,269 @@
+"""The cpu backend's memory "low" path: packed weights and numba kernels, each against the
+numpy/float64 reference on odd shapes (int4 and int8 codes, block and per-channel alphas,
+re-coded bit widths and value maps), and the shared model's greedy tokens against MNN's."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from mnnllm_backends.cpu.kernels import activation, attention, linear, norm, rope  # noqa: E402
+from mnnllm_backends.cpu.kernels.exp import exp32  # noqa: E402
+from mnnllm_backends.cpu.kernels.layout import dequantize as layout_dequantize  # noqa: E402
+from mnnllm_backends.cpu.kernels.layout import pack  # noqa: E402
+from mnnllm_backends.cpu.ops.norm import normalize  # noqa: E402
+from mnnllm_backends.cpu.ops.rope import rotate  # noqa: E402
+from mnnllm_core.express.quant import QuantizedWeight  # noqa: E402
+from paths import CONFIG, REFERENCE  # noqa: E402
+
+PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
+RNG = np.random.default_rng(7)
+
+
+def quantized(oc: int, ic: int, bits: int, block: int, *, value_map: bool = False, exact_alpha: bool = True,
+              ) -> QuantizedWeight:
+    """A random weight in MNN's layout: codes packed most significant bit first, fp16-exact alphas."""
+    n_blocks = ic // block
+    count = (1 << bits) - (3 if value_map else 0)
+    codes = RNG.integers(0, count, oc * ic).astype(np.uint8)
+    packed = np.packbits(np.unpackbits(codes[:, None], axis=1)[:, 8 - bits:].reshape(-1))
+    zero = (RNG.standard_normal((oc, n_blocks)) * 0.1).astype(np.float16).astype(np.float32)
+    scale = (RNG.random((oc, n_blocks)) * 0.02 + 0.001).astype(np.float16).astype(np.float32)
+    if not exact_alpha:
+        zero = zero + np.float32(1e-5)  # no longer fp16 values: stored as float32
+    table = np.sort(RNG.choice(np.arange(-128, 128), count, replace=False)).astype(np.int8) if value_map else None
+    return QuantizedWeight(bits, block, oc, ic, packed, zero, scale, value_map=table)
+
+
+WEIGHTS = {
+    "int4 block 32": dict(oc=45, ic=96, bits=4, block=32),
+    "int4 per channel": dict(oc=33, ic=80, bits=4, block=80),
+    "int4 block 64, 3 groups": dict(oc=70, ic=128, bits=4, block=64),
+    "int8 block 16": dict(oc=37, ic=48, bits=8, block=16),
+    "int8 per channel": dict(oc=31, ic=40, bits=8, block=40),
+    "int3 recoded to int8": dict(oc=29, ic=48, bits=3, block=16),
+    "int4 odd ic recoded to int8": dict(oc=17, ic=35, bits=4, block=35),
+    "int4 value map recoded to int8": dict(oc=40, ic=64, bits=4, block=32, value_map=True),
+    "int4 float32 alphas": dict(oc=40, ic=64, bits=4, block=32, exact_alpha=False),
+}
+
+
+def reference(weight: QuantizedWeight) -> np.ndarray:
+    return weight.dequantize().astype(np.float64)
+
+
+def assert_product_close(actual: np.ndarray, w: np.ndarray, x: np.ndarray) -> None:
+    """Within fp32 accumulation error of |W| |x| (the products' magnitudes), against float64."""
+    expected = x @ w.T
+    bound = 2e-6 * (np.abs(x) @ np.abs(w).T) + 1e-30
+    assert np.all(np.abs(actual - expected) <= bound), np.max(np.abs(actual - expected) / bound)
+
+
+@pytest.mark.parametrize("case", WEIGHTS)
+def test_packed_layout_holds_exactly_the_reference_weights(case):
+    weight = quantized(**WEIGHTS[case])
+    packed = pack(weight)
+    assert packed.bits == (4 if case.startswith(("int4 block", "int4 per", "int4 float")) else 8)
+    assert packed.alpha.dtype == (np.float32 if "float32" in case else np.uint16)
+    assert np.array_equal(layout_dequantize(packed), weight.dequantize())
+    assert np.array_equal(linear.dequantize(packed), weight.dequantize())  # the GEMM's panels
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", WEIGHTS)
+def test_gemv_matches_float64(case, threads):
+    weight = quantized(**WEIGHTS[case])
+    x = RNG.standard_normal(weight.ic).astype(np.float32)
+    gemv = linear.Gemv([pack(weight)])
+    gemv.parallel_worth = True
+    result = gemv(x, threads)[0]
+    assert result.shape[0] % 32 == 0 and np.all(result[weight.oc:] == 0)  # padding rows
+    assert_product_close(result[:weight.oc], reference(weight), x.astype(np.float64))
+
+
+def test_one_gemv_over_three_members_equals_each_alone():
+    weights = [pack(quantized(oc, 96, 4, 32)) for oc in (45, 20, 33)]
+    x = RNG.standard_normal(96).astype(np.float32)
+    together = linear.Gemv(weights)(x, 2)
+    for weight, result in zip(weights, together):
+        assert np.array_equal(result, linear.Gemv([weight])(x, 1)[0])
+    with pytest.raises(ValueError):
+        linear.Gemv([weights[0], pack(quantized(32, 48, 8, 16))])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("tokens", [5, 13])
+@pytest.mark.parametrize("case", ["int4 block 32", "int4 per channel", "int8 block 16", "int4 float32 alphas"])
+def test_matmul_on_dequantized_panels_matches_float64(case, tokens, threads):
+    weight = quantized(**WEIGHTS[case])
+    x = RNG.standard_normal((tokens, weight.ic)).astype(np.float32)
+    out = np.empty((tokens, weight.oc), np.float32)
+    linear.matmul(pack(weight), x, out, threads)
+    assert_product_close(out, reference(weight), x.astype(np.float64))
+
+
+def test_matmul_with_an_inner_dimension_over_one_depth_block():
+    weight = quantized(40, 2 * linear.DEPTH + 64, 4, 64)
+    x = RNG.standard_normal((7, weight.ic)).astype(np.float32)
+    out = np.empty((7, 40), np.float32)
+    linear.matmul(pack(weight), x, out, 2)
+    assert_product_close(out, reference(weight), x.astype(np.float64))
+
+
+def attention_reference(q, keys, values, past, scale):
+    tokens, heads, dim = q.shape
+    group = heads // keys.shape[0]
+    out = np.zeros(q.shape)
+    for t in range(tokens):
+        for h in range(heads):
+            visible = past + t + 1
+            s = keys[h // group, :visible].astype(np.float64) @ q[t, h] * scale
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ values[h // group, :visible]
+    return out
+
+
+@pytest.mark.parametrize("tokens, past, heads, kv_heads, dim", [
+    (1, 0, 9, 3, 64), (1, 70, 9, 3, 64), (5, 17, 4, 2, 32), (37, 0, 6, 3, 16), (100, 29, 4, 1, 48)])
+def test_attention_kernels_match_float64(tokens, past, heads, kv_heads, dim):
+    capacity = -(-(past + tokens) // 16) * 16 + 16
+    keys = RNG.standard_normal((kv_heads, capacity, dim)).astype(np.float32)
+    values = RNG.standard_normal((kv_heads, capacity, dim)).astype(np.float32)
+    q = RNG.standard_normal((tokens, heads, dim)).astype(np.float32)
+    expected = attention_reference(q, keys, values, past, 0.2)
+    keys_t = np.ascontiguousarray(keys.transpose(0, 2, 1))
+    for kernel in (attention.attend, attention.attend_parallel):
+        out = np.full_like(q, np.nan)
+        kernel(q, keys_t, values, past, np.float32(0.2), out)
+        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rms", [True, False])
+@pytest.mark.parametrize("with_beta", [True, False])
+def test_norm_kernels_match_the_reference(rms, with_beta):
+    rows, n = 3, 77
+    a, b = (RNG.standard_normal(rows * n).astype(np.float32) for _ in range(2))
+    gamma = RNG.standard_normal(n).astype(np.float32)
+    beta = RNG.standard_normal(n).astype(np.float32) if with_beta else np.zeros(0, np.float32)
+    expected = normalize((a + b).astype(np.float64).reshape(rows, n), gamma, beta if with_beta else None, 1e-5, rms)
+    total, out = np.empty_like(a), np.empty_like(a)
+    norm.add_normalize_rows(a, b, n, gamma, beta, 1e-5, rms, total, out)
+    assert np.array_equal(total, a + b)
+    np.testing.assert_allclose(out.reshape(rows, n), expected, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("with_norm", [False, True])
+def test_rope_kernel_matches_the_reference(with_norm):
+    tokens, heads, kv_heads, dim, rope_dim = 3, 4, 2, 16, 12
+    q = RNG.standard_normal((tokens, heads, dim)).astype(np.float32)
+    k = RNG.standard_normal((tokens, kv_heads, dim)).astype(np.float32)
+    cos, sin = (RNG.standard_normal((tokens, rope_dim)).astype(np.float32) for _ in range(2))
+    gamma = RNG.standard_normal(dim).astype(np.float32)
+    empty = np.zeros(0, np.float32)
+
+    def expected(x):
+        h = normalize(x.astype(np.float64), gamma, None, 1e-6, True) if with_norm else x.astype(np.float64)
+        return rotate(h, cos, sin, rope_dim)
+
+    q_out, k_out = np.empty_like(q), np.empty_like(k)
+    g = gamma if with_norm else empty
+    rope.rope_qk(q.reshape(-1), k.reshape(-1), heads, kv_heads, dim, rope_dim, cos, sin, with_norm, g, empty, 1e-6,
+                 True, with_norm, g, empty, 1e-6, True, q_out.reshape(-1), k_out.reshape(-1))
+    np.testing.assert_allclose(q_out, expected(q), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(k_out, expected(k), rtol=1e-5, atol=1e-5)
+
+
+def test_mul_silu_and_exp_match_float64():
+    a, b = (RNG.standard_normal(1001).astype(np.float32) * 8 for _ in range(2))
+    out = np.empty_like(a)
+    activation.mul_silu(a, b, out)
+    np.testing.assert_allclose(out, a * (b / (1 + np.exp(-b.astype(np.float64)))), rtol=1e-6, atol=1e-6)
+    x = np.linspace(-86, 88.7, 20001).astype(np.float32)
+    got = np.array([exp32(v) for v in x[::97]])
+    np.testing.assert_allclose(got, np.exp(x[::97].astype(np.float64)), rtol=5e-7)
+    assert exp32(np.float32(100.0)) == np.inf and exp32(np.float32(-np.inf)) == 0.0
+    assert np.isnan(exp32(np.float32(np.nan)))
+
+
+def load(memory: str):
+    import mnnllm_core
+    model = mnnllm_core.create(CONFIG)
+    model.set_config({"sampler_type": "greedy", "thread_num": 2, "memory": memory})
+    return model.load()
+
+
+@pytest.fixture(scope="module")
+def low_llm():
+    return load("low")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_memory_low_greedy_tokens_equal_mnn_memory_normal(low_llm, index):
+    prompt = PROMPTS[index]
+    low_llm.reset()
+    assert low_llm.generate(prompt["prompt_ids"], 64) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"]
+
+
+@pytest.mark.slow
+def test_memory_normal_stays_the_fp32_reference_path():
+    from mnnllm_backends.cpu.ops.linear import LinearExecution
+    llm = load("normal")
+    executions = [e for _, e in llm.pool.get(1, False).static_module.session.pipeline.executions.values()]
+    assert all(isinstance(e, LinearExecution) for e in executions if "Linear" in type(e).__name__)
+    for prompt in PROMPTS:
+        llm.reset()
+        assert llm.generate(prompt["prompt_ids"], 64) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"]
+
+
+def test_memory_low_keeps_weights_packed_and_reads_a_quarter_of_the_fp32_bytes(low_llm):
+    from mnnllm_backends.cpu.ops.packed_linear import PackedLinearExecution
+    pipeline = low_llm.pool.get(1, False).static_module.session.pipeline
+    executions = [e for _, e in pipeline.executions.values()]
+    linears = [e for e in executions if type(e).__name__.endswith("LinearExecution")]
+    assert linears and all(isinstance(e, PackedLinearExecution) for e in linears)
+    packed = sum(e.packed_bytes for e in executions)
+    fp32 = sum(4 * e.weight.oc * e.weight.ic for e in linears)
+    assert 0.12 * fp32 < packed < 0.16 * fp32  # 4-bit codes + fp16 (zero, scale) per 64 weights
+
+
+def test_thread_num_reaches_the_kernels(low_llm):
+    import numba
+    low_llm.forward([5])
+    assert numba.get_num_threads() == 2
+
+
+def test_the_kernels_are_loaded_at_load_and_no_run_compiles_more(low_llm):
+    from numba.core.registry import CPUDispatcher
+
+    def overloads():
+        return {name + "." + key: len(value.overloads) for name, module in list(sys.modules.items())
+                if name.startswith("mnnllm_backends.cpu.kernels") for key, value in vars(module).items()
+                if isinstance(value, CPUDispatcher)}
+
+    before = overloads()
+    low_llm.reset()
+    low_llm.forward(list(range(100, 140)))
+    low_llm.forward([5])
+    low_llm.forward([6, 7, 8])
+    assert overloads() == before
+
+
+def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
+    """A fresh cache folder fills on first use; a second process loads from it."""
+    script = ("import numpy as np\nfrom mnnllm_backends.cpu.kernels.activation import mul_silu\n"
+              "a = np.ones(4, np.float32)\nmul_silu(a, a, a.copy())\n")
+    env = {**os.environ, "MNNLLM_CACHE": str(tmp_path), "NUMBA_DEBUG_CACHE": "1"}
+    env.pop("NUMBA_CACHE_DIR", None)
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    cached = list((tmp_path / "numba").rglob("activation.mul_silu*.nbi"))
+    assert cached, "no index file under $MNNLLM_CACHE/numba"
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0 and "data loaded" in second.stdout + second.stderr
