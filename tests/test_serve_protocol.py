@@ -6,7 +6,8 @@ from mnnllm_core.llm.sampler import SamplerConfig
 from mnnllm_core.serve.errors import ApiError
 from mnnllm_core.serve.sampling import sampler_overrides
 from mnnllm_core.serve.schemas import ChatCompletionRequest, CompletionRequest, parse_json, validate
-from mnnllm_core.serve.server import is_loopback, model_config_path
+from mnnllm_core.llm.config import resolve_config_path
+from mnnllm_core.serve.server import is_loopback
 from mnnllm_core.serve.stops import StopMatcher
 from paths import MODEL_DIR
 
@@ -148,5 +149,4 @@ def test_a_completion_prompt_is_one_string_or_token_ids():
 def test_loopback_addresses_and_model_folders():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("example.org")
-    assert model_config_path(str(MODEL_DIR)) == str(MODEL_DIR / "config.json")
-    assert model_config_path("some/config.json") == "some/config.json" and model_config_path(None) is None
+    assert resolve_config_path(str(MODEL_DIR)) == str(MODEL_DIR / "config.json")

@@ -14,12 +14,12 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ContextLengthError, MnnllmError, UnsupportedError
+from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedError
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
-from .config import LlmConfig
-from .context import LlmContext
+from .config import LlmConfig, resolve_config_path
+from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation
 from .module_pool import ModulePool
@@ -55,6 +55,7 @@ class Llm:
     def load(self) -> "Llm":
         start = time.perf_counter()
         cfg = self.config
+        self._check_model_files()
         self.runtime_manager = init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
         self.prompt = Prompt(cfg)
@@ -73,12 +74,26 @@ class Llm:
                  self.runtime_manager.config.backend_type)
         return self
 
-    def _init_sampler(self) -> None:
-        self.sampler = Sampler(SamplerConfig.from_config(self.config.to_dict(), file=self.config.origin("sampler_type")))
+    def _check_model_files(self) -> None:
+        """A file the config names that is not there: the key and the config file at fault."""
+        for key in ("llm_model", "tokenizer_file"):
+            path = getattr(self.config, key)
+            if not os.path.isfile(path):
+                raise ConfigError(f"{key} names a file that does not exist: {path}",
+                                  file=self.config.origin(key) or self.config.source, field=key)
 
-    def set_config(self, content: dict[str, Any] | str) -> None:
-        """Merge keys as MNN's set_config does; sampler keys take effect at once."""
-        self.config.set_config(content)
+    def _init_sampler(self) -> None:
+        try:
+            sampler_config = SamplerConfig.from_config(self.config.to_dict())
+        except ConfigError as err:  # name the file (or --set) that set the offending key
+            raise ConfigError(err.reason, file=self.config.origin(err.field or "sampler_type"),
+                              field=err.field) from None
+        self.sampler = Sampler(sampler_config)
+
+    def set_config(self, content: dict[str, Any] | str, source: str = "set_config") -> None:
+        """Merge keys as MNN's set_config does; sampler keys take effect at once.
+        `source` names where they came from in later errors (e.g. "--set")."""
+        self.config.set_config(content, source)
         if self.sampler is not None:
             self._init_sampler()
             self.generation = create_generation(self)
@@ -134,8 +149,15 @@ class Llm:
         feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": mask,
                  "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
         meta = self.kv_meta
+        # The history is the truth: the cache is cut back to it before every step, so a step
+        # interrupted anywhere (Ctrl-C inside a layer, or after the commit below) leaves no stale rows.
+        meta.remove = meta.previous - past
         meta.add = seq
-        outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
+        try:
+            outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
+        except BaseException:
+            self.pool.discard(seq, bool(all_logits))  # an interrupted run may leave its clone half resized
+            raise
         meta.sync()
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(self.context.history_tokens)
@@ -144,7 +166,11 @@ class Llm:
 
     # -- generation --------------------------------------------------------------------
     def _budget(self, max_new_tokens: int | None) -> int:
-        return int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        budget = int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        if budget < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {budget}", field="max_new_tokens",
+                              file=self.config.origin("max_new_tokens") if max_new_tokens is None else None)
+        return budget
 
     def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
         """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
@@ -166,9 +192,7 @@ class Llm:
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
         common = self.cached_prefix(prompt_ids)
-        if common < len(history):
-            self.kv_meta.remove = len(history) - common
-            del history[common:]
+        del history[common:]  # forward cuts the KV cache back to the history
         ctx = self.context
         ctx.prompt_len, ctx.gen_seq_len = len(prompt_ids), 0
         ctx.prefill_us = ctx.decode_us = ctx.sample_us = 0
@@ -212,14 +236,20 @@ class Llm:
 
     def stream_text(self, ids: Sequence[int], max_new_tokens: int | None = None,
                     sampler: Sampler | None = None) -> Iterator[str]:
-        """The answer to prompt ids as text pieces, the stop token left out."""
+        """The answer to prompt ids as text pieces, the stop token left out. Stopped early
+        (Ctrl-C, or the consumer closing the iterator), the status is STOPPED and the history
+        holds the prompt and every token that ran through the model, the KV cache agreeing with it."""
         decoder = self.tokenizer.stream()
-        for token in self.stream_ids(ids, max_new_tokens, sampler):
-            if self.tokenizer.is_stop(token):
-                break
-            piece = decoder.put(token)
-            if piece:
-                yield piece
+        try:
+            for token in self.stream_ids(ids, max_new_tokens, sampler):
+                if self.tokenizer.is_stop(token):
+                    break
+                piece = decoder.put(token)
+                if piece:
+                    yield piece
+        except (KeyboardInterrupt, GeneratorExit):
+            self.context.status = STOPPED
+            raise
         tail = decoder.flush()
         if tail:
             yield tail
@@ -250,8 +280,11 @@ class Omni(Llm):
 
 
 def create(config_path: str | os.PathLike) -> Llm:
-    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet)."""
-    config = LlmConfig.from_file(config_path)
+    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet).
+
+    `config_path` is a config.json, or a model folder (its config.json, else llm_config.json).
+    """
+    config = LlmConfig.from_file(resolve_config_path(config_path))
     if config.is_visual or config.is_audio or config.has_talker:
         return Omni(config)
     return Llm(config)

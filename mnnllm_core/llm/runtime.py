@@ -70,7 +70,7 @@ def init_runtime(config: LlmConfig) -> RuntimeManager:
             manager = RuntimeManager.create(schedule_config(config, name), runtime_hints(config))
         except BackendError as err:
             if len(choices) == 1:
-                raise BackendError(str(err).split(" (field")[0], file=config.origin("backend_type"),
+                raise BackendError(err.reason, file=config.origin("backend_type"),
                                    field="backend_type") from err
             errors.append(str(err))
             log.warning("backend %s unavailable, trying the next one in backend_type: %s", name, err)

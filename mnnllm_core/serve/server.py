@@ -11,13 +11,6 @@ from ..llm.llm import Llm
 log = logging.getLogger(__name__)
 
 
-def model_config_path(path: str | None) -> str | None:
-    """A model folder stands for the config.json in it."""
-    if path and os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        return os.path.join(path, "config.json")
-    return path
-
-
 def prepare() -> None:
     """Before the (long) load: check the `serve` extra is installed, and turn on INFO logs
     from mnnllm (the load, each request) and uvicorn, since a server tells what it does."""
