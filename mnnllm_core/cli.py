@@ -1,16 +1,73 @@
-"""The `mnnllm` command: run, chat, inspect, backends, test-backend, export, bench."""
+"""The `mnnllm` command: run, chat, serve, inspect, backends, test-backend, export, bench.
+
+Every error is one line on stderr naming the file (or option) and the field at fault, exit
+status 2; `--debug` adds the traceback. Ctrl-C ends `run` with status 130; in `chat` it stops
+the reply being streamed and returns to the prompt, where a second Ctrl-C quits.
+"""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
 import sys
-from typing import Sequence
+import traceback
+from typing import Callable, Sequence
 
-from .errors import MnnllmError
+from . import __version__
+from .errors import BackendError, ConfigError, MnnllmError, Origin
 
 log = logging.getLogger("mnnllm")
+
+INTERRUPTED = 130  # the shell's status for a process ended by SIGINT
+MEMORY_MODES = ("low", "normal", "high")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors, like every other error of the command."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= minimum."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _counts(minimum: int) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers >= minimum, e.g. "512,1024"."""
+    one = _count(minimum)
+
+    def parse(text: str) -> list[int]:
+        values = [one(v.strip()) for v in text.split(",") if v.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        return values
+    return parse
+
+
+def _pair(text: str) -> tuple[int, int]:
+    """-pg PROMPT,GEN: two positive integers."""
+    values = _counts(1)(text)
+    if len(values) != 2:
+        raise argparse.ArgumentTypeError(f"expected PROMPT,GEN, e.g. 512,128, got {text!r}")
+    return values[0], values[1]
+
+
+def _prompt(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the prompt is empty")
+    return text
 
 
 def _parse_set(items: Sequence[str]) -> dict:
@@ -18,8 +75,8 @@ def _parse_set(items: Sequence[str]) -> dict:
     updates = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"error: --set expects key=value, got {item!r}")
+        if not sep or not key.strip():
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", file=Origin("--set"))
         try:
             updates[key.strip()] = json.loads(raw)
         except json.JSONDecodeError:
@@ -27,27 +84,45 @@ def _parse_set(items: Sequence[str]) -> dict:
     return updates
 
 
+def _check_keys(updates: dict, known: set[str]) -> None:
+    """An unknown --set key is a typo far more often than a new key: refuse it, suggesting the closest."""
+    for key in updates:
+        if key not in known:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            raise ConfigError(f"unknown config key {key!r}{hint}", file=Origin("--set"), field=key)
+
+
 def _config_path(path: str | None) -> str:
+    """A config path as given (a folder stands for its config.json), else the default model's."""
     if path:
-        return path
-    from .export import ensure_default_model
+        from .llm.config import resolve_config_path
+        return resolve_config_path(path)
+    from .export.default_model import default_model_folder, default_model_ready, ensure_default_model
+    if not default_model_ready():
+        print(f"mnnllm: exporting the default model (SmolLM2-135M-Instruct, 4-bit) into "
+              f"{default_model_folder()} once...", file=sys.stderr, flush=True)
     return ensure_default_model()
 
 
 def _load_llm(args):
+    from .llm.config import LlmConfig
     from .llm.llm import create
     llm = create(_config_path(args.config))
     updates = _parse_set(args.set)
-    if args.backend:
-        updates["backend_type"] = args.backend
+    _check_keys(updates, LlmConfig.key_names() | set(llm.config.to_dict()))
     if updates:
-        llm.set_config(updates)
+        llm.set_config(updates, source="--set")
+    if args.backend:
+        llm.set_config({"backend_type": args.backend}, source="--backend")
     return llm.load()
 
 
 def cmd_run(args) -> int:
     llm = _load_llm(args)
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not prompts:
+        raise ConfigError("no prompt: pass -p PROMPT, or prompts as lines on stdin", field="--prompt")
     for prompt in prompts:
         llm.reset()
         ids = llm.tokenizer_encode(llm.apply_chat_template(prompt))
@@ -69,9 +144,13 @@ def cmd_run(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    """Multi-turn chat. Ctrl-C during a reply stops it: what was printed stays in the
+    conversation as the assistant's turn (a reply stopped before any text drops its question),
+    and the KV cache keeps every token that ran, so the next turn reuses it."""
     llm = _load_llm(args)
     messages: list[dict] = []
-    print("mnnllm chat: /reset starts over, /exit or Ctrl-D quits.", file=sys.stderr)
+    print("mnnllm chat: /reset starts over; /exit, Ctrl-D or Ctrl-C at the prompt quits; "
+          "Ctrl-C during a reply stops it.", file=sys.stderr)
     while True:
         try:
             line = input("> ")
@@ -87,25 +166,52 @@ def cmd_chat(args) -> int:
         if not line.strip():
             continue
         messages.append({"role": "user", "content": line})
-        answer = []
-        for piece in llm.response(messages, stream=True, max_new_tokens=args.max_new_tokens):
+        answer: list[str] = []
+        if not _stream_reply(llm, messages, args.max_new_tokens, answer) and not answer:
+            messages.pop()
+            continue
+        messages.append({"role": "assistant", "content": "".join(answer)})
+
+
+def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer: list[str]) -> bool:
+    """Print the reply as it streams, collecting it in `answer`; False when Ctrl-C stopped it."""
+    pieces = None
+    try:
+        pieces = llm.response(messages, stream=True, max_new_tokens=max_new_tokens)
+        for piece in pieces:
             answer.append(piece)
             print(piece, end="", flush=True)
         print()
-        messages.append({"role": "assistant", "content": "".join(answer)})
+        return True
+    except KeyboardInterrupt:
+        if pieces is not None:
+            pieces.close()
+        print(flush=True)
+        print("[reply stopped]", file=sys.stderr, flush=True)
+        return False
+
+
+def cmd_serve(args) -> int:
+    from .serve.server import prepare, run
+    prepare()
+    args.config = _config_path(args.config)
+    log.info("loading %s", args.config)
+    return run(_load_llm(args), host=args.host, port=args.port, api_key=args.api_key,
+               queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
 
 
 def cmd_inspect(args) -> int:
     from .inspect_model import inspect_graph
     path = args.path
     config = None
-    if path.endswith(".json"):
+    if os.path.isdir(path) or path.endswith(".json"):
         from .llm.config import LlmConfig
+        path = _config_path(path)
         config = LlmConfig.from_file(path)
-        path = config.llm_model
+        config_path, path = path, config.llm_model
     report = inspect_graph(path)
     if args.backend:
-        report["placement"] = _placement(args.path if config is not None else _config_beside(path), args.backend)
+        report["placement"] = _placement(config_path if config is not None else _config_beside(path), args.backend)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -130,10 +236,17 @@ def cmd_inspect(args) -> int:
 def _placement(config_path: str, backend: str) -> dict:
     from .llm.llm import create
     llm = create(config_path)
-    llm.set_config({"backend_type": backend})
+    llm.set_config({"backend_type": backend}, source="--backend")
     llm.load()
     llm.forward(llm.tokenizer_encode("Hello"))
     return llm.placement()
+
+
+def _config_beside(model_path: str) -> str:
+    config = os.path.join(os.path.dirname(os.path.abspath(model_path)), "config.json")
+    if not os.path.exists(config):
+        raise ConfigError("--backend needs the model's config.json next to the llm.mnn", file=config)
+    return config
 
 
 def cmd_backends(args) -> int:
@@ -178,16 +291,12 @@ def cmd_test_backend(args) -> int:
 def cmd_export(args) -> int:
     from .export import export_model
     report = export_model(args.src, args.dst, quant_bit=args.quant_bit, quant_block=args.quant_block,
-                          separate_embed=args.separate_embed, tokenizer=args.tokenizer)
+                          separate_embed=args.separate_embed, tokenizer=args.tokenizer, force=args.force)
     if args.json:
         print(json.dumps(vars(report), default=str, indent=2))
     else:
         print(report.summary())
     return 0
-
-
-def _int_list(text: str) -> list[int]:
-    return [int(v) for v in text.split(",") if v.strip()]
 
 
 def _default_gguf() -> str:
@@ -199,15 +308,28 @@ def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
     from .bench.runner import run_bench
     from .bench.tests import plan
-    models = [m for m in args.model.split(",") if m] if args.model else [_config_path(None)]
-    pairs = [tuple(_int_list(pg)) for pg in args.pg or []]
-    if any(len(p) != 2 for p in pairs):
-        raise SystemExit("error: -pg expects PROMPT,GEN, e.g. -pg 512,128")
-    tests = [(t.prompt, t.gen) for t in plan(_int_list(args.p), _int_list(args.n), pairs)]
-    memory = [m for m in args.memory.split(",") if m] if args.memory else None
+    from .plugins.manager import registry
+    backends = [b.strip() for b in args.a.split(",") if b.strip()]
+    if not backends:
+        raise BackendError("no backend named", field="-a")
+    for name in backends:
+        try:
+            registry().get(name)
+        except BackendError as err:
+            raise BackendError(err.reason, field="-a") from None
+    memory = [m.strip() for m in args.memory.split(",") if m.strip()] if args.memory else None
+    for mode in memory or []:
+        if mode not in MEMORY_MODES:
+            raise ConfigError(f"memory mode {mode!r} is not one of {', '.join(MEMORY_MODES)}", field="--memory")
+    models = [_config_path(m) for m in args.model.split(",") if m.strip()] if args.model else [_config_path(None)]
+    tests = [(t.prompt, t.gen) for t in plan(args.p, args.n, args.pg or [])]
+    if not tests:
+        raise ConfigError("nothing to measure: -p and -n are all 0 and no -pg is given", field="-p")
     gguf = _default_gguf() if args.vs_llama == "default" else args.vs_llama
-    results, references = run_bench(models, [b for b in args.a.split(",") if b], _int_list(args.t), tests,
-                                    args.rep, args.c, args.profile, args.vs_mnn, memory=memory, vs_llama=gguf)
+    if gguf and not os.path.isfile(gguf):
+        raise ConfigError("no such GGUF file", file=gguf, field="--vs-llama")
+    results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile, args.vs_mnn,
+                                    memory=memory, vs_llama=gguf)
     if references:
         attach_ratios(results, references)
     print(render(results + references, args.o, extra=args.extra))
@@ -217,35 +339,49 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mnnllm", description=__doc__)
+    parser = _Parser(prog="mnnllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"mnnllm {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(p):
-        p.add_argument("config", nargs="?", help="a model's config.json (default: the default model)")
+        p.add_argument("config", nargs="?",
+                       help="a model's config.json or its folder (default: the default model, exported once)")
         p.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                       help="override a config key (value parsed as JSON when it parses)")
-        p.add_argument("--max-new-tokens", type=int, default=None)
+                       help="override a config key (value parsed as JSON when it parses); repeat for several")
+        p.add_argument("--max-new-tokens", type=_count(1), default=None, metavar="N",
+                       help="most tokens to generate per answer (default: the config's max_new_tokens)")
 
     run = sub.add_parser("run", help="answer prompts (from -p or stdin lines)")
     model_args(run)
-    run.add_argument("-p", "--prompt", action="append", help="a prompt; repeat for several")
-    run.add_argument("--json", action="store_true", help="one JSON object per prompt")
+    run.add_argument("-p", "--prompt", action="append", type=_prompt, help="a prompt; repeat for several")
+    run.add_argument("--json", action="store_true",
+                     help="one JSON object per prompt: prompt, ids, generated ids, text, speeds")
     run.set_defaults(func=cmd_run)
 
     chat = sub.add_parser("chat", help="interactive, streamed, multi-turn chat")
     model_args(chat)
     chat.set_defaults(func=cmd_chat)
 
-    inspect = sub.add_parser("inspect", help="describe an llm.mnn (or a model's config.json)")
-    inspect.add_argument("path")
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server and chat page for one model")
+    model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    serve.add_argument("--api-key", default=os.environ.get("MNNLLM_API_KEY"),
+                       help="require Authorization: Bearer KEY on /v1/ (default: $MNNLLM_API_KEY)")
+    serve.add_argument("--queue-size", type=_count(1), default=8, help="requests that may wait; more get 503")
+    serve.set_defaults(func=cmd_serve)
+
+    inspect = sub.add_parser("inspect", help="describe an llm.mnn (or a model's config.json or folder)")
+    inspect.add_argument("path", help="an llm.mnn, a config.json, or a model folder")
     inspect.add_argument("--backend", help="also load on this backend and show the op placement")
-    inspect.add_argument("--json", action="store_true")
+    inspect.add_argument("--json", action="store_true", help="the report as JSON")
     inspect.set_defaults(func=cmd_inspect)
 
     backends = sub.add_parser("backends", help="list registered backends and their availability")
-    backends.add_argument("--json", action="store_true")
+    backends.add_argument("--json", action="store_true", help="the list as JSON, with plugin load errors")
     backends.set_defaults(func=cmd_backends)
 
     test_backend = sub.add_parser("test-backend", help="the conformance suite on a backend: pass / fail / not "
@@ -263,25 +399,30 @@ def build_parser() -> argparse.ArgumentParser:
     test_backend.set_defaults(func=cmd_test_backend)
 
     export = sub.add_parser("export", help="HF safetensors folder or GGUF -> MNN-LLM model directory")
-    export.add_argument("src")
-    export.add_argument("dst")
-    export.add_argument("--quant-bit", type=int, choices=(4, 8, 16), default=4)
-    export.add_argument("--quant-block", type=int, choices=(0, 32, 64, 128), default=64)
-    export.add_argument("--separate-embed", action="store_true")
-    export.add_argument("--tokenizer", choices=("mtok", "txt"), default="mtok")
-    export.add_argument("--json", action="store_true")
+    export.add_argument("src", help="a HuggingFace folder (config.json, *.safetensors, tokenizer.json) or a .gguf")
+    export.add_argument("dst", help="the model folder to write (must be empty or absent, unless --force)")
+    export.add_argument("--quant-bit", type=int, choices=(4, 8, 16), default=4,
+                        help="weight bits (16: fp16, no quantization)")
+    export.add_argument("--quant-block", type=int, choices=(0, 32, 64, 128), default=64,
+                        help="values per quantization block (0: one block per row)")
+    export.add_argument("--separate-embed", action="store_true",
+                        help="write embeddings_bf16.bin instead of reading the embedding from the tied lm_head")
+    export.add_argument("--tokenizer", choices=("mtok", "txt"), default="mtok", help="tokenizer file format")
+    export.add_argument("--force", action="store_true", help="replace a non-empty destination folder whole")
+    export.add_argument("--json", action="store_true", help="the export report as JSON")
     export.set_defaults(func=cmd_export)
 
     bench = sub.add_parser("bench", help="benchmark models x backends x threads (llama-bench style)")
-    bench.add_argument("-m", "--model", help="config.json[,config.json...] (default: the default model)")
+    bench.add_argument("-m", "--model", help="config.json[,config.json...] or model folders (default: the default model)")
     bench.add_argument("-a", default="cpu", help="backends, e.g. cpu,opencl")
-    bench.add_argument("-t", default="2", help="thread counts, e.g. 2,4")
-    bench.add_argument("-p", default="512", help="prompt lengths to prefill (ppN)")
-    bench.add_argument("-n", default="128", help="tokens to decode from a 1-token context (tgN)")
-    bench.add_argument("-pg", action="append", help="PROMPT,GEN: decode after the prefill, reusing its KV cache")
-    bench.add_argument("-rep", type=int, default=5, help="repetitions (after one warm-up run)")
+    bench.add_argument("-t", type=_counts(1), default=[2], help="thread counts, e.g. 2,4")
+    bench.add_argument("-p", type=_counts(0), default=[512], help="prompt lengths to prefill (ppN; 0 skips)")
+    bench.add_argument("-n", type=_counts(0), default=[128], help="tokens to decode from a 1-token context (tgN; 0 skips)")
+    bench.add_argument("-pg", action="append", type=_pair, metavar="PROMPT,GEN",
+                       help="decode GEN tokens after a PROMPT-token prefill, reusing its KV cache")
+    bench.add_argument("-rep", type=_count(1), default=5, help="repetitions (after one warm-up run)")
     bench.add_argument("-c", type=int, choices=(0, 1, 2), default=2, help="precision: 0 normal, 1 high, 2 low")
-    bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md")
+    bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md", help="output format")
     bench.add_argument("--profile", action="store_true", help="time per op type for one prefill and one decode")
     bench.add_argument("--vs-mnn", action="store_true", help="also run MNN's C++ runtime (PyPI MNN) side by side")
     bench.add_argument("--vs-llama", nargs="?", const="default", metavar="GGUF",
@@ -299,16 +440,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except MnnllmError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:  # e.g. `mnnllm run ... | head -1`: the reader left; nothing to say
+        sys.stderr.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as err:
+        _report(err, args.debug)
         return 2
 
 
-def _config_beside(model_path: str) -> str:
-    config = os.path.join(os.path.dirname(os.path.abspath(model_path)), "config.json")
-    if not os.path.exists(config):
-        raise MnnllmError("--backend needs the model's config.json next to the llm.mnn", file=config)
-    return config
+def _report(err: Exception, debug: bool) -> None:
+    """One line for the user (the error names its file and field); the traceback with --debug."""
+    if debug:
+        traceback.print_exc()
+        if getattr(err, "worker_traceback", ""):
+            print("the worker's traceback:\n" + err.worker_traceback, file=sys.stderr, end="")
+    if isinstance(err, MnnllmError):
+        print(f"error: {err}", file=sys.stderr)
+    elif isinstance(err, OSError) and err.filename:
+        print(f"error: {err.strerror or err} (file {err.filename})", file=sys.stderr)
+    else:
+        print(f"error: unexpected {type(err).__name__}: {err} (--debug shows where)", file=sys.stderr)
 
 
 if __name__ == "__main__":

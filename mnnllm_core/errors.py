@@ -2,21 +2,28 @@
 from __future__ import annotations
 
 
+class Origin(str):
+    """Where a value came from when that is not a file: a call (`set_config`) or a CLI option (`--set`)."""
+
+
 class MnnllmError(Exception):
-    """Base of every error mnnllm raises on purpose."""
+    """Base of every error mnnllm raises on purpose.
+
+    `reason` is the message alone; str() adds where: "(file F, field K)", or "(from --set, field K)"
+    when the value came from an `Origin` rather than a file.
+    """
 
     def __init__(self, message: str, *, file: str | None = None, field: str | None = None):
-        self.message = message
+        self.reason = message
         self.file = str(file) if file is not None else None
         self.field = field
-        where = ", ".join(p for p in (
-            f"file {self.file}" if self.file else "",
-            f"field {field}" if field else "") if p)
+        source = (f"from {file}" if isinstance(file, Origin) else f"file {file}") if self.file else ""
+        where = ", ".join(p for p in (source, f"field {field}" if field else "") if p)
         super().__init__(f"{message} ({where})" if where else message)
 
     def at(self, *, file: str | None = None, field: str | None = None) -> "MnnllmError":
         """The same error, placed at another file and field (e.g. the config key that chose it)."""
-        return type(self)(self.message, file=file, field=field)
+        return type(self)(self.reason, file=file, field=field)
 
 
 class FormatError(MnnllmError):

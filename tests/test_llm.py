@@ -1,6 +1,7 @@
 """The Llm engine on the shared model: greedy tokens equal MNN's (memory "normal") for the
 reference prompts, streaming, multi-turn KV reuse, the module pool, and its limits."""
 import json
+import os
 
 import numpy as np
 import pytest
@@ -159,3 +160,47 @@ def test_an_empty_prompt_is_a_clear_error(llm):
         llm.generate([], 4)
     with pytest.raises(MnnllmError, match="at least one token"):
         llm.forward([])
+
+
+def test_a_per_call_sampler_leaves_the_model_sampler_and_config_alone(llm):
+    prompt = PROMPTS[0]
+    reference = prompt["mnn_cpp_q4_memory_normal"]["gen_ids"]
+    banning_first = llm.make_sampler({"banned_tokens": [reference[0]]})
+    llm.reset()
+    assert llm.generate(prompt["prompt_ids"], 2, sampler=banning_first)[0] != reference[0]
+    assert "banned_tokens" not in llm.config and llm.sampler.config.banned_tokens == ()
+    llm.reset()
+    assert llm.generate(prompt["prompt_ids"], 16) == reference
+
+
+def test_closing_a_stream_early_leaves_history_and_kv_cache_in_step(llm):
+    first, second = PROMPTS[1], PROMPTS[0]
+    llm.reset()
+    stream = llm.stream_ids(first["prompt_ids"], 32)
+    for _ in range(3):
+        next(stream)
+    stream.close()  # a cancelled request: the third token was sampled but never run
+    assert llm.kv_meta.previous == len(llm.context.history_tokens) == len(first["prompt_ids"]) + 2
+    shared = len(os.path.commonprefix([first["prompt_ids"], second["prompt_ids"]]))
+    assert shared > 10  # the system prompt
+    assert llm.cached_prefix(second["prompt_ids"]) == shared
+    assert llm.generate(second["prompt_ids"], 16) == second["mnn_cpp_q4_memory_normal"]["gen_ids"]
+
+
+def test_cached_prefix_always_leaves_the_last_prompt_token_to_run(llm):
+    prompt = PROMPTS[0]["prompt_ids"]
+    llm.reset()
+    llm.generate(prompt, 2)
+    assert llm.cached_prefix(prompt) == len(prompt) - 1
+    assert llm.cached_prefix(prompt[:5]) == 4
+    assert llm.cached_prefix([prompt[0] + 1] + prompt[1:]) == 0
+
+
+def test_reset_also_drops_a_pending_kv_removal(llm):
+    first, second = PROMPTS[1], PROMPTS[0]
+    llm.reset()
+    llm.generate(first["prompt_ids"], 2)
+    llm._start(second["prompt_ids"])  # trims the history to the shared prefix; the KV drop is pending
+    llm.reset()
+    assert llm.kv_meta.remove == llm.kv_meta.previous
+    assert llm.generate(second["prompt_ids"], 16) == second["mnn_cpp_q4_memory_normal"]["gen_ids"]

@@ -402,3 +402,47 @@ def test_set_config_keeps_every_new_leaf_and_every_untouched_old_one(base, updat
         if path and not touched:
             assert merged[path] == value
 
+
+
+# --- the config path a user gives (create and the CLI): a folder, or a file of the model -----------
+
+def test_a_model_folder_stands_for_its_config_json(tmp_path):
+    from mnnllm_core.llm.config import resolve_config_path
+    write_json(tmp_path / "config.json", {})
+    write_json(tmp_path / "llm_config.json", {})
+    assert resolve_config_path(tmp_path) == str(tmp_path / "config.json")
+    assert resolve_config_path(str(tmp_path) + "/") == str(tmp_path / "config.json")
+
+
+def test_a_folder_without_config_json_stands_for_its_llm_config_json(tmp_path):
+    from mnnllm_core.llm.config import resolve_config_path
+    write_json(tmp_path / "llm_config.json", {"hidden_size": 8})
+    path = resolve_config_path(tmp_path)
+    assert path == str(tmp_path / "llm_config.json")
+    assert LlmConfig.from_file(path).llm_model == f"{tmp_path}/llm.mnn"
+
+
+def test_a_folder_without_any_config_is_a_config_error_naming_it(tmp_path):
+    from mnnllm_core.llm.config import resolve_config_path
+    with pytest.raises(ConfigError, match="config.json or llm_config.json") as err:
+        resolve_config_path(tmp_path)
+    assert err.value.file == str(tmp_path)
+
+
+@pytest.mark.parametrize("name", ["llm.mnn", "llm.mnn.weight"])
+def test_a_model_file_is_refused_naming_the_config_to_pass(tmp_path, name):
+    from mnnllm_core.llm.config import resolve_config_path
+    write_json(tmp_path / "config.json", {})
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(ConfigError, match="not its config") as err:
+        resolve_config_path(tmp_path / name)
+    assert err.value.file == str(tmp_path / name) and f"pass {tmp_path / 'config.json'}" in str(err.value)
+
+
+@needs_model
+def test_create_takes_the_model_folder_with_no_warning(caplog):
+    import mnnllm_core
+    with caplog.at_level(logging.WARNING):
+        llm = mnnllm_core.create(MODEL_DIR)
+    assert llm.config.llm_model == f"{MODEL_DIR}/llm.mnn" and llm.config.tokenizer_file == f"{MODEL_DIR}/tokenizer.mtok"
+    assert caplog.text == ""

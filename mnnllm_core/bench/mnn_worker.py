@@ -13,6 +13,7 @@ from importlib import metadata
 
 from ..llm.config import LlmConfig
 from ..llm.tokenizer import create_tokenizer
+from .runner import worker_main
 from .tests import BenchTest, prompt_tokens
 from .worker import PRECISIONS
 
@@ -74,8 +75,7 @@ def _ctx(model) -> dict:
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
-    print("@@BENCH@@" + json.dumps(run(job)), flush=True)
+    worker_main(run)
     sys.stdout.flush()
     os._exit(0)  # MNN 3.6.1 can crash in its destructors at exit
 

@@ -2,7 +2,6 @@
 peak memory and BLAS thread settings are its own. Job as JSON on stdin, result on stdout."""
 from __future__ import annotations
 
-import json
 import os
 import platform
 import resource
@@ -12,6 +11,7 @@ import time
 
 import numpy as np
 
+from .runner import worker_main
 from .tests import BenchTest, prompt_tokens
 
 PRECISIONS = {0: "normal", 1: "high", 2: "low"}
@@ -106,8 +106,7 @@ def run(job: dict) -> dict:
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
-    print("@@BENCH@@" + json.dumps(run(job)), flush=True)
+    worker_main(run)
 
 
 if __name__ == "__main__":

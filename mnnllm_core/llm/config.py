@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Generic, Mapping, TypeVar, overload
 
-from mnnllm_core.errors import ConfigError
+from mnnllm_core.errors import ConfigError, Origin
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +40,10 @@ T = TypeVar("T")
 INT, FLOAT, BOOL, STR, PATH, STR_LIST, INT_LIST, OBJECT, ANY = (
     "int", "float", "bool", "str", "path", "str_list", "int_list", "object", "any")
 """Value kinds of the known keys; a PATH is a string read as `base_dir + value`."""
+
+OTHER_KEYS = ("base_dir", "async", "allow_fallback", "backend_hints", "seed")
+"""Keys read without an accessor: by MNN (`base_dir`, `async`) or by mnnllm alone (the runtime's
+`allow_fallback` and `backend_hints`, the sampler's `seed`)."""
 
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 _RUNTIME_KEYS = ("backend_type", "thread_num", "precision", "power", "memory")
@@ -223,6 +227,7 @@ class LlmConfig:
         _validate(data, source)
         self._data: dict[str, Any] = copy.deepcopy(data)
         self._origin: dict[str, str | None] = dict.fromkeys(self._data, source)
+        self.source = source  # the file read first (config.json), for errors about a defaulted key
         own = self._data.get("base_dir")
         self._base_dir = own if isinstance(own, str) else base_dir
         if self._base_dir and not self._base_dir.endswith(("/", "\\")):
@@ -234,6 +239,12 @@ class LlmConfig:
     def known_keys(cls) -> dict[str, _Key[Any]]:
         """Every key with an accessor, by name (kinds and MNN defaults)."""
         return {name: v for name, v in vars(cls).items() if isinstance(v, _Key)}
+
+    @classmethod
+    def key_names(cls) -> set[str]:
+        """Every key mnnllm reads: the accessors, their legacy aliases and `OTHER_KEYS`."""
+        keys = cls.known_keys()
+        return set(keys) | {k.alias for k in keys.values() if k.alias} | set(OTHER_KEYS)
 
     @classmethod
     def from_file(cls, config_path: str | os.PathLike[str]) -> LlmConfig:
@@ -300,20 +311,24 @@ class LlmConfig:
         return key in self._data
 
     def origin(self, key: str) -> str | None:
-        """The file (or "set_config") that last set this top-level key; for error messages."""
+        """The file (or `Origin`, e.g. "set_config") that last set this top-level key; for error messages."""
         return self._origin.get(key)
 
     def to_dict(self) -> dict[str, Any]:
         """The merged document, in MNN's key order (what its `dump_config` prints)."""
         return copy.deepcopy(self._data)
 
-    def set_config(self, content: Mapping[str, Any] | str) -> None:
-        """Merge a dict or JSON object text over the config recursively, like MNN's set_config."""
+    def set_config(self, content: Mapping[str, Any] | str, source: str = "set_config") -> None:
+        """Merge a dict or JSON object text over the config recursively, like MNN's set_config.
+
+        `source` names where the values came from in errors and `origin` (e.g. "--set").
+        """
+        origin = Origin(source)
         if isinstance(content, str):
-            content = _parse_json(content, "set_config")
+            content = _parse_json(content, origin)
         if not isinstance(content, Mapping):
-            raise ConfigError("set_config needs a JSON object", file="set_config")
-        self._merge(dict(content), "set_config")
+            raise ConfigError("set_config needs a JSON object", file=origin)
+        self._merge(dict(content), origin)
 
     def _merge(self, source: dict[str, Any], name: str) -> None:
         _validate(source, name)
@@ -328,6 +343,31 @@ class LlmConfig:
 
     def __repr__(self) -> str:
         return f"LlmConfig(base_dir={self._base_dir!r}, keys={list(self._data)!r})"
+
+
+CONFIG_NAMES = ("config.json", "llm_config.json")
+"""What a model folder given as a config path stands for, in this order."""
+
+
+def resolve_config_path(path: str | os.PathLike[str]) -> str:
+    """The config file a user means: a model folder stands for its config.json (else its
+    llm_config.json); the model's graph or weight file is refused, naming what to pass."""
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        for name in CONFIG_NAMES:
+            candidate = os.path.join(text, name)
+            if os.path.isfile(candidate):
+                return candidate
+        raise ConfigError(f"the folder holds no {' or '.join(CONFIG_NAMES)}", file=text)
+    if text.endswith((".mnn", ".mnn.weight")):
+        folder = os.path.dirname(text) or "."
+        instead = next((os.path.join(folder, n) for n in CONFIG_NAMES if os.path.isfile(os.path.join(folder, n))),
+                       None)
+        hint = f"pass {instead} (or the folder {folder})" if instead else "pass the model's config.json or its folder"
+        raise ConfigError(f"this is a model file, not its config: {hint}", file=text)
+    if not os.path.exists(text):
+        raise ConfigError("no such file or folder", file=text)
+    return text
 
 
 def _typed(data: Mapping[str, Any], key: _Key[T]) -> T:

@@ -10,16 +10,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ContextLengthError, MnnllmError, UnsupportedError
+from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedError
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
-from .config import LlmConfig
-from .context import LlmContext
+from .config import LlmConfig, resolve_config_path
+from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation
 from .module_pool import ModulePool
@@ -55,6 +55,7 @@ class Llm:
     def load(self) -> "Llm":
         start = time.perf_counter()
         cfg = self.config
+        self._check_model_files()
         self.runtime_manager = init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
         self.prompt = Prompt(cfg)
@@ -71,12 +72,26 @@ class Llm:
                  self.runtime_manager.config.backend_type)
         return self
 
-    def _init_sampler(self) -> None:
-        self.sampler = Sampler(SamplerConfig.from_config(self.config.to_dict(), file=self.config.origin("sampler_type")))
+    def _check_model_files(self) -> None:
+        """A file the config names that is not there: the key and the config file at fault."""
+        for key in ("llm_model", "tokenizer_file"):
+            path = getattr(self.config, key)
+            if not os.path.isfile(path):
+                raise ConfigError(f"{key} names a file that does not exist: {path}",
+                                  file=self.config.origin(key) or self.config.source, field=key)
 
-    def set_config(self, content: dict[str, Any] | str) -> None:
-        """Merge keys as MNN's set_config does; sampler keys take effect at once."""
-        self.config.set_config(content)
+    def _init_sampler(self) -> None:
+        try:
+            sampler_config = SamplerConfig.from_config(self.config.to_dict())
+        except ConfigError as err:  # name the file (or --set) that set the offending key
+            raise ConfigError(err.reason, file=self.config.origin(err.field or "sampler_type"),
+                              field=err.field) from None
+        self.sampler = Sampler(sampler_config)
+
+    def set_config(self, content: dict[str, Any] | str, source: str = "set_config") -> None:
+        """Merge keys as MNN's set_config does; sampler keys take effect at once.
+        `source` names where they came from in later errors (e.g. "--set")."""
+        self.config.set_config(content, source)
         if self.sampler is not None:
             self._init_sampler()
             self.generation = create_generation(self)
@@ -132,8 +147,15 @@ class Llm:
         feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": mask,
                  "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
         meta = self.kv_meta
+        # The history is the truth: the cache is cut back to it before every step, so a step
+        # interrupted anywhere (Ctrl-C inside a layer, or after the commit below) leaves no stale rows.
+        meta.remove = meta.previous - past
         meta.add = seq
-        outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
+        try:
+            outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
+        except BaseException:
+            self.pool.discard(seq, bool(all_logits))  # an interrupted run may leave its clone half resized
+            raise
         meta.sync()
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(self.context.history_tokens)
@@ -142,7 +164,21 @@ class Llm:
 
     # -- generation --------------------------------------------------------------------
     def _budget(self, max_new_tokens: int | None) -> int:
-        return int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        budget = int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
+        if budget < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {budget}", field="max_new_tokens",
+                              file=self.config.origin("max_new_tokens") if max_new_tokens is None else None)
+        return budget
+
+    def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+        """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
+        the common prefix with the history, less the last prompt token (it must run for logits)."""
+        common = 0
+        for a, b in zip(self.context.history_tokens, prompt_ids):
+            if a != b:
+                break
+            common += 1
+        return max(min(common, len(prompt_ids) - 1), 0)
 
     def _start(self, prompt_ids: list[int]) -> list[int]:
         """Reuse the KV cache for the longest common prefix of the history; return what is new."""
@@ -153,29 +189,33 @@ class Llm:
             raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens; max_all_tokens is "
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
-        common = 0
-        for a, b in zip(history, prompt_ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(prompt_ids) - 1)  # at least one token must run to get logits
-        if common < len(history):
-            self.kv_meta.remove = len(history) - common
-            del history[common:]
+        common = self.cached_prefix(prompt_ids)
+        del history[common:]  # forward cuts the KV cache back to the history
         ctx = self.context
         ctx.prompt_len, ctx.gen_seq_len = len(prompt_ids), 0
         ctx.prefill_us = ctx.decode_us = ctx.sample_us = 0
         ctx.output_tokens = []
         return prompt_ids[common:]
 
-    def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None) -> list[int]:
-        """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
-        new = self._start([int(t) for t in input_ids])
-        return list(self.generation.generate(new, self._budget(max_new_tokens)))
+    def make_sampler(self, overrides: Mapping[str, Any]) -> Sampler:
+        """A sampler of the config with `overrides` (sampler keys) merged over it, for one call
+        of generate/stream_ids/stream_text; the config and `self.sampler` stay as they are."""
+        return Sampler(SamplerConfig.from_config({**self.config.to_dict(), **overrides}))
 
-    def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None) -> Iterator[int]:
+    def _generation_for(self, sampler: Sampler | None):
+        return self.generation if sampler is None else create_generation(self, sampler)
+
+    def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
+                 sampler: Sampler | None = None) -> list[int]:
+        """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
+        return list(self.stream_ids(input_ids, max_new_tokens, sampler))
+
+    def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
+                   sampler: Sampler | None = None) -> Iterator[int]:
+        """The new token ids one by one. Closing the iterator early (a cancelled request) leaves
+        the engine consistent: the history holds exactly the tokens the KV cache holds."""
         new = self._start([int(t) for t in input_ids])
-        yield from self.generation.generate(new, self._budget(max_new_tokens))
+        yield from self._generation_for(sampler).generate(new, self._budget(max_new_tokens))
 
     def _prompt_ids(self, prompt: Messages) -> list[int]:
         text = self.prompt.apply_chat_template(prompt) if self.config.use_template else str(prompt)
@@ -189,24 +229,33 @@ class Llm:
         the KV cache of the common prefix is reused.
         """
         ids = self._prompt_ids(prompt)
-        pieces = self._stream_text(ids, max_new_tokens)
+        pieces = self.stream_text(ids, max_new_tokens)
         return pieces if stream else "".join(pieces)
 
-    def _stream_text(self, ids: list[int], max_new_tokens: int | None) -> Iterator[str]:
+    def stream_text(self, ids: Sequence[int], max_new_tokens: int | None = None,
+                    sampler: Sampler | None = None) -> Iterator[str]:
+        """The answer to prompt ids as text pieces, the stop token left out. Stopped early
+        (Ctrl-C, or the consumer closing the iterator), the status is STOPPED and the history
+        holds the prompt and every token that ran through the model, the KV cache agreeing with it."""
         decoder = self.tokenizer.stream()
-        for token in self.stream_ids(ids, max_new_tokens):
-            if self.tokenizer.is_stop(token):
-                break
-            piece = decoder.put(token)
-            if piece:
-                yield piece
+        try:
+            for token in self.stream_ids(ids, max_new_tokens, sampler):
+                if self.tokenizer.is_stop(token):
+                    break
+                piece = decoder.put(token)
+                if piece:
+                    yield piece
+        except (KeyboardInterrupt, GeneratorExit):
+            self.context.status = STOPPED
+            raise
         tail = decoder.flush()
         if tail:
             yield tail
 
     def reset(self) -> None:
-        """Forget the conversation: the KV cache is emptied on the next forward."""
-        self.kv_meta.remove = len(self.context.history_tokens)
+        """Forget the conversation: the KV cache is emptied on the next forward (all of it,
+        also what a pending removal of `_start` was about to drop)."""
+        self.kv_meta.reset()
         self.context.history_tokens.clear()
         self.context.output_tokens = []
         self.context.all_seq_len = 0
@@ -229,8 +278,11 @@ class Omni(Llm):
 
 
 def create(config_path: str | os.PathLike) -> Llm:
-    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet)."""
-    config = LlmConfig.from_file(config_path)
+    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet).
+
+    `config_path` is a config.json, or a model folder (its config.json, else llm_config.json).
+    """
+    config = LlmConfig.from_file(resolve_config_path(config_path))
     if config.is_visual or config.is_audio or config.has_talker:
         return Omni(config)
     return Llm(config)

@@ -28,6 +28,10 @@ class ModulePool:
         self._pool.move_to_end(key)
         return module
 
+    def discard(self, seq_len: int, all_logits: bool) -> None:
+        """Drop one clone (the next `get` makes a fresh one), e.g. after its run was interrupted."""
+        self._pool.pop((int(seq_len), bool(all_logits)), None)
+
     def modules(self) -> list[NetModule]:
         """The clones, least recently used first."""
         return list(self._pool.values())

@@ -8,15 +8,18 @@ from ..context import FINISHED, MAX_TOKENS, RUNNING
 
 if TYPE_CHECKING:
     from ..llm import Llm
+    from ..sampler import Sampler
 
 
 class ARGeneration:
-    def __init__(self, llm: "Llm"):
+    def __init__(self, llm: "Llm", sampler: "Sampler | None" = None):
         self.llm = llm
+        self.sampler = sampler  # None: the model's own, looked up per call (set_config may replace it)
 
     def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         """Yield each sampled token (the stop token included, as MNN reports it)."""
         llm, ctx = self.llm, self.llm.context
+        sampler = llm.sampler if self.sampler is None else self.sampler
         ctx.status = RUNNING
         start = time.perf_counter()
         logits = llm.forward(new_ids)
@@ -24,7 +27,7 @@ class ARGeneration:
         budget = min(max_new_tokens, llm.config.max_all_tokens - len(ctx.history_tokens))
         for step in range(budget):
             start = time.perf_counter()
-            token = llm.sampler.sample(logits, ctx.history_tokens)
+            token = sampler.sample(logits, ctx.history_tokens)
             ctx.sample_us += int((time.perf_counter() - start) * 1e6)
             ctx.output_tokens.append(token)
             ctx.current_token = token

@@ -1,0 +1,58 @@
+"""Model folders are written beside their destination, then renamed into place.
+
+A reader (or a crash) never sees half a model at the destination: the files go into a hidden
+temporary sibling (`.NAME-xxxx`, on the same file system, so the rename is atomic), and only a
+finished folder is renamed to NAME. An existing folder is replaced whole: moved aside in one
+rename, then removed.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from mnnllm_core.errors import ConfigError
+
+
+def check_destination(target: Path, force: bool) -> None:
+    """Refuse a destination that holds something, unless `force` (then it will be replaced)."""
+    if target.exists() and not target.is_dir():
+        raise ConfigError("the export destination is a file, not a folder", file=str(target), field="dst")
+    if not force and target.is_dir() and any(target.iterdir()):
+        raise ConfigError("the export destination is not empty; pass --force (force=True) to replace it",
+                          file=str(target), field="dst")
+
+
+@contextlib.contextmanager
+def staging_folder(target: Path) -> Iterator[Path]:
+    """A new empty sibling of `target` to write into; removed on exit unless renamed away."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private to this user; a model folder is not
+    try:
+        yield tmp
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_folder(finished: Path, target: Path) -> None:
+    """Rename `finished` to `target`; an existing `target` is moved aside first, then removed.
+
+    Raises OSError when another process puts a folder at `target` between the two renames.
+    """
+    aside = finished.with_name(finished.name + "-old")
+    if target.exists():
+        os.replace(target, aside)
+    try:
+        os.replace(finished, target)
+    except OSError:
+        if aside.exists() and not target.exists():  # put the old folder back
+            os.replace(aside, target)
+        raise
+    finally:
+        if aside.exists():
+            shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,295 @@
+"""The ASGI app: OpenAI's /v1/models, /v1/chat/completions and /v1/completions, /health, and
+the chat page at /, on Starlette. Streaming answers are server-sent events; a client that
+disconnects (mid-stream, or while waiting for a whole answer) cancels its job."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..errors import ConfigError
+from ..llm.llm import Llm
+from ..llm.sampler import Sampler
+from .errors import SERVER_ERROR, ApiError, error_body
+from .sampling import sampler_overrides
+from .schemas import (ChatCompletionRequest, ChatFormat, CompletionFormat, CompletionRequest, SamplingRequest,
+                      parse_json, usage, validate)
+from .worker import Generation, Job, Outcome, QueueFull, Worker
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).with_name("static")
+MAX_BODY_BYTES = 1 << 20
+
+
+class ModelService:
+    """The served model: its name, its limits, and the worker in front of it."""
+
+    def __init__(self, llm: Llm, worker: Worker, model_id: str, default_max_tokens: int | None):
+        self.llm, self.worker, self.model_id = llm, worker, model_id
+        self.context_length = llm.config.max_all_tokens
+        self.default_max_tokens = default_max_tokens or llm.config.max_new_tokens
+        self.created = int(os.path.getmtime(llm.config.llm_model))
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "mnnllm",
+                "backend": self.llm.runtime_manager.config.backend_type, "context_length": self.context_length}
+
+    def chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
+        messages = [m.as_template_message() for m in request.messages]
+        try:
+            text = self.llm.apply_chat_template(messages)
+        except ConfigError as err:  # the model's template refuses the conversation (roles, order)
+            raise ApiError(400, str(err), param="messages", code="invalid_value") from None
+        return self.llm.tokenizer_encode(text)
+
+    def completion_prompt(self, request: CompletionRequest) -> list[int]:
+        prompt = request.prompt
+        return list(prompt) if isinstance(prompt, list) else self.llm.tokenizer_encode(prompt)
+
+    def generation(self, request: SamplingRequest, prompt_ids: list[int], prompt_field: str) -> Generation:
+        """The job a validated request asks for, or a 400 when it does not fit the model."""
+        limit, prompt = self.context_length, len(prompt_ids)
+        if not prompt_ids:
+            raise ApiError(400, "The prompt encodes to no tokens.", param=prompt_field, code="invalid_value")
+        if prompt >= limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                                f"{prompt} tokens. Please shorten it.", param=prompt_field,
+                           code="context_length_exceeded")
+        asked, field = request.completion_budget, request.budget_field
+        if asked is not None and asked >= limit:
+            raise ApiError(400, f"{field} is too large: {asked}. This model supports at most {limit - 1} completion "
+                                f"tokens, whereas you provided {asked}.", param=field, code="invalid_value")
+        if asked is not None and prompt + asked > limit:
+            raise ApiError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
+                                f"{prompt + asked} tokens ({prompt} in the prompt, {asked} in the completion). "
+                                f"Please reduce the prompt or the completion length.", param=field,
+                           code="context_length_exceeded")
+        self._check_token_ids(prompt_ids, prompt_field)
+        self._check_token_ids([int(t) for t in request.logit_bias or {}], "logit_bias")
+        budget = asked if asked is not None else min(self.default_max_tokens, limit - prompt)
+        return Generation(prompt_ids, budget, self._sampler(request), tuple(request.stop or ()))
+
+    def _check_token_ids(self, ids: list[int], field: str) -> None:
+        vocab = self.llm.tokenizer.vocab_size
+        if ids and max(ids) >= vocab:
+            raise ApiError(400, f"{field} names token id {max(ids)}, beyond the vocabulary ({vocab} tokens).",
+                           param=field, code="invalid_value")
+
+    def _sampler(self, request: SamplingRequest) -> Sampler | None:
+        overrides = sampler_overrides(request, self.llm.sampler.config)
+        if overrides is None:
+            return None
+        try:
+            return self.llm.make_sampler(overrides)
+        except ConfigError as err:
+            raise ApiError(400, str(err), param=err.field, code="invalid_value") from None
+
+
+async def _read_json(request: Request) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise _too_large()
+    return parse_json(bytes(body))
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, f"The request body is larger than {MAX_BODY_BYTES} bytes.", code="request_too_large")
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {text}\n\n"
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events of one job; however the response ends (done, or the client gone,
+    which Starlette sees as a disconnect and answers by cancelling the stream), the job is
+    cancelled, which is a no-op for a finished one."""
+
+    def __init__(self, job: Job, events: AsyncIterator[str]):
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.job.cancel()
+
+
+async def _answer(request: Request, service: ModelService, body: SamplingRequest, prompt_ids: list[int],
+                  prompt_field: str, fmt_class: type[ChatFormat]) -> Response:
+    generation = service.generation(body, prompt_ids, prompt_field)
+    job = Job(f"{fmt_class.id_prefix}{uuid.uuid4().hex[:24]}", generation)
+    try:
+        service.worker.submit(job)
+    except QueueFull as err:
+        raise ApiError(503, f"{err}; try again later.", code="queue_full", kind=SERVER_ERROR,
+                       headers={"Retry-After": "1"}) from None
+    log.info("%s: queued (%d prompt tokens, up to %d new, stream %s)", job.id, len(prompt_ids),
+             generation.max_tokens, body.stream)
+    fmt = fmt_class(job.id, int(time.time()), service.model_id)
+    if body.stream:
+        return EventStream(job, _stream(job, fmt, body.include_usage))
+    return await _whole(request, job, fmt)
+
+
+async def _stream(job: Job, fmt: ChatFormat, include_usage: bool) -> AsyncIterator[str]:
+    for chunk in fmt.opening():
+        yield _sse(chunk)
+    async for kind, value in job.events():
+        if kind == "text":
+            yield _sse(fmt.piece(value))
+        elif kind == "done":
+            yield _sse(fmt.closing(value.finish_reason))
+            if include_usage:
+                yield _sse(fmt.usage_chunk(_usage(value)))
+        else:
+            yield _sse(error_body(f"generation failed: {value}", kind=SERVER_ERROR))
+    yield _sse("[DONE]")
+
+
+async def _whole(request: Request, job: Job, fmt: ChatFormat) -> Response:
+    """The whole answer; if the client disconnects first, the job is cancelled."""
+    collect = asyncio.ensure_future(_collect(job))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not collect.done():
+        job.cancel()
+        collect.cancel()
+        return Response(status_code=499)  # nobody reads it: the client has gone
+    text, outcome = collect.result()
+    return JSONResponse(fmt.response(text, outcome.finish_reason, _usage(outcome)))
+
+
+async def _collect(job: Job) -> tuple[str, Outcome]:
+    pieces = []
+    async for kind, value in job.events():
+        if kind == "text":
+            pieces.append(value)
+        elif kind == "done":
+            return "".join(pieces), value
+        else:
+            raise ApiError(500, f"generation failed: {value}", kind=SERVER_ERROR)
+    raise AssertionError("a job's events end with done or error")
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _usage(outcome: Outcome) -> dict[str, Any]:
+    return usage(outcome.prompt_tokens, outcome.completion_tokens, outcome.cached_tokens)
+
+
+class BearerAuth:
+    """Requires `Authorization: Bearer KEY` on /v1/ (the page and /health stay open)."""
+
+    def __init__(self, app: ASGIApp, api_key: str | None):
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.expected is not None and scope["type"] == "http" and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse(error_body("Incorrect or missing API key: send Authorization: Bearer KEY.",
+                                                   code="invalid_api_key"), 401,
+                                        headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, model_id: str | None = None,
+               default_max_tokens: int | None = None) -> Starlette:
+    """The server's app around a loaded Llm; its worker thread runs while the app is served."""
+    worker = Worker(llm, queue_size)
+    service = ModelService(llm, worker, model_id or Path(llm.config.llm_model).parent.name, default_max_tokens)
+
+    async def chat_completions(request: Request) -> Response:
+        body = validate(ChatCompletionRequest, await _read_json(request))
+        prompt_ids = await run_in_threadpool(service.chat_prompt, body)  # a long prompt must not stall streams
+        return await _answer(request, service, body, prompt_ids, "messages", ChatFormat)
+
+    async def completions(request: Request) -> Response:
+        body = validate(CompletionRequest, await _read_json(request))
+        prompt_ids = await run_in_threadpool(service.completion_prompt, body)
+        return await _answer(request, service, body, prompt_ids, "prompt", CompletionFormat)
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [service.model_card()]})
+
+    async def model(request: Request) -> Response:
+        if request.path_params["model"] != service.model_id:
+            raise ApiError(404, f"The model '{request.path_params['model']}' does not exist; this server serves "
+                                f"'{service.model_id}'.", param="model", code="model_not_found")
+        return JSONResponse(service.model_card())
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": service.model_id, **worker.status()})
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette):
+        worker.start()
+        try:
+            yield
+        finally:
+            worker.stop()
+
+    app = Starlette(
+        routes=[Route("/", page), Mount("/static", StaticFiles(directory=STATIC), name="static"),
+                Route("/health", health), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
+                Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+                Route("/v1/completions", completions, methods=["POST"])],
+        middleware=[Middleware(BearerAuth, api_key=api_key)],
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        lifespan=lifespan)
+    app.state.service = service
+    return app
+
+
+async def _api_error(request: Request, err: ApiError) -> Response:
+    log.info("%s %s -> %d %s", request.method, request.url.path, err.status, err.message)
+    return JSONResponse(err.body(), err.status, headers=err.headers)
+
+
+async def _http_error(request: Request, err: HTTPException) -> Response:
+    return JSONResponse(error_body(f"{request.method} {request.url.path}: {err.detail}"), err.status_code,
+                        headers=err.headers)
+
+
+async def _server_error(request: Request, err: Exception) -> Response:
+    log.exception("%s %s failed", request.method, request.url.path)
+    return JSONResponse(error_body(f"internal error: {err}", kind=SERVER_ERROR), 500)

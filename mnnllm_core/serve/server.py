@@ -1,0 +1,50 @@
+"""`mnnllm serve`: the app on uvicorn, with the load and every request logged."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+
+from ..errors import MnnllmError
+from ..llm.llm import Llm
+
+log = logging.getLogger(__name__)
+
+
+def prepare() -> None:
+    """Before the (long) load: check the `serve` extra is installed, and turn on INFO logs
+    from mnnllm (the load, each request) and uvicorn, since a server tells what it does."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise MnnllmError(f"mnnllm serve needs the serve extra: pip install 'mnnllm[serve]' ({err})") from None
+    for name in ("mnnllm", "mnnllm_core", "uvicorn"):
+        logger = logging.getLogger(name)
+        if logger.getEffectiveLevel() > logging.INFO:
+            logger.setLevel(logging.INFO)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def run(llm: Llm, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+        queue_size: int = 8, default_max_tokens: int | None = None) -> int:
+    """Serve a loaded model until interrupted (Ctrl-C)."""
+    import uvicorn
+
+    from .app import create_app
+
+    if not is_loopback(host) and not api_key:
+        log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
+    app = create_app(llm, api_key=api_key, queue_size=queue_size, default_max_tokens=default_max_tokens)
+    log.info("serving %s on backend %s (queue size %d): the chat page at /, the API under /v1/",
+             app.state.service.model_id, llm.runtime_manager.config.backend_type, queue_size)
+    uvicorn.run(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=3)
+    return 0
