@@ -280,7 +280,7 @@ def cmd_test_backend(args) -> int:
     cases = select(args.op, args.perf, args.case)
     if not cases:
         types = sorted({c.op_type for c in select(perf=args.perf)})
-        raise SystemExit(f"error: no case matches; op types: {', '.join(types)}")
+        raise ConfigError(f"no case matches; op types: {', '.join(types)}", field="--op")
     results = run_suite(args.name, precision=args.precision, hints=hints, thread_num=args.threads, cases=cases,
                         perf=args.perf, memory=args.memory)
     device = registry().get(args.name).devices()
@@ -390,12 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     test_backend.add_argument("--op", help="only this op type (as the backend sees it: Convolution, Raster, ...)")
     test_backend.add_argument("--case", help="only cases whose name contains this text")
     test_backend.add_argument("--perf", action="store_true", help="time each op at a real model's sizes (us/run)")
-    test_backend.add_argument("--precision", choices=("low", "normal", "high"), default="normal")
-    test_backend.add_argument("--memory", choices=("low", "normal", "high"), default="normal")
-    test_backend.add_argument("--threads", type=int, default=2)
+    test_backend.add_argument("--precision", choices=("low", "normal", "high"), default="normal",
+                              help="the backend's precision (fp16 tolerances where it honours \"low\")")
+    test_backend.add_argument("--memory", choices=("low", "normal", "high"), default="normal",
+                              help="the backend's memory mode (cpu: \"low\" runs the packed-weight kernels)")
+    test_backend.add_argument("--threads", type=int, default=2, help="thread_num")
     test_backend.add_argument("--hint", action="append", default=[], metavar="KEY=VALUE",
                               help="a runtime hint for the backend (value parsed as JSON when it parses)")
-    test_backend.add_argument("--json", action="store_true")
+    test_backend.add_argument("--json", action="store_true", help="every case as JSON instead of the tables")
     test_backend.set_defaults(func=cmd_test_backend)
 
     export = sub.add_parser("export", help="HF safetensors folder or GGUF -> MNN-LLM model directory")
