@@ -12,6 +12,9 @@ The contract (names after MNN's Backend.hpp, snake_case):
                   BufferPool), `upload`, `download`; `kv_meta`, the KV cache state of this step
   HostBackend     a Backend whose storage is numpy arrays
   Execution       one op: `on_resize`, `on_execute`, `on_clone` (share packed weights)
+  Replay          what `Backend.on_record(commands)` may return: the resized commands of a
+                  static-shape pipeline as one step, `run()` each token instead of the per-op
+                  loop (runtime hint "replay": false turns it off)
   Refused         what a creator returns for an op it does not run, with the reason
 
 An op creator is `creator(backend, inputs, outputs, op) -> Execution | Refused | None`;
@@ -30,8 +33,8 @@ Check a backend with `mnnllm test-backend NAME` (the conformance suite, mnnllm_c
 from __future__ import annotations
 
 from .core.allocator import BufferPool
-from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
-                           RuntimeCreator, ScheduleConfig)
+from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Replay,
+                           Runtime, RuntimeCreator, ScheduleConfig)
 from .core.dtypes import FLOAT32, INT32
 from .core.kv_cache import DeviceKVCache, KVCache
 from .core.kv_meta import KVMeta
@@ -52,7 +55,7 @@ from .plugins.hookspecs import hookimpl
 
 __all__ = [
     # the contract
-    "RuntimeCreator", "Runtime", "Backend", "HostBackend", "Execution", "Refused", "OpCreator",
+    "RuntimeCreator", "Runtime", "Backend", "HostBackend", "Execution", "Refused", "Replay", "OpCreator",
     "ScheduleConfig", "BackendConfig", "SETTINGS", "Tensor", "Op", "hookimpl",
     # op parameters, decoded once at schedule time
     "ConvolutionParams", "LayerNormParams", "NormLayout", "QKNorm", "RoPEParams", "AttentionParams",

@@ -144,6 +144,10 @@ class KernelExecution(Execution):
     def on_execute(self, inputs, outputs) -> None:
         self.kernel(self.backend.queue)
 
+    def enqueues(self) -> list:
+        """What a replay enqueues per run: the bound kernel."""
+        return [self.kernel]
+
 
 class Allocator:
     """Device buffers and the host<->device copies; 0-byte requests get a 4-byte buffer

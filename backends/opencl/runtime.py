@@ -13,6 +13,12 @@ Runtime hints (all optional):
                                       layer (a power of two); default 1 on a CPU device
                                       (one work-item per row, wide vector loads: fastest
                                       on pocl) and 64 on a GPU (work-group reduction)
+  "replay": bool                      default true: a pipeline wholly on opencl is replayed as
+                                      one flat list of enqueues bound at resize (OpenCLReplay);
+                                      false keeps the per-op loop
+pocl 3.1 offers cl_khr_command_buffer, but pyopencl has no binding for it: the replay is the
+enqueue loop (kernels and arguments bound once; per token only the enqueues and one 8-byte
+write of each Attention's KV length).
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator, ScheduleConfig, Tensor
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator,
+                                     ScheduleConfig, Tensor)
 
 if TYPE_CHECKING:
     from .device import Program
@@ -75,6 +82,30 @@ class OpenCLBackend(Backend):
 
     def on_execute_end(self) -> None:
         self.queue.finish()
+
+    def on_record(self, commands) -> "OpenCLReplay":
+        return OpenCLReplay(self.queue, commands)
+
+
+class OpenCLReplay(Replay):
+    """The pipeline's commands as one flat list of enqueue calls, bound at resize: an Execution
+    with `enqueues()` gives its bound kernels and copies; any other one (Attention, whose run
+    does the KV bookkeeping) runs its on_execute in place."""
+
+    def __init__(self, queue, commands):
+        self.queue = queue
+        self.steps = []
+        for command in commands:
+            enqueues = getattr(command.execution, "enqueues", None)
+            if enqueues is not None:
+                self.steps += enqueues()
+            else:
+                self.steps.append(lambda queue, c=command: c.execution.on_execute(c.inputs, c.outputs))
+
+    def run(self) -> None:
+        queue = self.queue
+        for step in self.steps:
+            step(queue)
 
 
 class OpenCLRuntime(Runtime):

@@ -101,7 +101,7 @@ class VulkanDevice:
 
     def __init__(self, spec: str | None = None):
         app = vk.VkApplicationInfo(pApplicationName="mnnllm", applicationVersion=1, pEngineName="mnnllm",
-                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 0, 0))
+                                   engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
         self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
         self.physical = pick_device(list(vk.vkEnumeratePhysicalDevices(self.instance)), spec)
         props = vk.vkGetPhysicalDeviceProperties(self.physical)
@@ -228,10 +228,14 @@ def pack_push(fmt: str, *values) -> bytes:
 
 class Recorder:
     """Records dispatches, fills and copies into one command buffer; `flush()` submits it and
-    waits. A barrier separates consecutive commands (ops depend on their predecessors)."""
+    waits. A barrier separates consecutive commands (ops depend on their predecessors).
 
-    def __init__(self, device: VulkanDevice):
+    `reusable`: the command buffer is recorded once (then `end()`) and `submit()`ted as often
+    as needed: a replayed decode step; `reset()` before recording it again."""
+
+    def __init__(self, device: VulkanDevice, reusable: bool = False):
         self.device = device
+        self.flags = 0 if reusable else vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT
         d = device.device
         self.cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(
             commandPool=device.command_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
@@ -239,6 +243,7 @@ class Recorder:
         self.open = False
         self.count = 0
         self.submits = 0
+        self.pending = False  # submitted, not yet waited for
         self.barrier = [vk.VkMemoryBarrier(
             srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
             dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT
@@ -249,8 +254,7 @@ class Recorder:
 
     def _begin(self) -> None:
         if not self.open:
-            vk.vkBeginCommandBuffer(self.cmd, vk.VkCommandBufferBeginInfo(
-                flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+            vk.vkBeginCommandBuffer(self.cmd, vk.VkCommandBufferBeginInfo(flags=self.flags))
             self.open = True
         elif self.count:
             vk.vkCmdPipelineBarrier(self.cmd, self.stages, self.stages, 0, 1, self.barrier, 0, None, 0, None)
@@ -286,14 +290,38 @@ class Recorder:
         """Submit what was recorded and wait; then host reads and writes are safe."""
         if not self.open:
             return
-        d = self.device.device
-        vk.vkEndCommandBuffer(self.cmd)
+        self.end()
+        self.submit()
+        self.reset()
+
+    def end(self) -> None:
+        """Close the command buffer: nothing more is recorded until reset()."""
+        if self.open:
+            vk.vkEndCommandBuffer(self.cmd)
+            self.open = False
+
+    def submit(self, wait: bool = True) -> None:
+        """Run the closed command buffer once; wait for it now, or later with `wait()`."""
+        if not self.count:
+            return
         vk.vkQueueSubmit(self.device.queue, 1, [self.submit_info], self.fence)
-        vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, WHOLE_SIZE)
-        vk.vkResetFences(d, 1, [self.fence])
+        self.submits += 1
+        self.pending = True
+        if wait:
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the last submit (if it is still pending)."""
+        if self.pending:
+            d = self.device.device
+            vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, WHOLE_SIZE)
+            vk.vkResetFences(d, 1, [self.fence])
+            self.pending = False
+
+    def reset(self) -> None:
+        """Empty the command buffer (and let go of what it referenced)."""
         vk.vkResetCommandBuffer(self.cmd, 0)
         self.open, self.count = False, 0
-        self.submits += 1
         self.keep.clear()
 
 

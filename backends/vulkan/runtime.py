@@ -5,9 +5,12 @@ touches a driver.
 Runtime hint (optional): "vulkan_device": an index into vkEnumeratePhysicalDevices (else
 $MNNLLM_VULKAN_DEVICE, else the first discrete GPU, integrated GPU, or any device).
 
-A run records every dispatch of this backend into one command buffer (on_execute_begin opens
-it lazily, on_execute_end submits and waits). Any host access to a buffer in between (a copy
-to or from the cpu backend around a fallback op, an upload, a download) first submits what was
+Runtime hint "replay" (default true): a pipeline that runs wholly on vulkan is recorded into
+one command buffer once per resize and replayed: per token the attentions' host bookkeeping,
+one submit and wait (VulkanReplay). With "replay": false, or with any op on cpu, a run
+records every dispatch of this backend into one command buffer (on_execute_begin opens it
+lazily, on_execute_end submits and waits). Any host access to a buffer in between (a copy to
+or from the cpu backend around a fallback op, an upload, a download) first submits what was
 recorded, so the host sees and changes memory only when the device is idle.
 """
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import Backend, BackendConfig, Runtime, RuntimeCreator, ScheduleConfig, Tensor
+from mnnllm_core.backend_api import Backend, BackendConfig, Replay, Runtime, RuntimeCreator, ScheduleConfig, Tensor
 
 class VulkanBackend(Backend):
     """Storage of a tensor is a device.Buffer (fp32, int32 as they are on the host)."""
@@ -27,6 +30,14 @@ class VulkanBackend(Backend):
         super().__init__(runtime, config)
         self.device = runtime.device
         self.recorder = runtime.recorder
+        self.replaying = None  # the Recorder of a replay submitted and not yet waited for
+
+    def idle(self) -> None:
+        """Submit what was recorded and wait for everything submitted: host access is safe."""
+        if self.replaying is not None:
+            self.replaying.wait()
+            self.replaying = None
+        self.recorder.flush()
 
     def fits(self, *tensors: Tensor) -> bool:
         """Whether every tensor (with a known shape) fits one storage buffer binding."""
@@ -40,11 +51,11 @@ class VulkanBackend(Backend):
         return self.device.alloc(self.buffer_key(tensor))
 
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
-        self.recorder.flush()
+        self.idle()
         tensor.storage.write(np.asarray(array, dtype=tensor.dtype))
 
     def download(self, tensor: Tensor) -> np.ndarray:
-        self.recorder.flush()
+        self.idle()
         nbytes = tensor.size * tensor.dtype.itemsize
         return tensor.storage.read(nbytes).view(tensor.dtype).reshape(tensor.shape)
 
@@ -56,7 +67,53 @@ class VulkanBackend(Backend):
             self.upload(dst, other.download(src))
 
     def on_execute_end(self) -> None:
-        self.recorder.flush()
+        self.idle()
+
+    def on_record(self, commands) -> "VulkanReplay":
+        return VulkanReplay(self, commands)
+
+
+class VulkanReplay(Replay):
+    """A resized pipeline as one reusable command buffer. Per token: each Execution with a
+    `before_run()` (Attention: the KV bookkeeping, past/total into its step buffer) runs it;
+    when one says its buffers moved (the cache grew) the buffer is recorded again; then one
+    submit, waited for at on_execute_end. Executions record with `record()` when they have one, else `on_execute`
+    (which for every other Execution here only records)."""
+
+    def __init__(self, backend: VulkanBackend, commands):
+        from .device import Recorder
+        self.backend = backend
+        self.commands = [(c.execution, c.inputs, c.outputs) for c in commands]
+        self.stepped = [e for e, _, _ in self.commands if hasattr(e, "before_run")]
+        self.recorder = Recorder(backend.device, reusable=True)
+        self.recorded = False
+        self.records = 0
+
+    def _record(self) -> None:
+        self.recorder.reset()
+        shared, self.backend.recorder = self.backend.recorder, self.recorder
+        try:
+            for execution, inputs, outputs in self.commands:
+                record = getattr(execution, "record", None)
+                if record is not None:
+                    record()
+                else:
+                    execution.on_execute(inputs, outputs)
+        finally:
+            self.backend.recorder = shared
+        self.recorder.end()
+        self.recorded = True
+        self.records += 1
+
+    def run(self) -> None:
+        moved = False
+        for execution in self.stepped:
+            moved = execution.before_run() or moved
+        self.backend.recorder.flush()  # what a growing cache recorded: its old rows copied over
+        if moved or not self.recorded:
+            self._record()
+        self.recorder.submit(wait=False)
+        self.backend.replaying = self.recorder  # on_execute_end (or a host access) waits
 
 
 class VulkanRuntime(Runtime):

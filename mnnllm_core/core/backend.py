@@ -80,6 +80,20 @@ class Refused:
         return False
 
 
+class Replay:
+    """A resized pipeline's commands turned by a static-shape backend into one step it can
+    replay token after token (MNN records command buffers for the same reason; so do CUDA
+    graphs): per run only `run()` is called, never each Execution's `on_execute`. Values that
+    change per token (the KV length, positions, the mask) live in device buffers the replay or
+    the pipeline's input uploads update; a replay whose recorded commands no longer hold (a
+    KV cache moved to a larger buffer) records them again itself. A new shape means a new
+    resize, and the pipeline asks for a new Replay."""
+
+    def run(self) -> None:
+        """Run the recorded step once (between the backends' on_execute_begin and _end)."""
+        raise NotImplementedError
+
+
 OpCreator = Callable[["Backend", Sequence[Tensor], Sequence[Tensor], Op], "Execution | Refused | None"]
 
 
@@ -160,6 +174,12 @@ class Backend:
 
     def on_execute_end(self) -> None:
         pass
+
+    def on_record(self, commands: Sequence[Any]) -> Replay | None:
+        """The resized `commands` (each with `.execution`, `.inputs`, `.outputs`, all on this
+        backend) as one replayable step, or None (the default) to keep the per-op loop.
+        Called after every resize of a static-shape pipeline unless the "replay" hint is off."""
+        return None
 
 
 class HostBackend(Backend):

@@ -32,13 +32,27 @@ class KVCache:
 
     def append(self, k: Any, v: Any, seq: int) -> None:
         """Add `seq` tokens' keys and values (in the backend's own storage)."""
-        need = self.length + seq
-        if need > self.capacity:
-            capacity = self.capacity_for(need)
-            self.grow(capacity)
-            self.capacity = capacity
+        self.reserve(seq)
         self.write(k, v, seq)
-        self.length = need
+        self.length += seq
+
+    def reserve(self, seq: int) -> bool:
+        """Make room for `seq` more tokens; True when that moved the storage (a device kernel
+        bound to the old buffers, a recorded step, must bind the new ones)."""
+        need = self.length + seq
+        if need <= self.capacity:
+            return False
+        capacity = self.capacity_for(need)
+        self.grow(capacity)
+        self.capacity = capacity
+        return True
+
+    def extend(self, seq: int) -> bool:
+        """Count `seq` tokens a device kernel writes itself (at row `length` before the call);
+        True when their room moved the storage (see reserve)."""
+        moved = self.reserve(seq)
+        self.length += seq
+        return moved
 
     def capacity_for(self, need: int) -> int:
         """The capacity to grow to when `need` tokens do not fit."""

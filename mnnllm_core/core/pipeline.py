@@ -5,7 +5,12 @@ encode():   shape inference; shape-only ops (Shape, Rank) and everything computa
             regions (geometry); the rest stay ops.
 place():    one Execution per command on the session's backend, or on the backup cpu
             backend when on_create returns None; copies inserted between backends.
-allocate(): buffers acquired in execution order and released after their last use.
+allocate(): buffers acquired in execution order and released after their last use; then a
+            backend that can (`Backend.on_record`) turns the commands into one Replay.
+execute():  the Replay's run, else each command's on_execute in order.
+
+The runtime hint "replay" (`backend_hints: {"replay": false}` in the config) turns recording
+off: every run is then the per-op loop.
 """
 from __future__ import annotations
 
@@ -17,9 +22,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import BackendError, MnnllmError, UnsupportedError
+from ..errors import BackendError, ConfigError, MnnllmError, UnsupportedError
 from ..geometry.transform import lower
-from .backend import Backend, Execution, Refused
+from .backend import Backend, Execution, Refused, Replay
 from .op import Op
 from .schedule import ScheduleInfo
 from .size_computer import compute_size
@@ -86,6 +91,9 @@ class Pipeline:
         self.commands: list[Command] = []
         self.placement = Placement()
         self.profile: dict[tuple[str, str], float] | None = None
+        self.replay_enabled = replay_hint(backend.runtime.hints)
+        self.replay: Replay | None = None
+        self.records = 0  # how many times the commands were recorded into a Replay
 
     def _needed_nodes(self) -> list[int]:
         """Indexes of the ops the requested outputs depend on (MNN prunes the rest)."""
@@ -110,6 +118,7 @@ class Pipeline:
 
     # -- encode ------------------------------------------------------------------
     def encode(self, input_shapes: dict[str, tuple[int, ...]], shape_values: dict[str, np.ndarray]) -> None:
+        self.replay = None  # recorded for the old commands
         for tensor in self.tensors:
             if tensor.index not in self.info.constants:
                 tensor.host, tensor.backend, tensor.storage, tensor.shape = None, None, None, ()
@@ -268,12 +277,29 @@ class Pipeline:
                     tensor.backend.on_release_buffer(tensor)
         for backend in self.backends:
             backend.on_resize_end()
+        self.replay = self._record()
+
+    def _record(self) -> Replay | None:
+        """The backend's Replay of the commands, when replay is on and every command runs there."""
+        if not self.replay_enabled or any(c.backend is not self.backend for c in self.commands):
+            return None
+        replay = self.backend.on_record(self.commands)
+        if replay is not None:
+            self.records += 1
+        return replay
+
+    @property
+    def replayed(self) -> bool:
+        """Whether runs replay a recorded step (else: the per-op loop)."""
+        return self.replay is not None and self.replay_enabled
 
     # -- execute -----------------------------------------------------------------
     def execute(self) -> None:
         for backend in self.backends:
             backend.on_execute_begin()
-        if self.profile is None:
+        if self.profile is None and self.replayed:
+            self.replay.run()
+        elif self.profile is None:
             for command in self.commands:
                 command.execution.on_execute(command.inputs, command.outputs)
         else:
@@ -285,3 +311,13 @@ class Pipeline:
                 self.profile[key] = self.profile.get(key, 0.0) + time.perf_counter() - start
         for backend in self.backends:
             backend.on_execute_end()
+
+
+def replay_hint(hints: dict) -> bool:
+    """The "replay" runtime hint: true (the default) or false."""
+    value = hints.get("replay", True)
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        raise ConfigError(f"the backend hint replay must be true or false, got {value!r}", field="backend_hints.replay")
+    return value

@@ -2,7 +2,9 @@
  * the layout of the k/v inputs themselves, so the cache appends with one device copy.
  * One work-item per (query token, head), one pass with an online softmax (no score buffer).
  * mask_mode 0: causal (the scalar mask); 1: a [mask_rows, mask_cols] mask over the last
- * mask_cols keys, added (float) or, with MASK_INT, 0 meaning "masked out". */
+ * mask_cols keys, added (float) or, with MASK_INT, 0 meaning "masked out".
+ * step = {past, total}: the step's cached and attended keys, written into a device buffer per
+ * run, so the kernel's arguments are bound once. */
 #ifdef MASK_INT
 typedef int mask_t;
 #else
@@ -10,9 +12,10 @@ typedef store_t mask_t;
 #endif
 
 __kernel void attention(__global const store_t *q, __global const store_t *k, __global const store_t *v,
-                        __global const mask_t *mask, __global store_t *out, int seq, int heads, int kv_heads,
-                        int past, int total, float scale, int mask_mode, int mask_rows, int mask_cols) {
+                        __global const mask_t *mask, __global store_t *out, __global const int *step, int seq,
+                        int heads, int kv_heads, float scale, int mask_mode, int mask_rows, int mask_cols) {
     const int t = get_global_id(0), h = get_global_id(1);
+    const int past = step[0], total = step[1];
     const int g = h / (heads / kv_heads);
     const size_t q_at = ((size_t)t * heads + h) * HEAD_DIM;
     float4 qv[HEAD_DIM / 4], acc[HEAD_DIM / 4];

@@ -2,11 +2,14 @@
 
 q [seq, heads*dim, 1, 1] (packed) or [1, seq, heads, dim], k/v likewise with kv heads: both
 are token-major [seq, heads, dim] in memory, as the cache (`DeviceKVCache`) keeps them: a step
-appends with one device-side copy per tensor and nothing goes back to the host.
+appends with one device-side copy per tensor and nothing goes back to the host. The step's
+past and total go to the kernel through a small device buffer (one 8-byte write per run), so
+its arguments are bound once and set again only when the cache moves to a larger buffer.
 """
 from __future__ import annotations
 
 import numpy as np
+import pyopencl as cl
 
 from mnnllm_core.backend_api import AttentionParams, DeviceKVCache, Execution, Refused, UnsupportedError, attention_mask
 
@@ -19,6 +22,7 @@ class AttentionExecution(Execution):
         self.kernel = None
         self.bound = None  # the cache buffer the kernel's k argument points at
         self.kv_seq = 0
+        self.step = backend.allocator.alloc(8)  # int past, int total
 
     def on_resize(self, inputs, outputs) -> None:
         shape = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -37,22 +41,23 @@ class AttentionExecution(Execution):
         mask_buffer = mask.storage if mask is not None else inputs[0].storage
         self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
             (seq, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
-            outputs[0].storage, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.int32(0), np.int32(kv_seq),
-            np.float32(self.params.scale_for(dim)), np.int32(kind.kind != "causal"), np.int32(kind.rows),
+            outputs[0].storage, self.step, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.float32(self.params.scale_for(dim)), np.int32(kind.kind != "causal"), np.int32(kind.rows),
             np.int32(kind.cols))
 
     def on_execute(self, inputs, outputs) -> None:
+        queue = self.backend.queue
         if self.params.kv_cache:
             past = self.cache.begin_step(self.backend.kv_meta)
             self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
-            kernel = self.kernel.kernel
             if self.bound is not self.cache.k:  # the cache grew (or a clone grew it): rebind
-                kernel.set_arg(1, self.cache.k)
-                kernel.set_arg(2, self.cache.v)
+                self.kernel.kernel.set_arg(1, self.cache.k)
+                self.kernel.kernel.set_arg(2, self.cache.v)
                 self.bound = self.cache.k
-            kernel.set_arg(8, np.int32(past))
-            kernel.set_arg(9, np.int32(self.cache.length))
-        self.kernel(self.backend.queue)
+            step = (past, self.cache.length)
+        else:
+            step = (0, self.kv_seq)
+        cl.enqueue_copy(queue, self.step, np.array(step, np.int32), is_blocking=False)
+        self.kernel(queue)
 
     def on_clone(self, backend, op):
         return AttentionExecution(backend, self.params, self.cache)

@@ -43,6 +43,9 @@ class RasterExecution(Execution):
         for step in self.steps:
             step(self.backend.queue)
 
+    def enqueues(self) -> list:
+        return list(self.steps)
+
     def on_clone(self, backend, op):
         return RasterExecution(backend, op.param)
 

@@ -1,8 +1,9 @@
 """Attention with a device-resident KV cache (causal scalar mask, float or int full mask, GQA):
 three dispatches per run, scores (+ mask), softmax in place, context; scores live in a scratch
 buffer of [seq, heads, capacity]. With the cache, k and v are first appended to the device cache
-(token-major rows, shared by the clones; a cache doubled past maxStorageBufferRange grows only to
-what it needs)."""
+by a shader at the row the step buffer names (token-major rows, shared by the clones; a cache
+doubled past maxStorageBufferRange grows only to what it needs). Nothing recorded depends on
+the token: past and total live in the step buffer, so the dispatches replay unchanged."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,13 +11,18 @@ import numpy as np
 from mnnllm_core.backend_api import (FLOAT32, INT32, AttentionParams, DeviceKVCache, Execution, Refused,
                                      UnsupportedError, attention_mask)
 
-from ..device import Dispatch, fold, pack_push, vk
+from ..device import Dispatch, fold, pack_push
 
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
 MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
 
 
 class AttentionExecution(Execution):
+    """Per run, `before_run()` does the host's part (the cache's bookkeeping, growing it, and the
+    step's past/total written into `step`, a mapped buffer the shaders read), `record()` the
+    device's (kv_write, scores, softmax, context): a replayed command buffer records once and
+    calls only before_run per token."""
+
     def __init__(self, backend, params: AttentionParams, cache: DeviceKVCache | None = None):
         super().__init__(backend)
         self.params = params
@@ -26,8 +32,9 @@ class AttentionExecution(Execution):
         self.kv_seq = 0
         self.mask = (0, 1, 1)
         self.scratch = None
-        self.bound = None  # (keys, values, scratch) the dispatches bind
-        self.dispatches = None
+        self.step = backend.device.alloc(8)  # int past, int total: this step's, for the shaders
+        self.bound = None  # (keys, values, scratch, stride) the dispatches bind
+        self.dispatches = ()
 
     def on_resize(self, inputs, outputs) -> None:
         shape = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -41,52 +48,66 @@ class AttentionExecution(Execution):
         mask = attention_mask(inputs[3] if len(inputs) > 3 else None, seq)
         self.mask = (1 if seq > 1 else 0, 1, 1) if mask.kind == "causal" else (MASK_MODES[mask.kind], mask.rows,
                                                                                mask.cols)
-        self.bound = self.dispatches = None
+        self.bound, self.dispatches = None, ()
+        self.inputs, self.outputs = inputs, outputs
 
-    def _dispatches(self, inputs, outputs, keys, values, stride):
-        device = self.backend.device
-        seq, heads, kv_heads, dim = self.shape
-        if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
-            self.scratch = device.alloc(seq * heads * stride * 4)
-        mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
-        if self.bound != (keys, values, self.scratch, stride):
-            self.dispatches = (
-                Dispatch(device, "attn_scores", [inputs[0].storage, keys, mask, self.scratch],
-                         pack_push("12i", *[0] * 12), (0, 0, 0)),
-                Dispatch(device, "attn_softmax", [self.scratch], pack_push("3i", 0, 0, 0), (0, 0, 0)),
-                Dispatch(device, "attn_context", [self.scratch, values, outputs[0].storage],
-                         pack_push("7i", *[0] * 7), (0, 0, 0)))
-            self.bound = (keys, values, self.scratch, stride)
-        return self.dispatches
-
-    def on_execute(self, inputs, outputs) -> None:
-        seq, heads, kv_heads, dim = self.shape
+    def before_run(self) -> bool:
+        """This step's bookkeeping and past/total; True when the recorded dispatches no longer
+        bind the right buffers (the cache grew, or the first run after a resize)."""
         if self.params.kv_cache:
             past = self.cache.begin_step(self.backend.kv_meta)
-            self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
+            self.cache.extend(self.kv_seq)
             keys, values, total, stride = self.cache.k, self.cache.v, self.cache.length, self.cache.capacity
         else:
             past, total = 0, self.kv_seq
-            keys, values, stride = inputs[1].storage, inputs[2].storage, self.kv_seq
+            keys, values, stride = self.inputs[1].storage, self.inputs[2].storage, self.kv_seq
+        seq, heads = self.shape[:2]
         if not self.backend.device.fits(seq * heads * stride * 4):
             raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange",
                                    field="attention")
-        scores, softmax, context = self._dispatches(inputs, outputs, keys, values, stride)
+        self.step.write(np.array([past, total], np.int32))
+        if self.bound == (keys, values, self.scratch, stride):
+            return False
+        self.dispatches = self._dispatches(keys, values, stride)
+        return True
+
+    def _dispatches(self, keys, values, stride) -> tuple:
+        device, inputs, outputs = self.backend.device, self.inputs, self.outputs
+        seq, heads, kv_heads, dim = self.shape
+        if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
+            self.scratch = device.alloc(seq * heads * stride * 4)
+        self.bound = (keys, values, self.scratch, stride)
+        if not seq or not stride:
+            return ()
+        mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
         mode, rows, cols = self.mask
-        count = seq * heads * total
-        scores.groups, row = fold(-(-count // LOCAL), LOCAL)
-        scores.push = vk.ffi.new("char[]", pack_push("7if3iI", seq, heads, kv_heads, dim, past, total, stride,
-                                                     float(np.float32(self.params.scale_for(dim))), mode, rows,
-                                                     cols, row))
-        softmax.groups = (-(-(seq * heads) // 64), 1, 1)
-        softmax.push = vk.ffi.new("char[]", pack_push("3i", seq * heads, total, stride))
-        count = seq * heads * dim
-        context.groups, row = fold(-(-count // LOCAL), LOCAL)
-        context.push = vk.ffi.new("char[]", pack_push("6iI", seq, heads, kv_heads, dim, total, stride, row))
-        if seq and total:
-            recorder = self.backend.recorder
-            for item in (scores, softmax, context):
-                recorder.dispatch(item)
+        scores_groups, scores_row = fold(-(-(seq * heads * stride) // LOCAL), LOCAL)
+        context_groups, context_row = fold(-(-(seq * heads * dim) // LOCAL), LOCAL)
+        found = [
+            Dispatch(device, "attn_scores", [inputs[0].storage, keys, mask, self.scratch, self.step],
+                     pack_push("5if3iI", seq, heads, kv_heads, dim, stride,
+                               float(np.float32(self.params.scale_for(dim))), mode, rows, cols, scores_row),
+                     scores_groups),
+            Dispatch(device, "attn_softmax", [self.scratch, self.step], pack_push("2i", seq * heads, stride),
+                     (-(-(seq * heads) // 64), 1, 1)),
+            Dispatch(device, "attn_context", [self.scratch, values, outputs[0].storage, self.step],
+                     pack_push("5iI", seq, heads, kv_heads, dim, stride, context_row), context_groups)]
+        if self.params.kv_cache:
+            count = self.kv_seq * kv_heads * dim
+            groups, row = fold(-(-count // LOCAL), LOCAL)
+            found.insert(0, Dispatch(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values,
+                                                          self.step], pack_push("2iI", count, kv_heads * dim, row),
+                                     groups))
+        return tuple(found)
+
+    def record(self) -> None:
+        recorder = self.backend.recorder
+        for item in self.dispatches:
+            recorder.dispatch(item)
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.before_run()
+        self.record()
 
     def on_clone(self, backend, op):
         return AttentionExecution(backend, self.params, self.cache)
