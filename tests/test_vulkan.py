@@ -24,7 +24,8 @@ from mnnllm_core.core.op_params import AttentionParams, ConvolutionParams
 from mnnllm_core.core.weights import ConvolutionWeights, FloatWeight
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
-from mnnllm_core.testing import Graph, Weights, make_module, run_op
+from mnnllm_core.errors import ConfigError
+from mnnllm_core.testing import Graph, Weights, make_module, run_op, run_suite, select
 from mnnllm_core.testing.references import attention_reference
 from paths import CONFIG, REFERENCE
 
@@ -134,6 +135,24 @@ def test_attention_decode_grows_the_device_cache_past_its_first_capacity_and_clo
     assert executions[0].cache is executions[1].cache, "prefill and decode clones share one KV cache"
     cache = executions[0].cache
     assert cache.length == total and cache.capacity == 2 * MIN_CAPACITY
+
+
+# ------------------------------------------------------------------ decode kernels per device class
+
+
+@pytest.mark.parametrize("variant", ["rows", "group", "lanes"])
+def test_every_decode_linear_kernel_passes_every_linear_case(variant: str) -> None:
+    """rows (a CPU's), group (a GPU's work-group reduction) and lanes, forced by the hint."""
+    results = run_suite("vulkan", hints={"vulkan_linear": variant}, cases=select("Convolution"))
+    failed = [(r.case.id, r.status, r.reason) for r in results if r.status != "pass"]
+    assert not failed, failed
+
+
+def test_the_decode_linear_kernel_follows_the_device_class_and_a_bad_hint_is_a_config_error() -> None:
+    runtime = shared_vulkan().runtime
+    assert runtime.linear_variant == ("rows" if runtime.device.is_cpu else "group")
+    with pytest.raises(ConfigError, match="vulkan_linear"):
+        RuntimeManager.create(ScheduleConfig(backend_type="vulkan", thread_num=2), {"vulkan_linear": "fast"})
 
 
 # ------------------------------------------------------------------ the shared model

@@ -109,6 +109,7 @@ class VulkanDevice:
             else props.deviceName
         self.max_range = int(props.limits.maxStorageBufferRange)
         self.max_push = int(props.limits.maxPushConstantsSize)
+        self.is_cpu = props.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_CPU  # lavapipe: kernels for a CPU
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         compute = [i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
         if not compute:

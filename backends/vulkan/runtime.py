@@ -2,8 +2,11 @@
 the per-run command buffer). `vulkan` is imported lazily, so importing this module never
 touches a driver.
 
-Runtime hint (optional): "vulkan_device": an index into vkEnumeratePhysicalDevices (else
-$MNNLLM_VULKAN_DEVICE, else the first discrete GPU, integrated GPU, or any device).
+Runtime hints (optional): "vulkan_device": an index into vkEnumeratePhysicalDevices (else
+$MNNLLM_VULKAN_DEVICE, else the first discrete GPU, integrated GPU, or any device);
+"vulkan_linear": the decode kernel of 4-bit linear layers, "rows" (8 rows per invocation: the
+default on a CPU device such as lavapipe, where loads cost most), "group" (8 rows per work-group
+with a shared-memory reduction: the default on a GPU) or "lanes" (one invocation per row).
 
 Runtime hint "replay" (default true): a pipeline that runs wholly on vulkan is recorded into
 one command buffer once per resize and replayed: per token the attentions' host bookkeeping,
@@ -19,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import Backend, BackendConfig, Replay, Runtime, RuntimeCreator, ScheduleConfig, Tensor
+from mnnllm_core.backend_api import Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator, ScheduleConfig, Tensor
 
 class VulkanBackend(Backend):
     """Storage of a tensor is a device.Buffer (fp32, int32 as they are on the host)."""
@@ -125,8 +128,13 @@ class VulkanRuntime(Runtime):
         super().__init__(config, hints)
         from . import device
         from .ops import CREATORS
+        from .ops.linear import DECODE_Q4
         self.device = device.open_device(device.device_spec(self.hints))
         self.recorder = device.Recorder(self.device)
+        self.linear_variant = self.hints.get("vulkan_linear") or ("rows" if self.device.is_cpu else "group")
+        if self.linear_variant not in DECODE_Q4:
+            raise ConfigError(f"vulkan_linear must be one of {sorted(DECODE_Q4)}, got {self.linear_variant!r}",
+                              field="vulkan_linear")
         self.op_creators.update(CREATORS)
 
     def create_backend(self, config: BackendConfig) -> VulkanBackend:

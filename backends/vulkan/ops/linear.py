@@ -19,7 +19,12 @@ from ..device import Dispatch, DispatchExecution, pack_push
 
 log = logging.getLogger(__name__)
 
-Q4_TILE = 8  # tokens per invocation in linear_q4_tile.comp (linear_q4.comp: 1, for decode)
+Q4_TILE = 8  # tokens per invocation in linear_q4_tile.comp (prefill: a tiled GEMM on the packed words)
+# decode (one token) kernels on the same packed words, by device class (VulkanRuntime.linear_variant):
+#   rows   linear_q4_rows.comp: 8 rows per invocation, 16 invocations per group (a CPU: lavapipe)
+#   group  linear_q4_group.comp: 8 rows per 64-invocation group, a shared-memory reduction (a GPU)
+#   lanes  linear_q4.comp: one invocation per row, 64 per group
+DECODE_Q4 = {"rows": ("linear_q4_rows", 8 * 16), "group": ("linear_q4_group", 8), "lanes": ("linear_q4", 64)}
 
 
 @dataclass(eq=False)
@@ -72,11 +77,13 @@ class LinearExecution(DispatchExecution):
     def on_resize(self, inputs, outputs) -> None:
         p = self.packed
         rows = inputs[0].size // p.ic
-        shader, tile = p.shader, 1
+        shader, tile, per_group = p.shader, 1, 64
         if shader == "linear_q4" and rows > 1:
             shader, tile = "linear_q4_tile", Q4_TILE
+        elif shader == "linear_q4":
+            shader, per_group = DECODE_Q4[self.backend.runtime.linear_variant]
         push = pack_push("6i", p.ic, p.oc, rows, p.block, int(p.has_bias), self.act)
-        groups = (-(-p.oc // 64), -(-rows // tile), 1) if rows else (0, 0, 0)
+        groups = (-(-p.oc // per_group), -(-rows // tile), 1) if rows else (0, 0, 0)
         self.dispatch = Dispatch(self.backend.device, shader,
                                  [inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage], push, groups)
 
