@@ -10,7 +10,7 @@ from mnnllm_core.bench.tests import BenchTest, plan
 from paths import CONFIG
 
 ROW_KEYS = {"model", "backend", "threads", "test", "samples_ts", "avg_ts", "stddev_ts", "load_s", "peak_rss_mb",
-            "device", "placement", "versions", "precision", "n_prompt", "n_gen", "model_size"}
+            "device", "placement", "versions", "precision", "n_prompt", "n_gen", "model_size", "cold_ts"}
 
 
 def test_bench_json_rows_carry_every_field():
@@ -25,6 +25,7 @@ def test_bench_json_rows_carry_every_field():
         assert row["backend"] == "cpu" and row["threads"] == 2
         assert len(row["samples_ts"]) == 2 and all(s > 0 for s in row["samples_ts"])
         assert abs(row["avg_ts"] - sum(row["samples_ts"]) / 2) < 1e-6
+        assert row["cold_ts"] > 0  # the warm-up run, timed apart from the samples
         assert row["placement"]["ops_per_backend"]["cpu"] > 0
         assert row["peak_rss_mb"] > 0 and row["load_s"] > 0 and row["device"]
         assert {"mnnllm", "numpy", "python"} <= set(row["versions"])
@@ -52,6 +53,17 @@ def test_markdown_table_has_llama_bench_columns_and_the_roofline():
                                     "vs MNN | load(s) | peak(MiB) |")
     assert "| pp512 | 105.00 ± 7.07 | 0.50x |" in text
     assert "500.0 MiB of weights per token x 31.0 tok/s" in text
+
+
+def test_the_first_run_is_a_column_of_its_own_for_the_rows_that_measured_it():
+    ours, mnn = _fake_results()
+    for row in ours["rows"]:
+        row["cold_ts"] = row["avg_ts"] / 10
+    text = render([ours, mnn], "md")
+    assert text.splitlines()[0].endswith("| speed(tok/s) | cold(tok/s) |")
+    assert "| pp512 | 105.00 ± 7.07 | 10.50 |" in text
+    mnn_row = next(line for line in text.splitlines() if "mnn-cpu(low)" in line and "pp512" in line)
+    assert mnn_row.endswith(" |  |"), "MNN's rows have no first run of ours"
 
 
 def test_jsonl_and_csv_have_one_row_per_test():

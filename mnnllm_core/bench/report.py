@@ -22,6 +22,7 @@ def flatten(results: list[dict]) -> list[dict]:
                 "peak_rss_mb": result["peak_rss_mb"], "device": result["device"],
                 "placement": result.get("placement"), "versions": result["versions"],
                 **({"vs_mnn": row["vs_mnn"]} if "vs_mnn" in row else {}),
+                **({"cold_ts": row["cold_ts"]} if "cold_ts" in row else {}),
             })
     return rows
 
@@ -47,16 +48,20 @@ def markdown(results: list[dict], extra: bool) -> str:
     columns = list(COLUMNS)
     if any("vs_mnn" in r for r in rows):
         columns.append("vs MNN")
+    if any("cold_ts" in r for r in rows):
+        columns.append("cold(tok/s)")  # the untimed first run: resizes, kernel compiles, tuning
     if extra:
         columns += ["load(s)", "peak(MiB)"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "|".join("---:" if c.startswith(("speed", "vs", "load", "peak",
-                                                                                           "threads")) else "---"
+                                                                                           "threads", "cold")) else "---"
                                                                  for c in columns) + "|"]
     for r in rows:
         cells = [os.path.basename(os.path.dirname(r["model"])) or r["model"], _size(r["model_size"]), r["backend"],
                  str(r["threads"]), r["precision"], r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"]
         if "vs MNN" in columns:
             cells.append(f"{r['vs_mnn']:.2f}x" if "vs_mnn" in r else "")
+        if "cold(tok/s)" in columns:
+            cells.append(f"{r['cold_ts']:.2f}" if "cold_ts" in r else "")
         if extra:
             cells += [f"{r['load_s']:.2f}", f"{r['peak_rss_mb']:.0f}"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -79,14 +79,14 @@ def run(job: dict) -> dict:
     rows = []
     for prompt, gen in job["tests"]:
         test = BenchTest(prompt, gen)
-        _run_once(llm, test, ids)  # warm-up: resizes, kernel compiles, page faults
+        cold_s = _run_once(llm, test, ids)  # warm-up: resizes, kernel compiles and tuning, page faults
         samples = []
         for rep in range(job["reps"]):
             print(f"\r  {job['backend']} t{job['threads']} {test.name} {rep + 1}/{job['reps']}",
                   end="", file=sys.stderr, flush=True)
             samples.append(test.tokens / _run_once(llm, test, ids))
         rows.append({"test": test.name, "n_prompt": prompt, "n_gen": gen, "samples_ts": samples,
-                     "avg_ts": statistics.fmean(samples),
+                     "avg_ts": statistics.fmean(samples), "cold_ts": test.tokens / cold_s,
                      "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
     print("\r", end="", file=sys.stderr)
     result = {
