@@ -20,8 +20,6 @@ BLOCK = 32
 CASES = [(arch, bits) for arch in ARCHS for bits in (16, 4)]
 IDS = [f"{arch.name}-{bits}bit" for arch, bits in CASES]
 ENGINE_GAPS = {
-    "windowed": "engine: Llm feeds a scalar attention_mask; MNN's 2-plane mix mask (full / sliding window), "
-                "picked per layer by GatherV2, is not built yet (issue #14, engine part)",
     "moe": "engine: no TopKV2 / Reduction / MoE op (expert subgraphs) on the cpu backend yet (issue #14, engine part)",
 }
 
@@ -66,7 +64,7 @@ def test_mnn_runtime_on_our_export_gives_the_transformers_tokens(exports, arch, 
 
 
 def _engine_case(arch: Arch, bits: int):
-    gap = ENGINE_GAPS["moe"] if arch.moe else ENGINE_GAPS["windowed"] if arch.windowed else None
+    gap = ENGINE_GAPS["moe"] if arch.moe else None
     marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
     return pytest.param(arch, bits, marks=marks, id=f"{arch.name}-{bits}bit")
 

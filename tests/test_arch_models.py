@@ -1,0 +1,66 @@
+"""MNN's own exports of other architectures (../shared/models/arch: Qwen3-MoE, LFM2, Hunyuan,
+Gemma 2/3), run by our engine: greedy, 24 tokens, the three reference prompts, each equal to the
+list its README names (transformers' where MNN's runtime agrees with it, else MNN's runtime's).
+On opencl/vulkan an op the backend does not run falls back to cpu, with the reason in the
+placement summary; the tokens must not change."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mnnllm_core.llm.llm import create
+from mnnllm_core.plugins.manager import registry
+from paths import SHARED
+
+ARCH = SHARED / "models" / "arch"
+REFERENCE = json.loads((ARCH / "reference.json").read_text()) if (ARCH / "reference.json").exists() else {}
+NEW_TOKENS = 24
+CPU_GAPS = {
+    "lfm2": "engine: no Fill / LinearAttention (short_conv) kernels yet (issue #14)",
+    "qwen3_moe": "engine: no TopKV2 / Softmax / Reduction / MoE on the cpu backend yet (issue #14)",
+}
+DEVICE_CASES = [("opencl", "tiny-gemma3_text-mnn-fp16"), ("opencl", "tiny-gemma2-mnn-fp16"),
+                ("opencl", "tiny-hunyuan-mnn-q4"), ("vulkan", "tiny-gemma3_text-mnn-q4")]
+
+
+def generate(folder: str, backend: str) -> tuple[list[list[int]], dict]:
+    """Our greedy tokens for the folder's prompts, and the placement summary."""
+    llm = create(str(ARCH / folder / "config.json"))
+    llm.set_config({"backend_type": backend, "memory": "normal", "sampler_type": "greedy", "thread_num": 2})
+    llm.load()
+    out = []
+    for prompt in REFERENCE[folder]["prompts"]:
+        llm.reset()
+        out.append(list(llm.generate(prompt["prompt_ids"], NEW_TOKENS)))
+    return out, llm.placement()
+
+
+def expected(folder: str) -> list[list[int]]:
+    entry = REFERENCE[folder]
+    return [p[entry["reference"]] for p in entry["prompts"]]
+
+
+def _cpu_case(folder: str):
+    gap = CPU_GAPS.get(REFERENCE[folder]["arch"])
+    return pytest.param(folder, marks=[pytest.mark.xfail(strict=True, reason=gap)] if gap else [], id=folder)
+
+
+pytestmark = pytest.mark.skipif(not REFERENCE, reason=f"shared arch models missing at {ARCH}")
+
+
+@pytest.mark.parametrize("folder", [_cpu_case(f) for f in sorted(REFERENCE)])
+def test_cpu_reproduces_the_reference_tokens_of_mnns_export(folder) -> None:
+    got, _ = generate(folder, "cpu")
+    assert got == expected(folder)
+
+
+@pytest.mark.parametrize("backend,folder", DEVICE_CASES, ids=[f"{b}-{f}" for b, f in DEVICE_CASES])
+def test_a_device_backend_reproduces_the_reference_tokens_and_names_each_fallback(backend, folder) -> None:
+    available, reason = registry().get(backend).is_available()
+    if not available:
+        pytest.skip(f"{backend} unavailable: {reason}")
+    got, placement = generate(folder, backend)
+    assert got == expected(folder)
+    assert placement["ops_per_backend"].get(backend, 0) > 0
+    assert all(f["reason"] for f in placement["fallbacks"])
