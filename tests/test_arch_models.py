@@ -18,10 +18,9 @@ REFERENCE = json.loads((ARCH / "reference.json").read_text()) if (ARCH / "refere
 NEW_TOKENS = 24
 CPU_GAPS = {
     "lfm2": "engine: no Fill / LinearAttention (short_conv) kernels yet (issue #14)",
-    "qwen3_moe": "engine: no TopKV2 / Softmax / Reduction / MoE on the cpu backend yet (issue #14)",
 }
 DEVICE_CASES = [("opencl", "tiny-gemma3_text-mnn-fp16"), ("opencl", "tiny-gemma2-mnn-fp16"),
-                ("opencl", "tiny-hunyuan-mnn-q4"), ("vulkan", "tiny-gemma3_text-mnn-q4")]
+                ("opencl", "tiny-hunyuan-mnn-q4"), ("opencl", "tiny-qwen3_moe-mnn-q4"), ("vulkan", "tiny-gemma3_text-mnn-q4")]
 
 
 def generate(folder: str, backend: str) -> tuple[list[list[int]], dict]:

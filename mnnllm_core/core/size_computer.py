@@ -177,6 +177,17 @@ def _reduction(op, ins) -> Result:
     return [(tuple(out), ins[0].dtype)]
 
 
+def _topk(op, ins) -> Result:
+    """Values and int32 indices: the input's shape with the axis cut to k (MNN's TopKV2SizeComputer)."""
+    shape = list(ins[0].shape)
+    k = int(ins[1].host.reshape(-1)[0])
+    axis = normalize_axis(int(ins[2].host.reshape(-1)[0]), len(shape)) if len(ins) > 2 else len(shape) - 1
+    if not 0 < k <= shape[axis]:
+        raise UnsupportedError(f"TopKV2 {op.name!r}: k={k} on an axis of {shape[axis]}", field="k")
+    shape[axis] = k
+    return [(tuple(shape), ins[0].dtype), (tuple(shape), INT32)]
+
+
 def _select(op, ins) -> Result:
     return [(broadcast(ins[0].shape, ins[1].shape, ins[2].shape), ins[1].dtype)]
 
@@ -201,7 +212,7 @@ SIZE_COMPUTERS: dict[str, Callable[[Op, Sequence[Tensor]], Result]] = {
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "ExpandDims": _expand_dims, "Reshape": _reshape,
     "Flatten": _flatten, "ConvertTensor": _same, "Permute": _permute, "Transpose": _permute,
     "MatMul": _matmul, "BatchMatMul": _matmul, "Reduction": _reduction, "Select": _select,
-    "Fill": _fill, "Range": _range,
+    "Fill": _fill, "Range": _range, "TopKV2": _topk, "MoE": _same,
 }
 
 
