@@ -308,6 +308,19 @@ class MoEParams:
 
 
 @dataclass(frozen=True)
+class LinearAttentionParams:
+    """MNN's LinearAttention: `attn_type` "short_conv" (LFM2: y = C * causal_conv(B * x), the
+    input's channels B, C, x) or "gated_delta_rule"; heads and dims as the export gives them."""
+
+    attn_type: str
+    num_k_heads: int = 0
+    num_v_heads: int = 0
+    head_k_dim: int = 0
+    head_v_dim: int = 0
+    use_qk_l2norm: bool = False
+
+
+@dataclass(frozen=True)
 class ReluParams:
     slope: float = 0.0  # leaky slope; 0 is a plain ReLU
 
@@ -370,6 +383,15 @@ def _moe(op: Op) -> MoEParams:
     return MoEParams(attrs["num_experts"], attrs["top_k"], attrs.get("layer_id", 0))
 
 
+def _linear_attention(op: Op) -> LinearAttentionParams:
+    t = op.table
+    kind = _field(t, "attnType")
+    return LinearAttentionParams(kind.decode() if isinstance(kind, bytes) else (kind or ""),
+                                 int(_field(t, "numKHeads", 0)), int(_field(t, "numVHeads", 0)),
+                                 int(_field(t, "headKDim", 0)), int(_field(t, "headVDim", 0)),
+                                 bool(_field(t, "useQkL2norm", False)))
+
+
 def _relu(op: Op) -> ReluParams:
     return ReluParams(float(_field(op.table, "slope", 0.0)))
 
@@ -378,12 +400,12 @@ DECODERS: dict[str, Callable[[Op], Any]] = {
     "Convolution": _convolution, "LayerNorm": _layernorm, "RoPE": _rope, "Attention": _attention,
     "BinaryOp": _binary, "UnaryOp": _unary, "Eltwise": _eltwise, "Reduction": _reduction, "Cast": _cast,
     "GatherV2": _gather, "Gather": _gather, "MatMul": _matmul, "BatchMatMul": _matmul, "Softmax": _softmax,
-    "ReLU": _relu, "TopKV2": _topk, "MoE": _moe,
+    "ReLU": _relu, "TopKV2": _topk, "MoE": _moe, "LinearAttention": _linear_attention,
 }
 
 OpParams = (ConvolutionParams | LayerNormParams | RoPEParams | AttentionParams | BinaryParams | UnaryParams
             | EltwiseParams | ReductionParams | CastParams | GatherParams | MatMulParams | SoftmaxParams
-            | ReluParams | TopKParams | MoEParams | RasterParam)
+            | ReluParams | TopKParams | MoEParams | LinearAttentionParams | RasterParam)
 
 
 def decode(op: Op) -> Any:

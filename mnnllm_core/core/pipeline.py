@@ -27,7 +27,8 @@ from .tensor import Tensor
 
 log = logging.getLogger(__name__)
 
-STATEFUL = {"Attention"}  # own state (the KV cache): made once at load, shared by clones, never folded
+# ops with state of their own (the KV cache, a convolution state): made once at load, shared by clones, never folded
+STATEFUL = {"Attention", "LinearAttention"}
 MULTI_SOURCE_RASTER = {"Concat"}
 
 

@@ -72,6 +72,19 @@ def _attention(op, ins) -> Result:
     return [((q[0], q[1], q[2] * q[3]), ins[0].dtype)]
 
 
+def _linear_attention(op, ins) -> Result:
+    """short_conv: [tokens, 3 * channels, ...] (B, C, x) -> [tokens, channels, 1, 1] (C4, as the
+    Linear after it takes it)."""
+    if op.param.attn_type != "short_conv":
+        raise UnsupportedError(f"LinearAttention {op.name!r}: attn_type {op.param.attn_type!r} (only short_conv)",
+                               field="attn_type")
+    shape = ins[0].shape
+    if len(shape) < 2 or shape[1] % 3:
+        raise UnsupportedError(f"LinearAttention {op.name!r}: short_conv needs 3 * channels, got {shape}",
+                               field="inputs")
+    return [((shape[0], shape[1] // 3, 1, 1), ins[0].dtype)]
+
+
 def _cast(op, ins) -> Result:
     return [(ins[0].shape, op.param.dtype)]
 
@@ -213,6 +226,7 @@ SIZE_COMPUTERS: dict[str, Callable[[Op, Sequence[Tensor]], Result]] = {
     "Flatten": _flatten, "ConvertTensor": _same, "Permute": _permute, "Transpose": _permute,
     "MatMul": _matmul, "BatchMatMul": _matmul, "Reduction": _reduction, "Select": _select,
     "Fill": _fill, "Range": _range, "TopKV2": _topk, "MoE": _same,
+    "LinearAttention": _linear_attention,
 }
 
 

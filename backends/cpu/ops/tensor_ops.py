@@ -1,4 +1,4 @@
-"""Ops that move data by run-time values (Gather with run-time indices), MatMul, Reduction, TopKV2."""
+"""Ops that move data by run-time values (Gather with run-time indices), MatMul, Reduction, TopKV2, Fill."""
 from __future__ import annotations
 
 import numpy as np
@@ -88,6 +88,13 @@ class TopKExecution(Execution):
         outputs[1].storage[...] = index
 
 
+class FillExecution(Execution):
+    """Fill (ONNX ConstantOfShape): the output, of the shape input 0 gave at resize, all input 1."""
+
+    def on_execute(self, inputs, outputs) -> None:
+        outputs[0].storage[...] = inputs[1].storage.reshape(-1)[0]
+
+
 def _gather(backend, inputs, outputs, op):
     return GatherExecution(backend, len(inputs) > 2, op.param.axis)
 
@@ -111,5 +118,9 @@ def _topk(backend, inputs, outputs, op):
     return TopKExecution(backend, op.param.largest)
 
 
+def _fill(backend, inputs, outputs, op):
+    return FillExecution(backend)
+
+
 CREATORS = {"GatherV2": _gather, "Gather": _gather, "MatMul": _matmul, "BatchMatMul": _matmul,
-            "Reduction": _reduction, "TopKV2": _topk}
+            "Reduction": _reduction, "TopKV2": _topk, "Fill": _fill}

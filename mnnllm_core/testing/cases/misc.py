@@ -1,6 +1,7 @@
 """MatMul (transposes, broadcast batches), Reduction (every float reduction over several
 dims, with and without keepDims, dims as an input as ONNX's ReduceX gives them; ANY/ALL on
-int32) and TopKV2 (largest and smallest, k and axis as inputs, ties in index order)."""
+int32), TopKV2 (largest and smallest, k and axis as inputs, ties in index order) and Fill
+(ONNX ConstantOfShape: the shape an input known at resize)."""
 from __future__ import annotations
 
 import numpy as np
@@ -64,6 +65,13 @@ def _topk(shape: tuple, k: int, axis: int | None, largest: bool, ties: bool = Fa
     return build
 
 
+def _fill(shape: tuple, value, dtype):
+    def build(rng) -> Trial:
+        fill = np.asarray([value], dtype)
+        return single(Op("Fill", "fill"), [ints(*shape), fill], [np.full(shape, value, dtype)])
+    return build
+
+
 def _logical(operation: str, reference):
     def build(rng) -> Trial:
         x = np.array([[0, 1, 0], [1, 1, 1], [0, 0, 0]], np.int32)
@@ -88,6 +96,10 @@ def cases() -> list[Case]:
               for shape, k, axis, largest, ties in (((7, 4), 2, None, True, False), ((5, 37), 1, None, True, False),
                                                     ((3, 9, 5), 3, 1, True, False), ((6, 11), 4, -1, False, False),
                                                     ((4, 13), 5, None, True, True), ((4, 13), 13, None, False, True))]
+    found += [Case("Fill", f"{shape} with {value} {np.dtype(dtype).name}", _fill(shape, value, dtype), tol=0,
+                   dtype=np.dtype(dtype).name)
+              for shape, value, dtype in (((1, 7, 1), 0.0, np.float32), ((2, 3, 5), 1.5, np.float32),
+                                          ((4,), 3, np.int32))]
     found += [Case("Reduction", f"{operation} int32", _logical(operation, reference), tol=0, operation=operation,
                    dtype="int32") for operation, reference in (("ANY", np.any), ("ALL", np.all))]
     return found
