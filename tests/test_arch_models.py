@@ -22,14 +22,16 @@ DEVICE_CASES = [("opencl", "tiny-gemma3_text-mnn-fp16"), ("opencl", "tiny-gemma2
                 ("vulkan", "tiny-gemma3_text-mnn-q4")]
 
 
-def generate(folder: str, backend: str) -> tuple[list[list[int]], dict]:
-    """Our greedy tokens for the folder's prompts, and the placement summary."""
+def generate(folder: str, backend: str, reset: bool = True) -> tuple[list[list[int]], dict]:
+    """Our greedy tokens for the folder's prompts, and the placement summary. Without `reset`
+    each prompt reuses the cache of the shared system-prompt prefix (the rest is cut back)."""
     llm = create(str(ARCH / folder / "config.json"))
     llm.set_config({"backend_type": backend, "memory": "normal", "sampler_type": "greedy", "thread_num": 2})
     llm.load()
     out = []
     for prompt in REFERENCE[folder]["prompts"]:
-        llm.reset()
+        if reset:
+            llm.reset()
         out.append(list(llm.generate(prompt["prompt_ids"], NEW_TOKENS)))
     return out, llm.placement()
 
@@ -45,6 +47,14 @@ pytestmark = pytest.mark.skipif(not REFERENCE, reason=f"shared arch models missi
 @pytest.mark.parametrize("folder", sorted(REFERENCE))
 def test_cpu_reproduces_the_reference_tokens_of_mnns_export(folder) -> None:
     got, _ = generate(folder, "cpu")
+    assert got == expected(folder)
+
+
+@pytest.mark.parametrize("folder", ["tiny-lfm2-mnn-fp16", "tiny-gemma3_text-mnn-fp16", "tiny-qwen3_moe-mnn-q4"])
+def test_a_prompt_reusing_the_cached_prefix_gives_the_tokens_of_a_fresh_start(folder) -> None:
+    """The prompts share the system prompt: the second and third keep its KV cache (and LFM2's
+    convolution history, gemma3's windowed mask over it) and cut back the previous answer."""
+    got, _ = generate(folder, "cpu", reset=False)
     assert got == expected(folder)
 
 
