@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from mnnllm_core.errors import ConfigError
 from mnnllm_core.llm.llm import create
 from mnnllm_core.plugins.manager import registry
 from paths import SHARED
@@ -69,3 +70,13 @@ def test_a_device_backend_reproduces_the_reference_tokens_and_names_each_fallbac
     assert all(f["reason"] for f in placement["fallbacks"])
     if REFERENCE[folder]["arch"] in FALLS_BACK:
         assert FALLS_BACK[REFERENCE[folder]["arch"]] in {f["type"] for f in placement["fallbacks"]}
+
+
+@pytest.mark.parametrize("folder,attention_type", [("tiny-gemma3_text-mnn-q4", "full"),
+                                                   ("tiny-gemma2-mnn-fp16", "mix")])
+def test_an_attention_type_the_graph_cannot_take_is_a_config_error_at_load(folder, attention_type) -> None:
+    llm = create(str(ARCH / folder / "config.json"))
+    llm.set_config({"attention_type": attention_type, "sliding_window": 16})
+    with pytest.raises(ConfigError, match="attention_mask") as err:
+        llm.load()
+    assert err.value.field == "attention_type"

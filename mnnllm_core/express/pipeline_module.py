@@ -7,7 +7,7 @@ the lm_head sees) are found here, so a static module knows to re-resize when the
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -54,6 +54,7 @@ class NetInfo:
     metadata: dict
     inputs: list[str]
     outputs: list[str]
+    input_dims: dict[str, list[int]] = field(default_factory=dict)  # as each Input op declares them (-1: any)
 
 
 def _text(value) -> str:
@@ -120,7 +121,9 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
         if op_type == "Const":
             constants[out_idx[0]] = blob_to_array(raw.main, name, weight_file if has_external else None, path)
         if op_type == "Input":
-            input_ops[names[out_idx[0]]] = (out_idx[0], runtime_dtype(getattr(raw.main, "dtype", 1)))
+            dims = getattr(raw.main, "dims", None)
+            input_ops[names[out_idx[0]]] = (out_idx[0], runtime_dtype(getattr(raw.main, "dtype", 1)),
+                                            [int(d) for d in dims] if dims is not None else [])
         nodes.append(OpNode(op, in_idx, out_idx))
     _annotate_attention_heads(nodes)
     input_names = list(inputs) or list(input_ops)
@@ -138,7 +141,7 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
     info.shape_inputs = _shape_inputs(info)
     extra = net.extraInfo
     net_info = NetInfo(_text(net.mnnUuid), _text(getattr(extra, "version", None)), _text(net.bizCode),
-                       _metadata(extra), input_names, output_names)
+                       _metadata(extra), input_names, output_names, {n: input_ops[n][2] for n in input_names})
     return info, net_info
 
 

@@ -27,6 +27,17 @@ def check_attention_type(attention_type: str, sliding_window: int, file: str | N
                           file=file, field="sliding_window")
 
 
+def check_mask_input(attention_type: str, dims: list[int], model: str, config: str | None) -> None:
+    """The graph's float attention_mask must take what `attention_type` feeds: two planes
+    [2, 1, 1, seq, kv] for "mix", one [1, 1, seq, kv] otherwise (a declared rank of 0: unknown)."""
+    if not dims:
+        return
+    planes = 2 if attention_type == "mix" else 1
+    if len(dims) != (5 if planes == 2 else 4) or dims[0] != planes:
+        raise ConfigError(f"attention_type {attention_type!r} feeds a mask of {planes} plane(s), but {model} "
+                          f"declares attention_mask {dims}", file=config, field="attention_type")
+
+
 def causal_plane(past: int, seq: int) -> np.ndarray:
     """[seq, past + seq]: 0 where query i (at position past + i) may see key j, else BLOCKED."""
     keys = np.arange(past + seq)[None, :]

@@ -18,7 +18,7 @@ from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedEr
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
-from .attention_mask import check_attention_type, float_attention_mask
+from .attention_mask import check_attention_type, check_mask_input, float_attention_mask
 from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
@@ -68,6 +68,9 @@ class Llm:
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
         self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager, Config(rearrange=True))
+        if cfg.attention_mask == "float":
+            check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
+                             cfg.origin("attention_type"))
         self.pool = ModulePool(self.module)
         self._decode_mask = self._attention_mask(1)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
