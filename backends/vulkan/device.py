@@ -325,6 +325,14 @@ class Recorder:
         self.open, self.count = False, 0
         self.keep.clear()
 
+    def __del__(self) -> None:
+        try:  # a replay's recorder goes with its pipeline's encoding (every resize makes a new one)
+            self.wait()
+            vk.vkFreeCommandBuffers(self.device.device, self.device.command_pool, 1, [self.cmd])
+            vk.vkDestroyFence(self.device.device, self.fence, None)
+        except Exception:  # interpreter shutdown: the driver goes with the process
+            pass
+
 
 _DEVICES: dict[str | None, VulkanDevice] = {}
 
