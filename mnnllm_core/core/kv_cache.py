@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..errors import ContextLengthError
 from .kv_meta import KVMeta
 
 
@@ -71,7 +72,21 @@ class DeviceKVCache(KVCache):
 
     def capacity_for(self, need: int) -> int:
         capacity = super().capacity_for(need)
-        return capacity if self._fits is None or self._fits(capacity * self.row_bytes) else need
+        if self._fits is None or self._fits(capacity * self.row_bytes):
+            return capacity
+        if not self._fits(need * self.row_bytes):
+            raise ContextLengthError(f"{need} tokens do not fit the KV cache: its buffers hold at most "
+                                     f"{self.max_tokens(need)} tokens of {self.row_bytes} bytes on this device",
+                                     field="max_all_tokens")
+        return need
+
+    def max_tokens(self, below: int) -> int:
+        """The most tokens (fewer than `below`) one buffer holds: `fits` is monotone, so bisect."""
+        low, high = 0, below
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self._fits(middle * self.row_bytes) else (low, middle)
+        return low
 
     def grow(self, capacity: int) -> None:
         rows = self.row_bytes

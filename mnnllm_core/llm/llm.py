@@ -22,6 +22,7 @@ from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation
+from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
 from .prompt import Prompt
 from .runtime import init_runtime
@@ -153,8 +154,12 @@ class Llm:
         meta.add = seq
         try:
             outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
-        except BaseException:
+        except BaseException as err:
             self.pool.discard(seq, bool(all_logits))  # an interrupted run may leave its clone half resized
+            if isinstance(err, ContextLengthError):  # the KV cache's capacity: name max_all_tokens beside it
+                raise ContextLengthError(f"{err.reason}; max_all_tokens is {self.config.max_all_tokens}: lower it "
+                                         "to what the KV cache holds", file=self.config.origin("max_all_tokens"),
+                                         field="max_all_tokens") from err
             raise
         meta.sync()
         self.context.history_tokens.extend(ids)
@@ -172,7 +177,10 @@ class Llm:
 
     def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
         """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
-        the common prefix with the history, less the last prompt token (it must run for logits)."""
+        the common prefix with the history, less the last prompt token (it must run for logits);
+        none when `reuse_kv`/`prompt_cache` turn reuse off (kv_reuse.py)."""
+        if not reuse_enabled(self.config):
+            return 0
         common = 0
         for a, b in zip(self.context.history_tokens, prompt_ids):
             if a != b:
