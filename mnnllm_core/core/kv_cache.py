@@ -5,12 +5,15 @@ of them go (a rejected guess, a new prompt that shares only a prefix), `add` com
 Attention first calls `begin_step(meta)`, which drops the removed tokens and returns how many
 remain (the step's past), then `append(k, v, seq)`. Storage grows by doubling (at least
 `min_capacity` tokens), so a step never copies the whole cache. A backend subclasses this and
-says how to grow its storage and where to write the new rows; the clones of an Execution
-(prefill and decode) share one cache.
+says how to grow its storage and where to write the new rows (and, to take part in the prefix
+cache on disk, how to `snapshot` and `restore` it); the clones of an Execution (prefill and
+decode) share one cache.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import numpy as np
 
 from ..errors import ContextLengthError
 from .kv_meta import KVMeta
@@ -51,6 +54,15 @@ class KVCache:
 
     def write(self, k: Any, v: Any, seq: int) -> None:
         """Store `seq` tokens of k and v at token `self.length`."""
+        raise NotImplementedError
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The cached keys and values as host float32 arrays [length, kv_heads, dim] (for the prefix
+        cache on disk), or None where this cache cannot be read back: it is then never saved."""
+        return None
+
+    def restore(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Hold exactly these keys and values ([length, kv_heads, dim], from `snapshot`)."""
         raise NotImplementedError
 
 

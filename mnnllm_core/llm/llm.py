@@ -24,6 +24,7 @@ from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
+from .prefix_cache import PrefixCache
 from .prompt import Prompt
 from .runtime import init_runtime
 from .sampler import Sampler, SamplerConfig
@@ -47,6 +48,7 @@ class Llm:
         self.prompt: Prompt | None = None
         self.embedding: DiskEmbedding | None = None
         self.sampler: Sampler | None = None
+        self.prefix_cache: PrefixCache | None = None
         self.generation = ARGeneration(self)
         self._decode_mask: np.ndarray | None = None
         self._decode_position = np.zeros((1, 1), np.int32)
@@ -67,6 +69,7 @@ class Llm:
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
         self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager, Config(rearrange=True))
         self.pool = ModulePool(self.module)
+        self.prefix_cache = PrefixCache.for_llm(self)
         self._decode_mask = self._attention_mask(1)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
         log.info("loaded %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
@@ -164,6 +167,8 @@ class Llm:
         meta.sync()
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(self.context.history_tokens)
+        if self.prefix_cache is not None:
+            self.prefix_cache.saved_after(self.context.history_tokens)
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
 
@@ -198,6 +203,8 @@ class Llm:
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
         common = self.cached_prefix(prompt_ids)
+        if self.prefix_cache is not None:  # a longer prefix saved on disk by an earlier process
+            common = self.prefix_cache.restore(prompt_ids, common)
         del history[common:]  # forward cuts the KV cache back to the history
         ctx = self.context
         ctx.prompt_len, ctx.gen_seq_len = len(prompt_ids), 0

@@ -55,6 +55,18 @@ class HostKVCache(KVCache):
         self._heads, self._dim = k.shape[1], k.shape[2]
         self.append(k, v, k.shape[0])
 
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.length
+        if self.v is None:
+            empty = np.zeros((0, self._heads, self._dim), np.float32)
+            return empty, empty.copy()
+        keys = self.k[:, :, :n].transpose(2, 0, 1) if self.keys_transposed else self.k[:, :n].transpose(1, 0, 2)
+        return np.ascontiguousarray(keys), np.ascontiguousarray(self.v[:, :n].transpose(1, 0, 2))
+
+    def restore(self, k: np.ndarray, v: np.ndarray) -> None:
+        self.length = 0
+        self.add(k, v)
+
 
 def softmax_last(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
