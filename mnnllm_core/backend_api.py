@@ -20,7 +20,8 @@ into the dataclasses below (ConvolutionParams for "Convolution", RasterParam for
 ...); `op.weights` (ConvolutionWeights, norm gamma/beta) is there until the creator packs it.
 
 Shared machinery: `KVCache` (one Attention layer's cache bookkeeping; `DeviceKVCache` for a
-device cache of token-major rows), `broadcast_strides` and
+device cache of token-major rows), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
+the weights a backend packs at load, written once and memory-mapped by later loads), `broadcast_strides` and
 `walks_contiguously` (views device kernels walk), `norm_tables` / `layernorm_launch` /
 `head_norm_tables` (norm tables as device kernels take them), the weights' `scale_zero()`,
 `offset_codes()` and `dequantize()` (packing).
@@ -43,6 +44,7 @@ from .core.op_params import (NO_ACTIVATION, RELU, RELU6, AttentionMask, Attentio
                              NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams, SoftmaxParams, UnaryParams,
                              attention_mask)
 from .core.tensor import Tensor
+from .core.weight_cache import WeightCache
 from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, QuantizedWeight, WeightReader,
                            linear_weights)
 from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
@@ -61,8 +63,8 @@ __all__ = [
     "NO_ACTIVATION", "RELU", "RELU6",
     # weights
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
-    # the KV cache
-    "KVMeta", "KVCache", "DeviceKVCache",
+    # the KV cache; packed weights kept on disk (use_mmap)
+    "KVMeta", "KVCache", "DeviceKVCache", "WeightCache",
     # shared machinery
     "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
     "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",
