@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import mnnllm_core
-from mnnllm_core.backend_api import KVCache
+from mnnllm_core.llm.prefix_cache import model_caches
 from mnnllm_core.plugins.manager import registry
 from paths import CONFIG
 
@@ -34,16 +34,9 @@ def load(backend: str, **keys):
     return llm.load()
 
 
-def kv_caches(llm) -> list[KVCache]:
-    """Every Attention's cache (the clones of the pool share the base module's)."""
-    executions = llm.module.static_module.session.pipeline.executions.values()
-    caches = [getattr(execution, "cache", None) for _, execution in executions]
-    return [c for c in caches if isinstance(c, KVCache)]
-
-
 def cache_length(llm) -> int:
     """The number of tokens every layer's cache holds (the same in all of them)."""
-    lengths = {c.length for c in kv_caches(llm)}
+    lengths = {c.length for c in model_caches(llm)}
     assert len(lengths) == 1, lengths
     return lengths.pop()
 
@@ -85,7 +78,7 @@ def chat(llm, new_tokens: int, templated: bool) -> tuple[list[list[int]], list[i
 def test_a_four_turn_chat_reuses_the_cache_and_gives_the_tokens_of_a_fresh_prefill(backend):
     new_tokens, templated = CHATS[backend]
     llm = load(backend)
-    assert kv_caches(llm), "no Attention with a KV cache found"
+    assert model_caches(llm), "no Attention with a KV cache found"
     prefills = record_prefills(llm)
     reused, lengths = chat(llm, new_tokens, templated)
     assert prefills[0] == lengths[0]

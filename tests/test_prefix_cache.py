@@ -14,7 +14,7 @@ import pytest
 
 import mnnllm_core
 from mnnllm_core.llm.prefix_cache import MIN_NEW_TOKENS
-from paths import CONFIG, MODEL_DIR
+from paths import CONFIG, linked_model_copy
 
 SYSTEM = ("You are a careful assistant for a small museum of clocks. Answer in one short sentence. "
           "The museum opens at nine, closes at five, and is shut on Mondays. Tickets cost four euros; "
@@ -145,20 +145,9 @@ def test_a_damaged_file_is_refused_with_a_warning_and_the_prompt_prefilled(cache
     assert files(saved.parents[1]) == [saved] and "saved" in caplog.text  # recomputed, then saved afresh
 
 
-def changed_model_copy(folder: Path) -> Path:
-    """The shared model with its own copy of llm.mnn (the rest linked), modified in time only."""
-    folder.mkdir()
-    for name in os.listdir(MODEL_DIR):
-        if name == "llm.mnn":
-            shutil.copyfile(MODEL_DIR / name, folder / name)
-        else:
-            os.symlink(MODEL_DIR / name, folder / name)
-    return folder / "config.json"
-
-
 def test_a_changed_model_never_uses_the_files_of_the_old_one(tmp_path, uncached, caplog):
     cache = tmp_path / "cache"
-    model = changed_model_copy(tmp_path / "model")
+    model = linked_model_copy(tmp_path / "model", "llm.mnn")
     llm = load(model, prefix_cache_path=str(cache))
     ids = prompt_ids(llm, "When does it open?")
     llm.generate(ids, NEW_TOKENS)

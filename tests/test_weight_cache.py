@@ -5,14 +5,13 @@ with a warning and packed again."""
 import json
 import logging
 import os
-import shutil
 
 import numpy as np
 import pytest
 
 import mnnllm_core
 from mnnllm_core.backend_api import WeightCache
-from paths import CONFIG, MODEL_DIR, REFERENCE
+from paths import CONFIG, REFERENCE, linked_model_copy
 
 PROMPT = json.loads(REFERENCE.read_text())["prompts"][0]
 EXPECTED = PROMPT["mnn_cpp_q4_memory_normal"]["gen_ids"][:8]
@@ -111,15 +110,9 @@ def test_a_second_load_maps_every_pack_and_answers_the_same(tmp_path):
 
 
 def test_a_changed_model_never_maps_the_old_packs(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    for name in os.listdir(MODEL_DIR):
-        if name == "llm.mnn":
-            shutil.copyfile(MODEL_DIR / name, model / name)
-        else:
-            os.symlink(MODEL_DIR / name, model / name)
+    config = linked_model_copy(tmp_path / "model", "llm.mnn")
     keys = {"use_mmap": True, "tmp_path": str(tmp_path / "packs")}
-    load(model / "config.json", **keys)
-    os.utime(model / "llm.mnn", ns=(0, 0))
-    changed = load(model / "config.json", **keys).runtime_manager.runtime.weight_cache
+    load(config, **keys)
+    os.utime(config.parent / "llm.mnn", ns=(0, 0))
+    changed = load(config, **keys).runtime_manager.runtime.weight_cache
     assert (changed.hits, changed.misses) == (0, LINEARS)
