@@ -21,7 +21,8 @@ into the dataclasses below (ConvolutionParams for "Convolution", RasterParam for
 
 Shared machinery: `KVCache` (one Attention layer's cache bookkeeping; `DeviceKVCache` for a
 device cache of token-major rows), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
-the weights a backend packs at load, written once and memory-mapped by later loads), `broadcast_strides` and
+the weights a backend packs at load, written once and memory-mapped by later loads),
+`file_backed_zeros` (arrays paged to a file, for `kvcache_mmap`), `broadcast_strides` and
 `walks_contiguously` (views device kernels walk), `norm_tables` / `layernorm_launch` /
 `head_norm_tables` (norm tables as device kernels take them), the weights' `scale_zero()`,
 `offset_codes()` and `dequantize()` (packing).
@@ -34,6 +35,7 @@ from .core.allocator import BufferPool
 from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
                            RuntimeCreator, ScheduleConfig)
 from .core.dtypes import FLOAT32, INT32
+from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
 from .core.kv_meta import KVMeta
 from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
@@ -64,7 +66,7 @@ __all__ = [
     # weights
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
     # the KV cache; packed weights kept on disk (use_mmap)
-    "KVMeta", "KVCache", "DeviceKVCache", "WeightCache",
+    "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
     # shared machinery
     "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
     "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",

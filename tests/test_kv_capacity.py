@@ -1,5 +1,6 @@
 """The context's two limits: `max_all_tokens` (checked before a step runs) and what a backend's KV
 cache can hold (a device buffer's size limit), each a ContextLengthError naming both numbers."""
+import numpy as np
 import pytest
 
 from mnnllm_core.backend_api import DeviceKVCache, KVMeta
@@ -76,3 +77,26 @@ def test_max_all_tokens_errors_name_the_cached_new_and_limit_counts():
         llm.forward([7, 8, 9])
     with pytest.raises(ContextLengthError, match=r"the prompt has 9 tokens; max_all_tokens is 8"):
         llm.generate(list(range(1, 10)), 2)
+
+
+def test_kvcache_mmap_keeps_the_cpu_kv_cache_in_an_unlinked_file_mapping_with_the_same_tokens(tmp_path):
+    import json
+    import mmap
+
+    import mnnllm_core
+    from mnnllm_core.llm.prefix_cache import model_caches
+    from paths import CONFIG, REFERENCE
+    prompt = json.loads(REFERENCE.read_text())["prompts"][0]
+    llm = mnnllm_core.create(CONFIG)
+    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "kvcache_mmap": True, "tmp_path": str(tmp_path)})
+    llm.load()
+    assert llm.generate(prompt["prompt_ids"], 8) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:8]
+    def in_a_mapping(array) -> bool:
+        while isinstance(array, np.ndarray):
+            array = array.base
+        return isinstance(array, memoryview) and isinstance(array.obj, mmap.mmap)
+    caches = model_caches(llm)
+    assert caches and all(in_a_mapping(c.k) and in_a_mapping(c.v) for c in caches)
+    llm.set_config({"kvcache_mmap": False})
+    assert not in_a_mapping(np.zeros(3))
+    assert list(tmp_path.iterdir()) == []  # unlinked at once: nothing left behind
