@@ -14,7 +14,7 @@ import pytest
 
 import mnnllm_core
 from mnnllm_core.llm.prefix_cache import MIN_NEW_TOKENS
-from paths import CONFIG, linked_model_copy
+from paths import CONFIG, MODEL_DIR, linked_model_copy
 
 SYSTEM = ("You are a careful assistant for a small museum of clocks. Answer in one short sentence. "
           "The museum opens at nine, closes at five, and is shut on Mondays. Tickets cost four euros; "
@@ -168,3 +168,12 @@ def test_a_changed_model_never_uses_the_files_of_the_old_one(tmp_path, uncached,
     with caplog.at_level(logging.INFO, "mnnllm_core.llm.prefix_cache"):
         assert changed.generate(ids, NEW_TOKENS) == uncached["When does it open?"]
     assert "stale: made for another model" in caplog.text
+
+
+def test_a_model_with_state_the_cache_cannot_save_goes_without_it(tmp_path, caplog):
+    """LFM2's short convolutions keep a per-token history that cannot be saved: no prefix cache
+    (restoring the attention caches alone would leave that history empty)."""
+    config = MODEL_DIR.parent / "arch" / "tiny-lfm2-mnn-q4" / "config.json"
+    with caplog.at_level(logging.WARNING, "mnnllm_core.llm.prefix_cache"):
+        llm = load(config, prefix_cache_path=str(tmp_path))
+    assert llm.prefix_cache is None and "prefix cache off: the KV cache (ConvHistory)" in caplog.text

@@ -53,9 +53,10 @@ def token_hash(tokens: Sequence[int]) -> str:
 
 
 def model_caches(llm: "Llm") -> list[KVCache]:
-    """Every Attention's KV cache (the module pool's clones share the loaded module's)."""
+    """Every per-token state the executions keep (Attention's KV caches, a short convolution's
+    history, ...: each a KVCache the module pool's clones share with the loaded module)."""
     executions = llm.module.static_module.session.pipeline.executions.values()
-    return [e.cache for _, e in executions if isinstance(getattr(e, "cache", None), KVCache)]
+    return [value for _, e in executions for value in vars(e).values() if isinstance(value, KVCache)]
 
 
 class PrefixCache:
