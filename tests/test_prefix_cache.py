@@ -1,7 +1,8 @@
 """The prefix cache on disk (prefix_cache.py): a second process loads a prompt's KV cache that a
 first one saved and answers with the same greedy tokens; a prompt sharing only a leading part takes
 that part; a stale, truncated or corrupt file is never used (a warning, then a fresh prefill whose
-tokens equal an uncached run), nor is one made for a changed model."""
+tokens equal an uncached run), nor is one made for a changed model. opencl's device cache is
+saved and restored too; vulkan's and an LFM2 short-convolution history cannot be, and go without."""
 import json
 import logging
 import os
@@ -177,3 +178,31 @@ def test_a_model_with_state_the_cache_cannot_save_goes_without_it(tmp_path, capl
     with caplog.at_level(logging.WARNING, "mnnllm_core.llm.prefix_cache"):
         llm = load(config, prefix_cache_path=str(tmp_path))
     assert llm.prefix_cache is None and "prefix cache off: the KV cache (ConvHistory)" in caplog.text
+
+
+def require(backend: str) -> None:
+    from mnnllm_core.plugins.manager import registry
+    available, reason = registry().get(backend).is_available()
+    if not available:
+        pytest.skip(f"{backend} unavailable: {reason}")
+
+
+def test_an_opencl_device_cache_is_saved_and_restored_by_another_engine(tmp_path, caplog):
+    require("opencl")
+    question = "When does it open?"
+    plain = load(backend_type="opencl")
+    expected = plain.generate(prompt_ids(plain, question), NEW_TOKENS)
+    load(backend_type="opencl", prefix_cache_path=str(tmp_path)).generate(prompt_ids(plain, question), NEW_TOKENS)
+    assert len(files(tmp_path)) == 1
+    later = load(backend_type="opencl", prefix_cache_path=str(tmp_path))
+    ids = prompt_ids(later, question)
+    with caplog.at_level(logging.INFO, "mnnllm_core.llm.prefix_cache"):
+        assert later.generate(ids, NEW_TOKENS) == expected
+    assert f"prefix cache: {len(ids) - 1} of {len(ids)} prompt tokens from" in caplog.text
+
+
+def test_vulkan_whose_device_cache_cannot_be_read_back_goes_without_it(tmp_path, caplog):
+    require("vulkan")
+    with caplog.at_level(logging.WARNING, "mnnllm_core.llm.prefix_cache"):
+        llm = load(backend_type="vulkan", prefix_cache_path=str(tmp_path))
+    assert llm.prefix_cache is None and "(DeviceKVCache) of backend vulkan cannot be saved" in caplog.text

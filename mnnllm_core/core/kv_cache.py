@@ -56,13 +56,15 @@ class KVCache:
         """Store `seq` tokens of k and v at token `self.length`."""
         raise NotImplementedError
 
-    def snapshot(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The cached keys and values as host float32 arrays [length, kv_heads, dim] (for the prefix
-        cache on disk), or None where this cache cannot be read back: it is then never saved."""
-        return None
+    saveable = False  # whether `snapshot` and `restore` work (the prefix cache on disk needs both)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cached keys and values as host arrays [length, ...] (float32 [length, kv_heads, dim]
+        on the host; a device's raw rows), for the prefix cache on disk."""
+        raise NotImplementedError
 
     def restore(self, k: np.ndarray, v: np.ndarray) -> None:
-        """Hold exactly these keys and values ([length, kv_heads, dim], from `snapshot`)."""
+        """Hold exactly these keys and values (as `snapshot` gave them)."""
         raise NotImplementedError
 
 
@@ -76,9 +78,12 @@ class DeviceKVCache(KVCache):
     min_capacity = 256
 
     def __init__(self, alloc: Callable[[int], Any], copy: Callable[..., None],
-                 fits: Callable[[int], bool] | None = None) -> None:
+                 fits: Callable[[int], bool] | None = None, read: Callable[[Any, int], np.ndarray] | None = None,
+                 write: Callable[[Any, np.ndarray], None] | None = None) -> None:
         super().__init__()
         self._alloc, self._copy, self._fits = alloc, copy, fits
+        self._read, self._write = read, write  # read(buffer, nbytes) -> uint8 array; write(buffer, uint8 array)
+        self.saveable = read is not None and write is not None
         self.row_bytes = 0  # bytes of one token's keys: set at resize, the same for every clone
         self.k = self.v = None
 
@@ -112,3 +117,21 @@ class DeviceKVCache(KVCache):
         at = self.length * self.row_bytes
         self._copy(self.k, k, seq * self.row_bytes, dst_offset=at)
         self._copy(self.v, v, seq * self.row_bytes, dst_offset=at)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """The raw rows, uint8 [length, row_bytes] each (needs `read`)."""
+        nbytes = self.length * self.row_bytes
+        if not nbytes:
+            empty = np.zeros((0, self.row_bytes), np.uint8)
+            return empty, empty.copy()
+        return tuple(self._read(b, nbytes).reshape(self.length, self.row_bytes) for b in (self.k, self.v))
+
+    def restore(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Rows as `snapshot` gave them (needs `write`): storage for at least them, filled from the host."""
+        self.length, self.row_bytes = 0, k.shape[1]
+        if self.k is None or k.shape[0] > self.capacity:
+            self.capacity = self.capacity_for(k.shape[0])
+            self.grow(self.capacity)
+        self._write(self.k, np.ascontiguousarray(k).reshape(-1))
+        self._write(self.v, np.ascontiguousarray(v).reshape(-1))
+        self.length = k.shape[0]

@@ -9,15 +9,17 @@ depend on (the model files' identity, backend, precision and memory mode, the la
 format's version), the name the number and a hash of the exact token ids. A later prompt takes the
 longest run of leading tokens it shares with any saved file (a shared system prompt, or the
 conversation so far). The file holds a JSON
-header (the same facts in full, the token ids, each layer's [kv_heads, dim]) and then every layer's
-keys and values as float32, with a sha256 of them. It is written beside and renamed into place. A
+header (the same facts in full, the token ids, each layer's shape and dtype) and then every
+layer's keys and values as the cache's `snapshot` gave them (cpu: float32 [tokens, kv_heads, dim];
+a device cache: its raw rows), with a sha256 of them. It is written beside and renamed into place. A
 file that is stale, truncated or corrupt is never used: a warning says why, it is removed, and the
 prompt is prefilled (and saved again).
 
 A prompt is saved when its prefill computed at least `MIN_NEW_TOKENS` tokens; a prompt that
 extends a saved file's tokens replaces that file (a chat keeps one file, its latest turn); other
 prompts add files, which nothing evicts: clear the folder when it grows too big. Only
-backends whose KV cache can `snapshot` and `restore` take part (cpu); others are logged and skipped.
+backends whose caches are `saveable` (`snapshot` and `restore`: cpu, opencl) take part; for others
+(vulkan; a model with a short-convolution history) it is logged and off.
 """
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ class PrefixCache:
         if not folder:
             return None
         caches = model_caches(llm)
-        unsaveable = sorted({type(c).__name__ for c in caches if type(c).snapshot is KVCache.snapshot})
+        unsaveable = sorted({type(c).__name__ for c in caches if not c.saveable})
         if not caches or unsaveable:
             log.warning("prefix cache off: the KV cache (%s) of backend %s cannot be saved",
                         ", ".join(unsaveable) or "none found", llm.runtime_manager.config.backend_type)
@@ -166,17 +168,16 @@ class PrefixCache:
         return sorted(found, key=lambda item: item[0], reverse=True)
 
     def _write(self, path: str, tokens: list[int]) -> None:
-        arrays = [c.snapshot() for c in self.caches]
-        if any(a is None or a[0].shape[0] != len(tokens) for a in arrays):
+        arrays = [tuple(np.ascontiguousarray(a) for a in c.snapshot()) for c in self.caches]
+        if any(k.shape[0] != len(tokens) or k.shape != v.shape or k.dtype != v.dtype for k, v in arrays):
             log.warning("prefix cache: the KV cache does not hold the prompt's %d tokens; not saved", len(tokens))
             return
-        arrays = [(np.ascontiguousarray(k, np.float32), np.ascontiguousarray(v, np.float32)) for k, v in arrays]
         digest = hashlib.sha256()
         for k, v in arrays:
             digest.update(memoryview(k).cast("B"))
             digest.update(memoryview(v).cast("B"))
-        header = json.dumps({"identity": self.identity, "tokens": tokens, "dtype": "float32",
-                             "layers": [list(k.shape[1:]) for k, _ in arrays],
+        header = json.dumps({"identity": self.identity, "tokens": tokens,
+                             "layers": [{"shape": list(k.shape[1:]), "dtype": k.dtype.str} for k, _ in arrays],
                              "payload_sha256": digest.hexdigest()}).encode()
         os.makedirs(self.folder, exist_ok=True)
         temporary = f"{path}.{os.getpid()}.tmp"
@@ -207,15 +208,15 @@ class PrefixCache:
                 payload = memoryview(f.read())
         except OSError as err:
             raise RejectedFile(f"cannot read it ({err.strerror or err})") from err
-        per_layer = [count * heads * dim * 4 for heads, dim in layers]
+        per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
         if len(payload) != 2 * sum(per_layer):
             raise RejectedFile(f"truncated: {len(payload)} bytes of keys and values, expected {2 * sum(per_layer)}")
         if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
             raise RejectedFile("corrupt: its keys and values do not match their checksum")
         keys, values, at = [], [], 0
-        for (heads, dim), nbytes in zip(layers, per_layer):
-            keys.append(np.frombuffer(payload[at:at + nbytes], np.float32).reshape(count, heads, dim))
-            values.append(np.frombuffer(payload[at + nbytes:at + 2 * nbytes], np.float32).reshape(count, heads, dim))
+        for (shape, dtype), nbytes in zip(layers, per_layer):
+            keys.append(np.frombuffer(payload[at:at + nbytes], dtype).reshape(count, *shape))
+            values.append(np.frombuffer(payload[at + nbytes:at + 2 * nbytes], dtype).reshape(count, *shape))
             at += 2 * nbytes
         return keys, values
 
@@ -236,7 +237,8 @@ def _read_header(path: str) -> dict:
     try:
         header = json.loads(text)
         header["tokens"] = [int(t) for t in header["tokens"]]
-        header["layers"] = [(int(heads), int(dim)) for heads, dim in header["layers"]]
+        header["layers"] = [(tuple(int(x) for x in layer["shape"]), np.dtype(layer["dtype"]))
+                            for layer in header["layers"]]
         if not isinstance(header["identity"], dict) or not isinstance(header["payload_sha256"], str):
             raise TypeError("identity or payload_sha256 of the wrong type")
     except (ValueError, KeyError, TypeError) as err:

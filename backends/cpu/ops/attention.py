@@ -56,6 +56,8 @@ class HostKVCache(KVCache):
         self._heads, self._dim = k.shape[1], k.shape[2]
         self.append(k, v, k.shape[0])
 
+    saveable = True
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         n = self.length
         if self.v is None:
