@@ -206,3 +206,36 @@ def test_vulkan_whose_device_cache_cannot_be_read_back_goes_without_it(tmp_path,
     with caplog.at_level(logging.WARNING, "mnnllm_core.llm.prefix_cache"):
         llm = load(backend_type="vulkan", prefix_cache_path=str(tmp_path))
     assert llm.prefix_cache is None and "(DeviceKVCache) of backend vulkan cannot be saved" in caplog.text
+
+
+def test_a_device_cache_snapshot_restores_into_a_fresh_cache_row_for_row():
+    import numpy as np
+
+    from mnnllm_core.backend_api import DeviceKVCache
+
+    def alloc(nbytes):
+        return np.zeros(nbytes, np.uint8)
+
+    def copy(dst, src, nbytes, dst_offset=0):
+        dst[dst_offset:dst_offset + nbytes] = src[:nbytes]
+
+    def write(buffer, data):
+        buffer[:data.size] = data
+
+    def device_cache():
+        cache = DeviceKVCache(alloc, copy, read=lambda buffer, nbytes: buffer[:nbytes].copy(), write=write)
+        cache.row_bytes = 12
+        return cache
+
+    rng = np.random.default_rng(3)
+    keys, values = rng.integers(0, 255, 300 * 12, np.uint8), rng.integers(0, 255, 300 * 12, np.uint8)
+    filled = device_cache()
+    filled.append(keys, values, 300)  # past its first capacity (256 tokens)
+    k, v = filled.snapshot()
+    assert k.shape == (300, 12) and np.array_equal(k.reshape(-1), keys) and np.array_equal(v.reshape(-1), values)
+    fresh = device_cache()
+    fresh.restore(k[:200], v[:200])
+    assert fresh.length == 200 and fresh.capacity >= 200
+    fresh.append(keys[200 * 12:], values[200 * 12:], 100)
+    assert np.array_equal(fresh.k[:300 * 12], keys) and np.array_equal(fresh.v[:300 * 12], values)
+    assert not DeviceKVCache(alloc, copy).saveable and fresh.saveable
