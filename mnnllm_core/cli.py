@@ -140,7 +140,16 @@ def cmd_run(args) -> int:
             for piece in llm.response(prompt, stream=True, max_new_tokens=args.max_new_tokens):
                 print(piece, end="", flush=True)
             print()
+        _note_context_full(llm)
     return 0
+
+
+def _note_context_full(llm) -> None:
+    """A reply cut short by the end of the context says so: it would look like a whole answer."""
+    from .llm.context import CONTEXT_FULL
+    if llm.context.status == CONTEXT_FULL:
+        print(f"[the reply reached the end of the context (max_all_tokens {llm.config.max_all_tokens}); "
+              f"/reset or a shorter prompt makes room]", file=sys.stderr, flush=True)
 
 
 def cmd_chat(args) -> int:
@@ -182,6 +191,7 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
             answer.append(piece)
             print(piece, end="", flush=True)
         print()
+        _note_context_full(llm)
         return True
     except KeyboardInterrupt:
         if pieces is not None:

@@ -52,3 +52,13 @@ class UnsupportedError(MnnllmError):
 
 class ContextLengthError(MnnllmError):
     """A prompt (plus generation) does not fit in the model's context."""
+
+
+class ConcurrentUseError(MnnllmError):
+    """One `Llm` used by two callers at once (two threads, or a second stream started while
+    one is live): refused, so the conversation and the KV cache stay in agreement."""
+
+
+class KVStateError(MnnllmError):
+    """The KV cache's length disagrees with the history after a step (an internal fault):
+    the conversation is forgotten rather than answered from a stale cache."""

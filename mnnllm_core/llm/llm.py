@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedError
+from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError,
+                      UnsupportedError)
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -36,6 +39,11 @@ Messages = str | Sequence[dict[str, str]] | Sequence[tuple[str, str]]
 
 
 class Llm:
+    """One conversation on one model. Its state (the history and the KV cache that mirrors it)
+    has one user at a time: a call made while another thread is inside a step, or a stream
+    resumed after something else moved the conversation on, raises ConcurrentUseError and
+    leaves the state as it was. Use one Llm per thread (clones of a model share nothing)."""
+
     def __init__(self, config: LlmConfig):
         self.config = config
         self.context = LlmContext()
@@ -50,6 +58,8 @@ class Llm:
         self._decode_mask: np.ndarray | None = None
         self._decode_position = np.zeros((1, 1), np.int32)
         self._logits_index = {False: np.array([-1], np.int32), True: np.array([0], np.int32)}
+        self._busy = threading.Lock()  # held while the history or the KV cache changes
+        self._steps = 0  # changes of the conversation so far: a live stream notices it was superseded
 
     # -- load --------------------------------------------------------------------
     def load(self) -> "Llm":
@@ -102,6 +112,18 @@ class Llm:
     def kv_meta(self):
         return self.runtime_manager.kv_meta
 
+    @contextmanager
+    def _exclusive(self, what: str):
+        """Change the conversation alone: another thread inside a step makes this call an error."""
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentUseError(f"{what} while another thread is running this Llm: an Llm serves one "
+                                     f"caller at a time (use one Llm per thread, or serialize the calls)")
+        try:
+            self._steps += 1
+            yield
+        finally:
+            self._busy.release()
+
     # -- text ------------------------------------------------------------------------
     def tokenizer_encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
@@ -136,13 +158,17 @@ class Llm:
         ids = [int(t) for t in input_ids]
         if not ids:
             raise MnnllmError("forward needs at least one token", field="input_ids")
+        all_logits = self.config.all_logits if all_logits is None else all_logits
+        with self._exclusive("forward"):
+            return self._forward(ids, bool(all_logits))
+
+    def _forward(self, ids: list[int], all_logits: bool) -> np.ndarray:
         past = len(self.context.history_tokens)
-        if past + len(ids) > self.config.max_all_tokens:
-            raise ContextLengthError(f"{past} cached + {len(ids)} new tokens exceed max_all_tokens "
+        seq = len(ids)
+        if past + seq > self.config.max_all_tokens:
+            raise ContextLengthError(f"{past} cached + {seq} new tokens exceed max_all_tokens "
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
-        all_logits = self.config.all_logits if all_logits is None else all_logits
-        seq = len(ids)
         mask = self._decode_mask if seq == 1 and self.config.attention_mask == "float" else self._attention_mask(seq)
         feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": mask,
                  "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
@@ -152,13 +178,18 @@ class Llm:
         meta.remove = meta.previous - past
         meta.add = seq
         try:
-            outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
+            outputs = self.pool.get(seq, all_logits).forward(feeds)
         except BaseException:
-            self.pool.discard(seq, bool(all_logits))  # an interrupted run may leave its clone half resized
+            self.pool.discard(seq, all_logits)  # an interrupted run may leave its clone half resized
             raise
         meta.sync()
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(self.context.history_tokens)
+        if meta.previous != self.context.all_seq_len:
+            cached = meta.previous
+            self._forget()
+            raise KVStateError(f"the KV cache holds {cached} tokens after a step, the history "
+                               f"{past + seq}: the conversation was reset", field="kv_meta")
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
 
@@ -182,6 +213,10 @@ class Llm:
 
     def _start(self, prompt_ids: list[int]) -> list[int]:
         """Reuse the KV cache for the longest common prefix of the history; return what is new."""
+        with self._exclusive("starting a generation"):
+            return self._cut_to_prefix(prompt_ids)
+
+    def _cut_to_prefix(self, prompt_ids: list[int]) -> list[int]:
         history = self.context.history_tokens
         if not prompt_ids:
             raise MnnllmError("the prompt encodes to no tokens", field="input_ids")
@@ -213,9 +248,24 @@ class Llm:
     def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
                    sampler: Sampler | None = None) -> Iterator[int]:
         """The new token ids one by one. Closing the iterator early (a cancelled request) leaves
-        the engine consistent: the history holds exactly the tokens the KV cache holds."""
+        the engine consistent: the history holds exactly the tokens the KV cache holds. Resumed
+        after another call changed the conversation (a second stream, reset, forward), it raises
+        ConcurrentUseError instead of continuing from someone else's cache."""
+        budget = self._budget(max_new_tokens)
         new = self._start([int(t) for t in input_ids])
-        yield from self._generation_for(sampler).generate(new, self._budget(max_new_tokens))
+        steps = self._generation_for(sampler).generate(new, budget)
+        mine = self._steps
+        while True:
+            if self._steps != mine:
+                steps.close()
+                raise ConcurrentUseError("this stream was superseded: another generation, reset or forward "
+                                         "changed the conversation since its last token; finish or close "
+                                         "a stream before starting another on the same Llm")
+            token = next(steps, None)
+            if token is None:
+                return
+            mine = self._steps
+            yield token
 
     def _prompt_ids(self, prompt: Messages) -> list[int]:
         text = self.prompt.apply_chat_template(prompt) if self.config.use_template else str(prompt)
@@ -253,8 +303,12 @@ class Llm:
             yield tail
 
     def reset(self) -> None:
-        """Forget the conversation: the KV cache is emptied on the next forward (all of it,
-        also what a pending removal of `_start` was about to drop)."""
+        """Forget the conversation: the KV cache is emptied on the next forward (the history is
+        the truth; forward cuts the cache back to it). A live stream is superseded."""
+        with self._exclusive("reset"):
+            self._forget()
+
+    def _forget(self) -> None:
         self.kv_meta.reset()
         self.context.history_tokens.clear()
         self.context.output_tokens = []
