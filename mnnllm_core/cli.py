@@ -16,7 +16,7 @@ import traceback
 from typing import Callable, Sequence
 
 from . import __version__
-from .errors import BackendError, ConfigError, MnnllmError, Origin
+from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin
 
 log = logging.getLogger("mnnllm")
 
@@ -459,23 +459,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as err:
+    except BaseException as err:  # also pyo3's PanicException from native code, a BaseException
+        if isinstance(err, NOT_ERRORS):
+            raise
         _report(err, args.debug)
         return 2
 
 
-def _report(err: Exception, debug: bool) -> None:
+def _report(err: BaseException, debug: bool) -> None:
     """One line for the user (the error names its file and field); the traceback with --debug."""
     if debug:
         traceback.print_exc()
         if getattr(err, "worker_traceback", ""):
             print("the worker's traceback:\n" + err.worker_traceback, file=sys.stderr, end="")
     if isinstance(err, MnnllmError):
-        print(f"error: {err}", file=sys.stderr)
+        line = str(err)
     elif isinstance(err, OSError) and err.filename:
-        print(f"error: {err.strerror or err} (file {err.filename})", file=sys.stderr)
+        line = f"{err.strerror or err} (file {err.filename})"
     else:
-        print(f"error: unexpected {type(err).__name__}: {err} (--debug shows where)", file=sys.stderr)
+        line = f"unexpected {type(err).__name__}: {err} (--debug shows where)"
+    line = " ".join(line.split())  # one line, whatever the message held
+    if len(line) > MAX_MESSAGE:  # keep the end too: it names the file and the field
+        line = f"{line[:MAX_MESSAGE - 100]} ... {line[-95:]}"
+    print(f"error: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

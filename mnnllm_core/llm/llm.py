@@ -17,7 +17,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError,
-                      UnsupportedError)
+                      UnsupportedError, shorten)
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -130,7 +130,7 @@ class Llm:
 
     def tokenizer_decode(self, ids: int | Sequence[int]) -> str:
         if isinstance(ids, (int, np.integer)):
-            return self.tokenizer.decode_id(int(ids))
+            return self.tokenizer.decode_id(ids)
         return self.tokenizer.decode(list(ids))
 
     def apply_chat_template(self, messages: Messages) -> str:
@@ -155,7 +155,7 @@ class Llm:
     def forward(self, input_ids: Sequence[int], all_logits: bool | None = None) -> np.ndarray:
         """Run the new tokens through the model (appending them to the KV cache); returns
         the logits of the last token ([vocab]) or, with all_logits, of every token."""
-        ids = [int(t) for t in input_ids]
+        ids = self.tokenizer.check_ids(input_ids)
         if not ids:
             raise MnnllmError("forward needs at least one token", field="input_ids")
         all_logits = self.config.all_logits if all_logits is None else all_logits
@@ -195,11 +195,12 @@ class Llm:
 
     # -- generation --------------------------------------------------------------------
     def _budget(self, max_new_tokens: int | None) -> int:
-        budget = int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
-        if budget < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {budget}", field="max_new_tokens",
+        budget = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {shorten(repr(budget), 40)}",
+                              field="max_new_tokens",
                               file=self.config.origin("max_new_tokens") if max_new_tokens is None else None)
-        return budget
+        return int(budget)
 
     def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
         """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
@@ -252,7 +253,7 @@ class Llm:
         after another call changed the conversation (a second stream, reset, forward), it raises
         ConcurrentUseError instead of continuing from someone else's cache."""
         budget = self._budget(max_new_tokens)
-        new = self._start([int(t) for t in input_ids])
+        new = self._start(self.tokenizer.check_ids(input_ids))
         steps = self._generation_for(sampler).generate(new, budget)
         mine = self._steps
         while True:
@@ -269,6 +270,11 @@ class Llm:
 
     def _prompt_ids(self, prompt: Messages) -> list[int]:
         text = self.prompt.apply_chat_template(prompt) if self.config.use_template else str(prompt)
+        limit = self.config.max_all_tokens
+        if self.tokenizer.exceeds(text, limit):
+            raise ContextLengthError(f"the prompt ({len(text)} characters) has more than {limit} tokens, "
+                                     f"max_all_tokens", file=self.config.origin("max_all_tokens"),
+                                     field="max_all_tokens")
         return self.tokenizer.encode(text)
 
     def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None):
