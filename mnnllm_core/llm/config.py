@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Mapping, TypeVar, overload
 
 from mnnllm_core.errors import ConfigError, Origin, shorten
+from mnnllm_core.files import CONFIG_LIMIT, read_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ class LlmConfig:
             cfg = cls({}, path, source=path)
 
         llm_config_path = cfg.llm_config
-        if os.path.isfile(llm_config_path):
+        if os.path.exists(llm_config_path):  # a FIFO or a device there is an error, not a missing file
             llm_data = _read_json(llm_config_path)
             if not isinstance(llm_data, dict):
                 raise ConfigError("llm_config must be a JSON object", file=llm_config_path)
@@ -279,7 +280,7 @@ class LlmConfig:
             logger.warning("no llm_config file at %s: using %s alone", llm_config_path, path)
 
         context_path = cfg.context_file
-        if os.path.isfile(context_path):
+        if os.path.exists(context_path):
             template_file = cfg.origin("jinja")
             cfg._merge({"jinja": {"context": _read_json(context_path)}}, context_path)
             if template_file is not None:  # errors in jinja.chat_template name its own file
@@ -497,10 +498,7 @@ def _check_depth(value: Any, file: str) -> None:
 def _read_json(path: str) -> Any:
     """Read and parse one JSON file; unreadable, non-UTF-8 or malformed -> ConfigError."""
     try:
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path) from exc
+        text = read_bounded(path, CONFIG_LIMIT, ConfigError, "config").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", file=path) from exc
     return _parse_json(text, path)

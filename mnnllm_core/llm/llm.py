@@ -87,7 +87,8 @@ class Llm:
         for key in ("llm_model", "tokenizer_file"):
             path = getattr(self.config, key)
             if not os.path.isfile(path):
-                raise ConfigError(f"{key} names a file that does not exist: {path}",
+                problem = "is not a regular file" if os.path.exists(path) else "does not exist"
+                raise ConfigError(f"{key} names a file that {problem}: {path}",
                                   file=self.config.origin(key) or self.config.source, field=key)
 
     def _init_sampler(self) -> None:
