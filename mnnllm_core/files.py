@@ -47,7 +47,12 @@ def read_bounded(path: str | os.PathLike[str], limit: int, error: type[MnnllmErr
     """The whole of a regular file of at most `limit` bytes, else `error` naming it."""
     with open_regular(path, error, what, field) as f:
         size = os.fstat(f.fileno()).st_size
-        data = f.read(limit + 1) if size <= limit else b""
+        data = f.read(size + 1) if size <= limit else b""  # read(n) allocates n bytes first
+        while size <= limit and len(data) > size and len(data) <= limit:  # it grew while being read
+            more = f.read(min(MiB, limit + 1 - len(data)))
+            if not more:
+                break
+            data += more
     if size > limit or len(data) > limit:
         raise error(f"the {what} is {max(size, len(data))} bytes, more than a {what} can be ({limit})",
                     file=os.fspath(path), field=field)

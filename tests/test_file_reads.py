@@ -75,3 +75,15 @@ def test_errors_never_quote_the_bytes_of_the_file_named(tmp_path):
         with pytest.raises(error) as err:
             read(str(secret))
         assert "root" not in str(err.value).replace(str(secret), "")
+
+
+def test_a_small_file_costs_its_size_not_the_bound(tmp_path):
+    import tracemalloc
+    path = tmp_path / "small"
+    path.write_bytes(b"0123456789")
+    tracemalloc.start()
+    try:
+        assert files.read_bounded(path, files.GRAPH_LIMIT, FormatError, "graph") == b"0123456789"
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
