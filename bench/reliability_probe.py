@@ -87,6 +87,30 @@ def negative_const(folder: Path) -> None:
     (folder / "llm.mnn").write_bytes(bytes(builder.Output()))
 
 
+TESTS = str(ROOT / "tests")
+TINY = textwrap.dedent(f"""
+    import sys; sys.path.insert(0, {TESTS!r})
+    from pathlib import Path
+    import mnnllm_core
+    from mnnllm_core.export import export_model
+    from test_export import random_weights, write_hf_folder
+    src = write_hf_folder(Path('hf'), 'llama', random_weights('llama', True), True)
+""")
+CACHE = textwrap.dedent(f"""
+    import sys; sys.path.insert(0, {TESTS!r})
+    from pathlib import Path
+    import mnnllm_core
+    from mnnllm_core.export import default_model
+    from test_export import random_weights, write_gguf
+    TESTS = {TESTS!r}
+    write_gguf(Path('tiny.gguf'), random_weights('llama', True))
+    default_model.default_gguf = lambda: Path('tiny.gguf')
+    def answer():
+        llm = mnnllm_core.create(default_model.ensure_default_model('cache')).load()
+        return llm.generate(llm.tokenizer_encode('hi'), 4)
+    first = answer()
+    folder = default_model.default_model_folder('cache')
+""")
 RUN = ["run", "{model}", "--set", "sampler_type=greedy", "--max-new-tokens", "12", "-p"]
 HUGE = "x" * 100_000
 LOAD = "import mnnllm_core\nllm = mnnllm_core.create({model!r}); llm.set_config({'sampler_type': 'greedy'}); llm.load()\n"
@@ -133,6 +157,48 @@ CASES = [
     Case("4 files", "tokenizer_file /etc/passwd", RUN + [QUESTION], config(tokenizer_file="/etc/passwd")),
     Case("4 files", "llm_config /dev/zero", RUN + [QUESTION], config(llm_config="/dev/zero")),
     Case("4 files", "embedding_file a folder", RUN + [QUESTION], config(embedding_file="/tmp")),
+    # 5: export
+    Case("5 export", "onto a file", code=TINY + textwrap.dedent("""
+        Path('dst').write_text('x')
+        try: export_model(str(src), 'dst', quant_bit=8)
+        except mnnllm_core.MnnllmError: print('OK')""")),
+    Case("5 export", "over a model without --force", code=TINY + textwrap.dedent("""
+        export_model(str(src), 'dst', quant_bit=8)
+        try: export_model(str(src), 'dst', quant_bit=4); raise SystemExit('overwritten')
+        except mnnllm_core.MnnllmError: print('OK')""")),
+    Case("5 export", "--force leaves no stale embeddings", code=TINY + textwrap.dedent("""
+        export_model(str(src), 'dst', quant_bit=8, separate_embed=True)
+        export_model(str(src), 'dst', quant_bit=8, force=True)
+        assert not Path('dst/embeddings_bf16.bin').exists(); print('OK')""")),
+    Case("5 export", "SIGINT during the weight write", code=TINY + textwrap.dedent("""
+        from mnnllm_core.export import exporter
+        export_model(str(src), 'dst', quant_bit=8)
+        before = {p.name: p.read_bytes() for p in Path('dst').iterdir()}
+        def interrupted(*a, **k): raise KeyboardInterrupt
+        exporter.write_mtok = interrupted
+        try: export_model(str(src), 'dst', quant_bit=4, force=True)
+        except KeyboardInterrupt: pass
+        assert {p.name: p.read_bytes() for p in Path('dst').iterdir()} == before
+        assert sorted(p.name for p in Path('.').iterdir() if p.name.startswith('.')) == []; print('OK')""")),
+    # 6: the default-model cache
+    Case("6 cache", "a truncated weight file", code=CACHE + textwrap.dedent("""
+        w = folder / 'llm.mnn.weight'; w.write_bytes(w.read_bytes()[:1000])
+        assert answer() == first; print('OK')""")),
+    Case("6 cache", "flipped bytes", code=CACHE + textwrap.dedent("""
+        w = folder / 'llm.mnn.weight'; d = bytearray(w.read_bytes()); d[5000:5100] = bytes(100); w.write_bytes(d)
+        assert answer() == first; print('OK')""")),
+    Case("6 cache", "kill -9 during the first export", code=CACHE + textwrap.dedent("""
+        import os, shutil, subprocess, sys
+        shutil.rmtree(folder)
+        kill = ("import os, signal, sys; sys.path.insert(0, %r)\\n" % TESTS +
+                "from pathlib import Path\\nfrom mnnllm_core.export import default_model\\n"
+                "real = default_model.write_model\\n"
+                "def export(src, dst, **kw):\\n    (Path(dst) / 'llm.mnn').write_bytes(b'half'); os.kill(os.getpid(), 9)\\n"
+                "default_model.default_gguf = lambda: Path('tiny.gguf')\\ndefault_model.write_model = export\\n"
+                "default_model.ensure_default_model('cache')\\n")
+        assert subprocess.run([sys.executable, '-c', kill]).returncode == -9
+        assert answer() == first
+        assert [p.name for p in Path('cache/models').iterdir()] == [folder.name]; print('OK')""")),
     # 7: tracebacks
     Case("7 tracebacks", "deeply nested JSON", RUN + [QUESTION], raw_config('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}")),
     Case("7 tracebacks", "prompt b'\\xff'", RUN + ["\udcff"]),
