@@ -113,6 +113,7 @@ CACHE = textwrap.dedent(f"""
 """)
 RUN = ["run", "{model}", "--set", "sampler_type=greedy", "--max-new-tokens", "12", "-p"]
 HUGE = "x" * 100_000
+UP = "../" * 20  # as a hostile config reaches out of its folder
 LOAD = "import mnnllm_core\nllm = mnnllm_core.create({model!r}); llm.set_config({'sampler_type': 'greedy'}); llm.load()\n"
 STATE = LOAD + "Q = " + repr(QUESTION) + "\nA = " + repr(ANSWER) + "\n"
 
@@ -151,12 +152,12 @@ CASES = [
     Case("3 template", "raise_exception", RUN + [QUESTION],
          llm_config(**{"jinja.chat_template": "{{ raise_exception('no system role') }}"})),
     # 4: file reads
-    Case("4 files", "tokenizer_file /dev/zero", RUN + [QUESTION], config(tokenizer_file="/dev/zero")),
-    Case("4 files", "llm_model /dev/zero", RUN + [QUESTION], config(llm_model="/dev/zero")),
+    Case("4 files", "tokenizer_file /dev/zero", RUN + [QUESTION], config(tokenizer_file=UP + "dev/zero")),
+    Case("4 files", "llm_model /dev/zero", RUN + [QUESTION], config(llm_model=UP + "dev/zero")),
     Case("4 files", "tokenizer_file a FIFO", RUN + [QUESTION], fifo_tokenizer),
-    Case("4 files", "tokenizer_file /etc/passwd", RUN + [QUESTION], config(tokenizer_file="/etc/passwd")),
-    Case("4 files", "llm_config /dev/zero", RUN + [QUESTION], config(llm_config="/dev/zero")),
-    Case("4 files", "embedding_file a folder", RUN + [QUESTION], config(embedding_file="/tmp")),
+    Case("4 files", "tokenizer_file /etc/passwd", RUN + [QUESTION], config(tokenizer_file=UP + "etc/passwd")),
+    Case("4 files", "llm_config /dev/zero", RUN + [QUESTION], config(llm_config=UP + "dev/zero")),
+    Case("4 files", "embedding_file a folder", RUN + [QUESTION], config(embedding_file=UP + "tmp")),
     # 5: export
     Case("5 export", "onto a file", code=TINY + textwrap.dedent("""
         Path('dst').write_text('x')

@@ -92,6 +92,13 @@ def test_tie_embeddings_numbers_must_be_integers(tmp_path, key, value):
     assert err.value.field == f"tie_embeddings.{key}"
 
 
+def test_a_quant_block_that_does_not_match_alpha_size_is_refused_not_read_as_garbage(tmp_path):
+    config = LlmConfig.from_file(model_copy(tmp_path, llm_config={"tie_embeddings.quant_block": 0}))
+    with pytest.raises(ConfigError, match="run past the end of the weight file") as err:
+        DiskEmbedding(config)
+    assert err.value.field == "tie_embeddings.weight_offset"
+
+
 def test_tie_embeddings_quant_block_0_is_one_block_per_row_as_mnn(tmp_path):
     tie = json.loads((MODEL_DIR / "llm_config.json").read_text())["tie_embeddings"]
     config = LlmConfig.from_file(model_copy(tmp_path, llm_config={

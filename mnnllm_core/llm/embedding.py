@@ -72,6 +72,12 @@ class DiskEmbedding:
         if alpha_size % self.alpha_row_bytes or self.vocab == 0:
             raise ConfigError(f"tie_embeddings.alpha_size {alpha_size} is not a whole number of rows",
                               file=config.origin(field), field=field)
+        for name, start, size in (("weight_offset", self.weight_offset, self.vocab * self.row_bytes),
+                                  ("alpha_offset", self.alpha_offset, alpha_size)):
+            if start + size > self.file.size:  # e.g. a quant_block that does not match alpha_size
+                raise ConfigError(f"tie_embeddings: {self.vocab} rows of {self.hidden} ({self.bits} bit, block "
+                                  f"{self.block}) at {name} {start} run past the end of the weight file "
+                                  f"({self.file.size} bytes)", file=config.origin(field), field=f"{field}.{name}")
 
     def embedding(self, ids: Sequence[int]) -> np.ndarray:
         """[len(ids), 1, hidden] float32 - the `input_ids` input of the graph."""
