@@ -27,7 +27,8 @@ from .tensor import Tensor
 
 log = logging.getLogger(__name__)
 
-STATEFUL = {"Attention"}  # own state (the KV cache): made once at load, shared by clones, never folded
+# ops with state of their own (the KV cache, a convolution state): made once at load, shared by clones, never folded
+STATEFUL = {"Attention", "LinearAttention"}
 MULTI_SOURCE_RASTER = {"Concat"}
 
 
@@ -267,16 +268,19 @@ class Pipeline:
         for position, command in enumerate(self.commands):
             for tensor in command.inputs:
                 last_use[id(tensor)] = position
+        # Host-known values are uploaded once, here, so each gets a buffer no computed tensor
+        # ever had: a pooled buffer of an earlier tensor would be overwritten when that one runs.
         uploaded = set()
+        for command in self.commands:
+            for tensor in command.inputs:
+                if tensor.host is not None and id(tensor) not in uploaded:
+                    tensor.backend.on_acquire_buffer(tensor)
+                    tensor.backend.upload(tensor, tensor.host)
+                    uploaded.add(id(tensor))
+        keep |= uploaded
         command = None
         try:
             for position, command in enumerate(self.commands):
-                for tensor in command.inputs:
-                    if tensor.host is not None and id(tensor) not in uploaded:
-                        tensor.backend.on_acquire_buffer(tensor)
-                        tensor.backend.upload(tensor, tensor.host)
-                        uploaded.add(id(tensor))
-                        keep.add(id(tensor))
                 for tensor in command.outputs:
                     tensor.backend.on_acquire_buffer(tensor)
                 command.execution.on_resize(command.inputs, command.outputs)

@@ -21,11 +21,14 @@ from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, KVSta
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
+from .attention_mask import check_attention_type, check_mask_input, float_attention_mask
 from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation
+from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
+from .prefix_cache import PrefixCache
 from .prompt import Prompt
 from .runtime import init_runtime
 from .sampler import Sampler, SamplerConfig
@@ -54,6 +57,7 @@ class Llm:
         self.prompt: Prompt | None = None
         self.embedding: DiskEmbedding | None = None
         self.sampler: Sampler | None = None
+        self.prefix_cache: PrefixCache | None = None
         self.generation = ARGeneration(self)
         self._decode_mask: np.ndarray | None = None
         self._decode_position = np.zeros((1, 1), np.int32)
@@ -66,6 +70,8 @@ class Llm:
         start = time.perf_counter()
         cfg = self.config
         self._check_model_files()
+        check_attention_type(cfg.attention_type, cfg.sliding_window,
+                             cfg.origin("attention_type") or cfg.origin("sliding_window"))
         self.runtime_manager = init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
         self.prompt = Prompt(cfg)
@@ -75,7 +81,11 @@ class Llm:
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
         self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager, Config(rearrange=True))
+        if cfg.attention_mask == "float":
+            check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
+                             cfg.origin("attention_type"))
         self.pool = ModulePool(self.module)
+        self.prefix_cache = PrefixCache.for_llm(self)
         self._decode_mask = self._attention_mask(1)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
         log.info("loaded %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
@@ -139,9 +149,9 @@ class Llm:
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
-        if self.config.attention_mask == "float":
-            return np.zeros((1, 1, 1, 1), np.float32)  # causal masking happens inside Attention
         past = len(self.context.history_tokens)
+        if self.config.attention_mask == "float":  # "full": a scalar, the causal mask is Attention's
+            return float_attention_mask(self.config.attention_type, self.config.sliding_window, past, seq_len)
         keys = np.arange(past + seq_len)[None, :]
         return (keys <= (past + np.arange(seq_len))[:, None]).astype(np.int32).reshape(1, 1, seq_len, -1)
 
@@ -170,7 +180,8 @@ class Llm:
             raise ContextLengthError(f"{past} cached + {seq} new tokens exceed max_all_tokens "
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
-        mask = self._decode_mask if seq == 1 and self.config.attention_mask == "float" else self._attention_mask(seq)
+        prepared = seq == 1 and self.config.attention_mask == "float" and self.config.attention_type == "full"
+        mask = self._decode_mask if prepared else self._attention_mask(seq)
         feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": mask,
                  "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
         meta = self.kv_meta
@@ -180,8 +191,12 @@ class Llm:
         meta.add = seq
         try:
             outputs = self.pool.get(seq, all_logits).forward(feeds)
-        except BaseException:
+        except BaseException as err:
             self.pool.discard(seq, all_logits)  # an interrupted run may leave its clone half resized
+            if isinstance(err, ContextLengthError):  # the KV cache's capacity: name max_all_tokens beside it
+                raise ContextLengthError(f"{err.reason}; max_all_tokens is {self.config.max_all_tokens}: lower it "
+                                         "to what the KV cache holds", file=self.config.origin("max_all_tokens"),
+                                         field="max_all_tokens") from err
             raise
         meta.sync()
         self.context.history_tokens.extend(ids)
@@ -191,6 +206,8 @@ class Llm:
             self._forget()
             raise KVStateError(f"the KV cache holds {cached} tokens after a step, the history "
                                f"{past + seq}: the conversation was reset", field="kv_meta")
+        if self.prefix_cache is not None:
+            self.prefix_cache.saved_after(self.context.history_tokens)
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
 
@@ -205,7 +222,10 @@ class Llm:
 
     def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
         """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
-        the common prefix with the history, less the last prompt token (it must run for logits)."""
+        the common prefix with the history, less the last prompt token (it must run for logits);
+        none when `reuse_kv`/`prompt_cache` turn reuse off (kv_reuse.py)."""
+        if not reuse_enabled(self.config):
+            return 0
         common = 0
         for a, b in zip(self.context.history_tokens, prompt_ids):
             if a != b:
@@ -227,6 +247,8 @@ class Llm:
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
         common = self.cached_prefix(prompt_ids)
+        if self.prefix_cache is not None:  # a longer prefix saved on disk by an earlier process
+            common = self.prefix_cache.restore(prompt_ids, common)
         del history[common:]  # forward cuts the KV cache back to the history
         ctx = self.context
         ctx.prompt_len, ctx.gen_seq_len = len(prompt_ids), 0
