@@ -2,12 +2,9 @@
 subprocess: greedy ids for already templated prompts with <img> tags (use_template off)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
-import pytest
+from mnn_oracle import run_script
 
 SCRIPT = textwrap.dedent("""
     import json, os, sys, tempfile
@@ -30,11 +27,4 @@ SCRIPT = textwrap.dedent("""
 
 
 def mnn_vision_ids(model_dir, prompts: list[str], new_tokens: int, timeout: float = 300) -> list[dict]:
-    pytest.importorskip("MNN", reason="PyPI MNN (the reference runtime) is not installed")
-    payload = json.dumps({"model_dir": str(model_dir), "prompts": prompts, "new_tokens": new_tokens})
-    done = subprocess.run([sys.executable, "-c", SCRIPT], input=payload, capture_output=True, text=True,
-                          timeout=timeout)
-    marker = "@@RESULT@@"
-    if done.returncode != 0 or marker not in done.stdout:
-        raise RuntimeError(f"MNN runtime failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout.split(marker, 1)[1])
+    return run_script(SCRIPT, {"model_dir": str(model_dir), "prompts": prompts, "new_tokens": new_tokens}, timeout)
