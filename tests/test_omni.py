@@ -168,3 +168,42 @@ def test_mrope_positions_follow_mnn():
     assert rows[0].tolist() == [0, 1, 2, 3, 3, 3, 3, 3, 3, 6, 7]
     assert rows[1].tolist() == [0, 1, 2, 3, 3, 3, 4, 4, 4, 6, 7]
     assert rows[2].tolist() == [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7]
+
+
+def _cli(*args, stdin: str | None = None):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "mnnllm_core.cli", *args], capture_output=True, text=True,
+                          input=stdin, timeout=600)
+
+
+GREEDY = ["--set", "sampler_type=greedy", "--set", "memory=normal", "--set", "image_size=112"]
+
+
+def test_cli_run_with_an_image_gives_the_reference_ids():
+    import json
+    ref = reference()
+    done = _cli("run", str(FP16), *GREEDY, "--image", str(IMAGE), "-p", "Describe this image.", "--json",
+                "--max-new-tokens", "16")
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    assert row["prompt_ids"] == ref["prompt_ids"]
+    assert row["gen_ids"] == ref["mnn_fp16_gen_ids"]
+    assert row["vision_ms"] > 0
+
+
+def test_cli_chat_image_command_adds_the_image_to_the_next_message():
+    ref = reference()
+    done = _cli("chat", str(FP16), *GREEDY, "--max-new-tokens", "16",
+                stdin=f"/image /no/such.png\n/image {IMAGE}\nDescribe this image.\n/exit\n")
+    assert done.returncode == 0, done.stderr
+    assert "the image does not exist: /no/such.png" in done.stderr
+    answers = [line for line in done.stdout.split("> ") if line.strip()]
+    assert answers[0].strip() == ref["mnn_fp16_response_text"].strip()
+
+
+def test_cli_image_on_a_text_model_is_a_clear_error():
+    from paths import CONFIG
+    done = _cli("run", str(CONFIG), "--image", str(IMAGE), "-p", "Hi")
+    assert done.returncode == 2
+    assert "--image needs a vision-language model" in done.stderr
