@@ -207,3 +207,28 @@ def test_cli_image_on_a_text_model_is_a_clear_error():
     done = _cli("run", str(CONFIG), "--image", str(IMAGE), "-p", "Hi")
     assert done.returncode == 2
     assert "--image needs a vision-language model" in done.stderr
+
+
+PATCH_EMBEDDING_OPS = {"Im2Col", "Unpack", "Convolution", "Eltwise"}  # the 14x14 patch conv: cpu-only ops
+
+
+@pytest.mark.parametrize("backend", ["opencl", "vulkan"])
+@pytest.mark.parametrize("name, key", [("fp16", "mnn_fp16_gen_ids"), ("q4", "mnn_q4_gen_ids")])
+def test_device_backends_reproduce_the_reference_with_the_patch_embedding_on_cpu(backend, name, key):
+    """The LLM and the encoder on the device (mllm.backend_type); the encoder's patch embedding
+    falls back to cpu, listed in its placement. The decode steps pin down that constants uploaded
+    at resize keep their own buffers (they once shared one with an M-RoPE intermediate)."""
+    from mnnllm_core.plugins.manager import registry
+    available, reason = registry().get(backend).is_available()
+    if not available:
+        pytest.skip(f"{backend} unavailable: {reason}")
+    ref = reference()
+    model = mnnllm_core.create(FP16 if name == "fp16" else Q4)
+    model.set_config({"memory": "normal", "sampler_type": "greedy", "backend_type": backend, "precision": "high",
+                      "mllm": {"backend_type": backend, "memory": "normal", "precision": "high"}})
+    model.load()
+    assert model.generate(model._prompt_ids(_query(ref)), 16) == ref[key]
+    vision = model.vision_placement()
+    assert {f["type"] for f in vision["fallbacks"]} == PATCH_EMBEDDING_OPS
+    assert vision["ops_per_backend"][backend] > 100
+    assert model.placement()["fallbacks"] == []

@@ -252,14 +252,15 @@ class Pipeline:
         for position, command in enumerate(self.commands):
             for tensor in command.inputs:
                 last_use[id(tensor)] = position
-        uploaded = set()
-        for position, command in enumerate(self.commands):
+        # Values known at resize are uploaded once, so their storage must never be a buffer that a
+        # command writes on every run: they take theirs before any command's output is allocated.
+        for command in self.commands:
             for tensor in command.inputs:
-                if tensor.host is not None and id(tensor) not in uploaded:
+                if tensor.host is not None and id(tensor) not in keep:
                     tensor.backend.on_acquire_buffer(tensor)
                     tensor.backend.upload(tensor, tensor.host)
-                    uploaded.add(id(tensor))
                     keep.add(id(tensor))
+        for position, command in enumerate(self.commands):
             for tensor in command.outputs:
                 tensor.backend.on_acquire_buffer(tensor)
             command.execution.on_resize(command.inputs, command.outputs)
