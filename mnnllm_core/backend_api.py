@@ -39,12 +39,12 @@ from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_nor
                                layernorm_launch, norm_tables)
 from .core.op import Op
 from .core.op_params import (NO_ACTIVATION, RELU, RELU6, AttentionMask, AttentionParams, BinaryParams, CastParams,
-                             ConvolutionParams, EltwiseParams, GatherParams, LayerNormParams, MatMulParams,
-                             NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams, SoftmaxParams, UnaryParams,
-                             attention_mask)
+                             ConvolutionParams, EltwiseParams, GatherParams, LayerNormParams, LinearAttentionParams,
+                             MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams,
+                             SoftmaxParams, TopKParams, UnaryParams, attention_mask)
 from .core.tensor import Tensor
-from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, QuantizedWeight, WeightReader,
-                           linear_weights)
+from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
+                           WeightReader, linear_weights)
 from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
 from .geometry.regions import RasterParam, Region, View
 from .geometry.strides import broadcast_strides, walks_contiguously
@@ -57,10 +57,11 @@ __all__ = [
     # op parameters, decoded once at schedule time
     "ConvolutionParams", "LayerNormParams", "NormLayout", "QKNorm", "RoPEParams", "AttentionParams",
     "AttentionMask", "attention_mask", "BinaryParams", "UnaryParams", "EltwiseParams", "ReductionParams",
-    "CastParams", "GatherParams", "MatMulParams", "SoftmaxParams", "ReluParams", "RasterParam", "Region", "View",
+    "CastParams", "GatherParams", "MatMulParams", "SoftmaxParams", "ReluParams", "TopKParams", "MoEParams", "LinearAttentionParams", "RasterParam", "Region", "View",
     "NO_ACTIVATION", "RELU", "RELU6",
     # weights
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
+    "MoEExpert",
     # the KV cache
     "KVMeta", "KVCache", "DeviceKVCache",
     # shared machinery

@@ -34,8 +34,6 @@ class Arch:
     config: dict[str, Any] = field(default_factory=dict)
     norm_centre: float = 1.0          # Gemma stores w - 1: weights centred on 0
     embed_std: float = 0.5            # Gemma scales embeddings by sqrt(hidden): smaller, or they drown the layers
-    windowed: bool = False            # MNN "mix" attention: our engine cannot build the mask yet
-    moe: bool = False                 # MNN's MoE op: our engine cannot run TopKV2 / MoE yet
     seed: int = 0
 
 
@@ -48,13 +46,13 @@ ARCHS = [
          embed_std=0.2),
     Arch("qwen3", "qwen3", {"tie_word_embeddings": False}),
     Arch("qwen3_moe", "qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-                                    "norm_topk_prob": True, "mlp_only_layers": [1]}, moe=True),
+                                    "norm_topk_prob": True, "mlp_only_layers": [1]}),
     Arch("gemma2", "gemma2", {"sliding_window": WINDOW, "query_pre_attn_scalar": 24, "final_logit_softcapping": 5.0,
-                              "attn_logit_softcapping": None}, norm_centre=0.0, embed_std=0.1, windowed=True),
+                              "attn_logit_softcapping": None}, norm_centre=0.0, embed_std=0.1),
     Arch("gemma3_text", "gemma3_text", {"sliding_window": WINDOW, "query_pre_attn_scalar": 16,
                                         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
-         norm_centre=0.0, embed_std=0.1, windowed=True),
-    Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}, windowed=True),
+         norm_centre=0.0, embed_std=0.1),
+    Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}),
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
 ]

@@ -19,11 +19,6 @@ pytest.importorskip("transformers", reason="transformers builds the tiny referen
 BLOCK = 32
 CASES = [(arch, bits) for arch in ARCHS for bits in (16, 4)]
 IDS = [f"{arch.name}-{bits}bit" for arch, bits in CASES]
-ENGINE_GAPS = {
-    "windowed": "engine: Llm feeds a scalar attention_mask; MNN's 2-plane mix mask (full / sliding window), "
-                "picked per layer by GatherV2, is not built yet (issue #14, engine part)",
-    "moe": "engine: no TopKV2 / Reduction / MoE op (expert subgraphs) on the cpu backend yet (issue #14, engine part)",
-}
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +60,7 @@ def test_mnn_runtime_on_our_export_gives_the_transformers_tokens(exports, arch, 
     assert [until_stop(t) for t in got] == expected
 
 
-def _engine_case(arch: Arch, bits: int):
-    gap = ENGINE_GAPS["moe"] if arch.moe else ENGINE_GAPS["windowed"] if arch.windowed else None
-    marks = [pytest.mark.xfail(strict=True, reason=gap)] if gap else []
-    return pytest.param(arch, bits, marks=marks, id=f"{arch.name}-{bits}bit")
-
-
-@pytest.mark.parametrize("arch,bits", [_engine_case(a, b) for a, b in CASES])
+@pytest.mark.parametrize("arch,bits", CASES, ids=IDS)
 def test_our_engine_on_our_export_gives_the_transformers_tokens(exports, arch, bits):
     config, expected = exports(arch, bits)
     got = engine_generate(config, PROMPTS, NEW_TOKENS)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from mnnllm_core.core.op import Op
-from mnnllm_core.core.op_params import ConvolutionParams
+from mnnllm_core.core.op_params import BinaryParams, ConvolutionParams, UnaryParams
 from mnnllm_core.errors import UnsupportedError
 from mnnllm_core.express.op_weights import OpWeights
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
@@ -201,3 +201,17 @@ def test_a_packed_op_with_only_constant_inputs_runs_instead_of_folding() -> None
     op = Op("Convolution", "linear", param=ConvolutionParams(3, 4), weights=Weights.dense(weight))
     result = run_op(op, [Const(x.reshape(2, 4, 1, 1))])
     np.testing.assert_allclose(result.outputs[0].reshape(2, 3), x @ weight.T, rtol=1e-6, atol=1e-6)
+
+
+def test_a_constant_keeps_its_value_when_a_computed_tensor_of_its_size_ran_before_its_first_use() -> None:
+    """The constant is uploaded at resize; had it taken the pooled buffer of `negated` (released
+    before the constant's first use), running `negated` would overwrite it on every forward."""
+    graph = Graph()
+    x = graph.input("x")
+    (negated,) = graph.add(Op("UnaryOp", "neg", param=UnaryParams("NEG")), [x])
+    (again,) = graph.add(Op("UnaryOp", "neg2", param=UnaryParams("NEG")), [negated])
+    (scaled,) = graph.add(Op("BinaryOp", "mul", param=BinaryParams("MUL")), [graph.const(np.float32(0.25)), again])
+    module = make_module(graph.schedule([scaled]))
+    for value in (3.0, 5.0):
+        (out,) = module.forward({"x": np.array(value, np.float32)})  # the shape of the constant
+        assert float(out) == 0.25 * value

@@ -295,6 +295,37 @@ class SoftmaxParams:
 
 
 @dataclass(frozen=True)
+class TopKParams:
+    """TopKV2: k (input 1) and the axis (input 2, else the last) are read at resize."""
+
+    largest: bool = True
+    sorted: bool = True
+
+
+@dataclass(frozen=True)
+class MoEParams:
+    """MNN's MoE op (an Extra with attrs): each token's hidden state through its top_k experts
+    (subgraphs "/expert/{layer_id}_{e}"), weighted by the routing weights and summed."""
+
+    num_experts: int
+    top_k: int
+    layer_id: int = 0
+
+
+@dataclass(frozen=True)
+class LinearAttentionParams:
+    """MNN's LinearAttention: `attn_type` "short_conv" (LFM2: y = C * causal_conv(B * x), the
+    input's channels B, C, x) or "gated_delta_rule"; heads and dims as the export gives them."""
+
+    attn_type: str
+    num_k_heads: int = 0
+    num_v_heads: int = 0
+    head_k_dim: int = 0
+    head_v_dim: int = 0
+    use_qk_l2norm: bool = False
+
+
+@dataclass(frozen=True)
 class ReluParams:
     slope: float = 0.0  # leaky slope; 0 is a plain ReLU
 
@@ -338,6 +369,34 @@ def _softmax(op: Op) -> SoftmaxParams:
     return SoftmaxParams(int(_field(op.table, "axis", -1)))
 
 
+def _topk(op: Op) -> TopKParams:
+    return TopKParams(bool(_field(op.table, "largest", True)), bool(_field(op.table, "sorted", False)))
+
+
+def extra_attributes(op: Op) -> dict[str, int]:
+    """An Extra op's integer attributes by key."""
+    attrs = _field(op.table, "attr") or []
+    return {(a.key.decode() if isinstance(a.key, bytes) else a.key): int(a.i) for a in attrs if a.key is not None}
+
+
+def _moe(op: Op) -> MoEParams:
+    attrs = extra_attributes(op)
+    for key in ("num_experts", "top_k"):
+        if attrs.get(key, 0) < 1:
+            raise FormatError(f"MoE op {op.name!r} needs a positive {key} attribute, got {attrs.get(key)}",
+                              field=key)
+    return MoEParams(attrs["num_experts"], attrs["top_k"], attrs.get("layer_id", 0))
+
+
+def _linear_attention(op: Op) -> LinearAttentionParams:
+    t = op.table
+    kind = _field(t, "attnType")
+    return LinearAttentionParams(kind.decode() if isinstance(kind, bytes) else (kind or ""),
+                                 int(_field(t, "numKHeads", 0)), int(_field(t, "numVHeads", 0)),
+                                 int(_field(t, "headKDim", 0)), int(_field(t, "headVDim", 0)),
+                                 bool(_field(t, "useQkL2norm", False)))
+
+
 def _relu(op: Op) -> ReluParams:
     return ReluParams(float(_field(op.table, "slope", 0.0)))
 
@@ -346,12 +405,12 @@ DECODERS: dict[str, Callable[[Op], Any]] = {
     "Convolution": _convolution, "Im2Col": _convolution, "LayerNorm": _layernorm, "RoPE": _rope, "Attention": _attention,
     "BinaryOp": _binary, "UnaryOp": _unary, "Eltwise": _eltwise, "Reduction": _reduction, "Cast": _cast,
     "GatherV2": _gather, "Gather": _gather, "MatMul": _matmul, "BatchMatMul": _matmul, "Softmax": _softmax,
-    "ReLU": _relu,
+    "ReLU": _relu, "TopKV2": _topk, "MoE": _moe, "LinearAttention": _linear_attention,
 }
 
 OpParams = (ConvolutionParams | LayerNormParams | RoPEParams | AttentionParams | BinaryParams | UnaryParams
             | EltwiseParams | ReductionParams | CastParams | GatherParams | MatMulParams | SoftmaxParams
-            | ReluParams | RasterParam)
+            | ReluParams | TopKParams | MoEParams | LinearAttentionParams | RasterParam)
 
 
 def decode(op: Op) -> Any:

@@ -27,7 +27,8 @@ from .tensor import Tensor
 
 log = logging.getLogger(__name__)
 
-STATEFUL = {"Attention"}  # own state (the KV cache): made once at load, shared by clones, never folded
+# ops with state of their own (the KV cache, a convolution state): made once at load, shared by clones, never folded
+STATEFUL = {"Attention", "LinearAttention"}
 MULTI_SOURCE_RASTER = {"Concat"}
 
 
@@ -252,14 +253,16 @@ class Pipeline:
         for position, command in enumerate(self.commands):
             for tensor in command.inputs:
                 last_use[id(tensor)] = position
-        # Values known at resize are uploaded once, so their storage must never be a buffer that a
-        # command writes on every run: they take theirs before any command's output is allocated.
+        # Host-known values are uploaded once, here, so each gets a buffer no computed tensor
+        # ever had: a pooled buffer of an earlier tensor would be overwritten when that one runs.
+        uploaded = set()
         for command in self.commands:
             for tensor in command.inputs:
-                if tensor.host is not None and id(tensor) not in keep:
+                if tensor.host is not None and id(tensor) not in uploaded:
                     tensor.backend.on_acquire_buffer(tensor)
                     tensor.backend.upload(tensor, tensor.host)
-                    keep.add(id(tensor))
+                    uploaded.add(id(tensor))
+        keep |= uploaded
         for position, command in enumerate(self.commands):
             for tensor in command.outputs:
                 tensor.backend.on_acquire_buffer(tensor)

@@ -116,6 +116,19 @@ def _attention(op, ins) -> Result:
     return [((q[0], q[1], q[2] * q[3]), ins[0].dtype)]
 
 
+def _linear_attention(op, ins) -> Result:
+    """short_conv: [tokens, 3 * channels, ...] (B, C, x) -> [tokens, channels, 1, 1] (C4, as the
+    Linear after it takes it)."""
+    if op.param.attn_type != "short_conv":
+        raise UnsupportedError(f"LinearAttention {op.name!r}: attn_type {op.param.attn_type!r} (only short_conv)",
+                               field="attn_type")
+    shape = ins[0].shape
+    if len(shape) < 2 or shape[1] % 3:
+        raise UnsupportedError(f"LinearAttention {op.name!r}: short_conv needs 3 * channels, got {shape}",
+                               field="inputs")
+    return [((shape[0], shape[1] // 3, 1, 1), ins[0].dtype)]
+
+
 def _cast(op, ins) -> Result:
     return [(ins[0].shape, op.param.dtype)]
 
@@ -221,6 +234,17 @@ def _reduction(op, ins) -> Result:
     return [(tuple(out), ins[0].dtype)]
 
 
+def _topk(op, ins) -> Result:
+    """Values and int32 indices: the input's shape with the axis cut to k (MNN's TopKV2SizeComputer)."""
+    shape = list(ins[0].shape)
+    k = int(ins[1].host.reshape(-1)[0])
+    axis = normalize_axis(int(ins[2].host.reshape(-1)[0]), len(shape)) if len(ins) > 2 else len(shape) - 1
+    if not 0 < k <= shape[axis]:
+        raise UnsupportedError(f"TopKV2 {op.name!r}: k={k} on an axis of {shape[axis]}", field="k")
+    shape[axis] = k
+    return [(tuple(shape), ins[0].dtype), (tuple(shape), INT32)]
+
+
 def _select(op, ins) -> Result:
     return [(broadcast(ins[0].shape, ins[1].shape, ins[2].shape), ins[1].dtype)]
 
@@ -245,7 +269,8 @@ SIZE_COMPUTERS: dict[str, Callable[[Op, Sequence[Tensor]], Result]] = {
     "Squeeze": _squeeze, "Unsqueeze": _unsqueeze, "ExpandDims": _expand_dims, "Reshape": _reshape,
     "Flatten": _flatten, "ConvertTensor": _same, "Permute": _permute, "Transpose": _permute,
     "MatMul": _matmul, "BatchMatMul": _matmul, "Reduction": _reduction, "Select": _select,
-    "Fill": _fill, "Range": _range, "Im2Col": _im2col, "SliceTf": _slice_tf, "Unpack": _unpack,
+    "Fill": _fill, "Range": _range, "TopKV2": _topk, "MoE": _same,
+    "LinearAttention": _linear_attention, "Im2Col": _im2col, "SliceTf": _slice_tf, "Unpack": _unpack,
 }
 
 

@@ -190,6 +190,19 @@ class ConvolutionWeights:
         return np.asarray(self.bias, np.float32)
 
 
+@dataclass
+class MoEExpert:
+    """One expert of an MoE op, as MNN's exporter writes its subgraph: `gate_up` [2 * inter,
+    hidden] (gate rows first), then silu(gate) * up, then `down` [hidden, inter]."""
+
+    gate_up: ConvolutionWeights
+    down: ConvolutionWeights
+
+    @property
+    def intermediate(self) -> int:
+        return self.down.quantized.ic
+
+
 def linear_weights(op) -> "ConvolutionWeights | Refused":
     """The weights of a Convolution a backend runs as a linear layer, or why it cannot: only
     1x1, stride-1, ungrouped convolutions are linear layers, and weights packed for another
@@ -208,6 +221,8 @@ class WeightReader(Protocol):
     def convolution(self) -> ConvolutionWeights: ...
 
     def layernorm(self) -> tuple[np.ndarray | None, np.ndarray | None]: ...
+
+    def experts(self) -> list[MoEExpert]: ...
 
 
 def _unpack_codes(packed: np.ndarray, bits: int, count: int) -> np.ndarray:

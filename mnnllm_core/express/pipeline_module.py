@@ -7,7 +7,7 @@ the lm_head sees) are found here, so a static module knows to re-resize when the
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -15,10 +15,12 @@ import numpy as np
 from ..core.dtypes import (DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, DT_INT8, DT_INT16, DT_INT32, DT_INT64,
                            DT_UINT8, runtime_dtype)
 from ..core.op import Op
+from ..core.op_params import decode
 from ..core.schedule import OpNode, ScheduleInfo
 from ..errors import FormatError, UnsupportedError
 from ..schema.MNN.MNN_DATA_FORMAT import MNN_DATA_FORMAT
 from ..schema.reader import op_type_name
+from .moe_experts import expert_weights
 from .op_weights import OpWeights
 from .weight_file import ExternalWeightFile
 
@@ -30,7 +32,7 @@ CONTROL_FLOW = {"While", "If", "Loop"}
 SHAPE_ARGUMENTS = {
     "StridedSlice": (1, 2, 3, 4), "Reshape": (1,), "Squeeze": (1,), "Unsqueeze": (1,), "ExpandDims": (1,),
     "GatherV2": (2,), "Gather": (2,), "Permute": (1,), "Transpose": (1,), "Fill": (0,), "Range": (0, 1, 2),
-    "Reduction": (1,),
+    "Reduction": (1,), "TopKV2": (1, 2),
 }
 
 
@@ -52,6 +54,7 @@ class NetInfo:
     metadata: dict
     inputs: list[str]
     outputs: list[str]
+    input_dims: dict[str, list[int]] = field(default_factory=dict)  # as each Input op declares them (-1: any)
 
 
 def _text(value) -> str:
@@ -117,6 +120,8 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
         has_external = raw.main is not None and getattr(raw.main, "external", None) is not None
         weights = OpWeights(name, raw.main, weight_file, path) if op_type in WEIGHTED and raw.main is not None else None
         op = Op(op_type, name, table=raw.main, index=i, weights=weights, extra=extra)
+        if op_type == "MoE":
+            op.weights = expert_weights(net, decode(op), name, weight_file, path)
         in_idx = [int(t) for t in (raw.inputIndexes if raw.inputIndexes is not None else [])]
         out_idx = [int(t) for t in (raw.outputIndexes if raw.outputIndexes is not None else [])]
         for t in in_idx + out_idx:
@@ -129,7 +134,9 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
         if op_type == "Const":
             constants[out_idx[0]] = blob_to_array(raw.main, name, weight_file if has_external else None, path)
         if op_type == "Input":
-            input_ops[names[out_idx[0]]] = (out_idx[0], runtime_dtype(getattr(raw.main, "dtype", 1)))
+            dims = getattr(raw.main, "dims", None)
+            input_ops[names[out_idx[0]]] = (out_idx[0], runtime_dtype(getattr(raw.main, "dtype", 1)),
+                                            [int(d) for d in dims] if dims is not None else [])
         nodes.append(OpNode(op, in_idx, out_idx))
     _annotate_attention_heads(nodes)
     input_names = list(inputs) or list(input_ops)
@@ -147,7 +154,7 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
     info.shape_inputs = _shape_inputs(info)
     extra = net.extraInfo
     net_info = NetInfo(_text(net.mnnUuid), _text(getattr(extra, "version", None)), _text(net.bizCode),
-                       _metadata(extra), input_names, output_names)
+                       _metadata(extra), input_names, output_names, {n: input_ops[n][2] for n in input_names})
     return info, net_info
 
 

@@ -18,6 +18,7 @@ from ..errors import ConfigError, ContextLengthError, MnnllmError
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
+from .attention_mask import check_attention_type, check_mask_input, float_attention_mask
 from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
@@ -56,6 +57,8 @@ class Llm:
         start = time.perf_counter()
         cfg = self.config
         self._check_model_files()
+        check_attention_type(cfg.attention_type, cfg.sliding_window,
+                             cfg.origin("attention_type") or cfg.origin("sliding_window"))
         self.runtime_manager = init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
         self.prompt = Prompt(cfg)
@@ -65,6 +68,9 @@ class Llm:
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
         self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager, Config(rearrange=True))
+        if cfg.attention_mask == "float":
+            check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
+                             cfg.origin("attention_type"))
         self.pool = ModulePool(self.module)
         self._decode_mask = self._attention_mask(1)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
@@ -116,9 +122,9 @@ class Llm:
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
-        if self.config.attention_mask == "float":
-            return np.zeros((1, 1, 1, 1), np.float32)  # causal masking happens inside Attention
         past = len(self.context.history_tokens)
+        if self.config.attention_mask == "float":  # "full": a scalar, the causal mask is Attention's
+            return float_attention_mask(self.config.attention_type, self.config.sliding_window, past, seq_len)
         keys = np.arange(past + seq_len)[None, :]
         return (keys <= (past + np.arange(seq_len))[:, None]).astype(np.int32).reshape(1, 1, seq_len, -1)
 
@@ -152,7 +158,8 @@ class Llm:
                                      field="max_all_tokens")
         all_logits = self.config.all_logits if all_logits is None else all_logits
         seq = len(ids)
-        mask = self._decode_mask if seq == 1 and self.config.attention_mask == "float" else self._attention_mask(seq)
+        prepared = seq == 1 and self.config.attention_mask == "float" and self.config.attention_type == "full"
+        mask = self._decode_mask if prepared else self._attention_mask(seq)
         feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask,
                  "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
         meta = self.kv_meta

@@ -22,7 +22,7 @@ import numpy as np
 from ..core.backend import BackendConfig, ScheduleConfig
 from ..core.op import Op
 from ..core.schedule import OpNode, ScheduleInfo
-from ..core.weights import ConvolutionWeights, FloatWeight
+from ..core.weights import ConvolutionWeights, FloatWeight, MoEExpert
 from ..express.pipeline_module import _shape_inputs
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config, StaticModule
@@ -49,6 +49,7 @@ class Weights:
     conv: ConvolutionWeights | None = None
     gamma: np.ndarray | None = None
     beta: np.ndarray | None = None
+    moe: list[MoEExpert] | None = None
 
     def convolution(self) -> ConvolutionWeights:
         assert self.conv is not None
@@ -56,6 +57,10 @@ class Weights:
 
     def layernorm(self) -> tuple[np.ndarray | None, np.ndarray | None]:
         return self.gamma, self.beta
+
+    def experts(self) -> list[MoEExpert]:
+        assert self.moe is not None
+        return self.moe
 
     @classmethod
     def dense(cls, weight: np.ndarray, bias: np.ndarray | None = None) -> "Weights":

@@ -1,8 +1,9 @@
-"""Linear layers on packed weights: a GEMV kernel for one token, dequantized tiles + BLAS for more.
+"""Linear layers on packed weights: a GEMV kernel for one token, dequantized panels + GEMM for more.
 
-`gemv` reads every packed byte once (the decode roofline); `matmul` turns a tile of groups
-into fp32 in a reused scratch buffer (the same values as `QuantizedWeight.dequantize`) and
-lets BLAS multiply it, so a prefill never holds a whole fp32 copy of a weight.
+`gemv` reads every packed byte once (the decode roofline); `matmul` turns one group of rows
+into an fp32 panel in a reused scratch buffer (the same values as `QuantizedWeight.dequantize`)
+and multiplies it with the register-blocked core of `gemm.py`, so a prefill never holds a whole
+fp32 copy of a weight.
 """
 from __future__ import annotations
 

@@ -97,9 +97,9 @@ def ints(*values: int) -> Const:
 
 def all_cases() -> list[Case]:
     """The whole catalogue, in a fixed order."""
-    from . import attention, elementwise, linear, misc, movement, norm, rope
+    from . import attention, elementwise, linear, linear_attention, misc, moe, movement, norm, rope
     found: list[Case] = []
-    for module in (linear, norm, rope, attention, elementwise, movement, misc):
+    for module in (linear, norm, rope, attention, linear_attention, elementwise, movement, misc, moe):
         found += module.cases()
     ids = [c.id for c in found]
     duplicated = {i for i in ids if ids.count(i) > 1}

@@ -1,7 +1,8 @@
 """Fused Attention as the export has it (packed q/k/v [seq, heads*dim, 1, 1]), driven through
 several steps by the KV meta: causal prefill, decode against the cache (past its first
-capacity), tokens removed from the cache, full float and int masks, attnScale, no cache (keys
-outnumbering queries), unpacked heads, and a mask with too few rows (a typed error)."""
+capacity), tokens removed from the cache, full float and int masks, a sliding-window mask over
+the cache (prefill and decode), attnScale, no cache (keys outnumbering queries), unpacked heads,
+and a mask with too few rows (a typed error)."""
 from __future__ import annotations
 
 import numpy as np
@@ -137,6 +138,33 @@ def _unpacked(rng) -> Trial:
     return steps_trial(op, [Step([q, k, v, SCALAR], [expected])])
 
 
+def window_bias(past: int, seq: int, window: int) -> np.ndarray:
+    """[seq, past + seq] float64: 0 where query i (position past + i) sees key j, causally and
+    fewer than `window` positions back; -inf elsewhere."""
+    bias = np.full((seq, past + seq), -np.inf)
+    for i in range(seq):
+        position = past + i
+        bias[i, max(0, position - window + 1):position + 1] = 0.0
+    return bias
+
+
+def _sliding_window(heads: int, kv_heads: int, dim: int, prompt: int, count: int, window: int):
+    """A windowed float mask over the whole KV length (MNN's "mix" plane): prefill, then decode
+    against the cache, each step's mask one row [1, 1, 1, kv] (blocked = float32's lowest)."""
+    def build(rng) -> Trial:
+        total = prompt + count
+        q, k, v = randn(rng, total, heads, dim), randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
+        steps = []
+        for start, end in [(0, prompt)] + [(t, t + 1) for t in range(prompt, total)]:
+            bias = window_bias(start, end - start, window)
+            mask = np.where(np.isinf(bias), np.finfo(np.float32).min, 0.0).astype(np.float32)
+            expected = attention_reference(q[start:end], k[:end], v[:end], bias=bias, causal_offset=None)
+            steps.append(Step(feeds(q[start:end], k[start:end], v[start:end], mask.reshape(1, 1, end - start, end)),
+                              [packed(expected)]))
+        return steps_trial(attention_op(heads, kv_heads, dim), steps, checks=[_meta_previous(total)])
+    return build
+
+
 def _short_mask(rng) -> Trial:
     heads, kv_heads, dim, tokens = 4, 2, 8, 7
     q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
@@ -157,6 +185,8 @@ def cases() -> list[Case]:
     found.append(Case("Attention", "full float mask without a floor tokens=7", _float_mask(7, floor=False)))
     found += [Case("Attention", f"int mask blocks where 0 heads={h}/{kv} tokens={t}", _int_mask(h, kv, t),
                    dtype="int32") for h, kv, t in ((2, 1, 5), (4, 2, 7))]
+    found += [Case("Attention", f"sliding window {w} over the cache heads={h}/{kv} prompt={p} decode={n}",
+                   _sliding_window(h, kv, 16, p, n, w)) for h, kv, p, n, w in ((4, 2, 9, 4, 4), (3, 1, 5, 3, 16))]
     found.append(Case("Attention", "attnScale 0.5", _scale))
     found += [Case("Attention", f"no cache heads={h}/{kv} dim={d} runs={runs}", _no_cache(h, kv, d, runs))
               for h, kv, d, runs in ((4, 2, 8, (5, 3)), (4, 2, 16, (5, 3, 1)))]
