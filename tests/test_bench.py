@@ -110,3 +110,17 @@ def test_memory_modes_run_side_by_side_and_the_roofline_counts_packed_bytes():
     low, normal = (float(line.split(": ")[1].split(" MiB")[0]) for line in done.stdout.splitlines()
                    if line.startswith("decode roofline"))
     assert 60 < low < 80 and normal > 6 * low  # int4 + fp16 alphas vs fp32 weights of the same 135M model
+
+
+def test_a_vision_language_model_gets_a_vision_row_in_images_per_second():
+    from vl_reference import FP16, reference
+    reference()
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(FP16), "-a", "cpu",
+                           "-p", "16", "-n", "0", "-rep", "2", "-o", "json"],
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert [r["test"] for r in rows] == ["pp16", "vision420x420 img/s"]
+    vision = rows[1]
+    assert len(vision["samples_ts"]) == 2 and vision["avg_ts"] > 0
+    assert abs(vision["mp_s"] - vision["avg_ts"] * 420 * 420 / 1e6) < 1e-9

@@ -22,6 +22,7 @@ def flatten(results: list[dict]) -> list[dict]:
                 "peak_rss_mb": result["peak_rss_mb"], "device": result["device"],
                 "placement": result.get("placement"), "versions": result["versions"],
                 **({"vs_mnn": row["vs_mnn"]} if "vs_mnn" in row else {}),
+                **({"mp_s": row["mp_s"]} if "mp_s" in row else {}),
             })
     return rows
 
