@@ -20,7 +20,9 @@ into the dataclasses below (ConvolutionParams for "Convolution", RasterParam for
 ...); `op.weights` (ConvolutionWeights, norm gamma/beta) is there until the creator packs it.
 
 Shared machinery: `KVCache` (one Attention layer's cache bookkeeping; `DeviceKVCache` for a
-device cache of token-major rows), `broadcast_strides` and
+device cache of token-major rows), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
+the weights a backend packs at load, written once and memory-mapped by later loads),
+`file_backed_zeros` (arrays paged to a file, for `kvcache_mmap`), `broadcast_strides` and
 `walks_contiguously` (views device kernels walk), `norm_tables` / `layernorm_launch` /
 `head_norm_tables` (norm tables as device kernels take them), the weights' `scale_zero()`,
 `offset_codes()` and `dequantize()` (packing).
@@ -33,6 +35,7 @@ from .core.allocator import BufferPool
 from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
                            RuntimeCreator, ScheduleConfig)
 from .core.dtypes import FLOAT32, INT32
+from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
 from .core.kv_meta import KVMeta
 from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
@@ -43,6 +46,7 @@ from .core.op_params import (NO_ACTIVATION, RELU, RELU6, AttentionMask, Attentio
                              MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams,
                              SoftmaxParams, TopKParams, UnaryParams, attention_mask)
 from .core.tensor import Tensor
+from .core.weight_cache import WeightCache
 from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
                            WeightReader, linear_weights)
 from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
@@ -62,8 +66,8 @@ __all__ = [
     # weights
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
     "MoEExpert",
-    # the KV cache
-    "KVMeta", "KVCache", "DeviceKVCache",
+    # the KV cache; packed weights kept on disk (use_mmap)
+    "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
     # shared machinery
     "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
     "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",

@@ -20,3 +20,15 @@ def smollm2_gguf() -> Path:
         return default_gguf()
     except ConfigError as err:
         pytest.skip(str(err))
+
+
+def linked_model_copy(folder: Path, own: str) -> Path:
+    """The shared model in `folder`: its own copy of the file `own`, links to the rest; its config."""
+    import shutil
+    folder.mkdir()
+    for name in os.listdir(MODEL_DIR):
+        if name == own:
+            shutil.copyfile(MODEL_DIR / name, folder / name)
+        else:
+            os.symlink(MODEL_DIR / name, folder / name)
+    return folder / "config.json"

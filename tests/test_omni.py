@@ -232,3 +232,13 @@ def test_device_backends_reproduce_the_reference_with_the_patch_embedding_on_cpu
     assert {f["type"] for f in vision["fallbacks"]} == PATCH_EMBEDDING_OPS
     assert vision["ops_per_backend"][backend] > 100
     assert model.placement()["fallbacks"] == []
+
+
+def test_the_disk_prefix_cache_is_off_for_a_multimodal_model(tmp_path):
+    reference()
+    model = mnnllm_core.create(FP16)
+    model.set_config({"memory": "normal", "prefix_cache_path": str(tmp_path / "cache")})
+    model.load()
+    assert model.prefix_cache is None
+    model.generate(model.tokenizer_encode(f"<img><hw>56,56</hw>{IMAGE}</img>Hi there, what is this?"), 1)
+    assert not any((tmp_path / "cache").rglob("*.kv"))

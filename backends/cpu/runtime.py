@@ -2,14 +2,17 @@
 `memory: "low"` numba kernels on packed int4/int8 weights (`kernels/`)."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import platform
+import tempfile
 from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import BackendConfig, HostBackend, Runtime, RuntimeCreator, ScheduleConfig
+from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, ScheduleConfig,
+                                     file_backed_zeros)
 
 from .ops import CREATORS
 
@@ -52,6 +55,10 @@ class CPURuntime(Runtime):
         self.thread_num = max(1, min(int(config.thread_num), os.cpu_count() or 1))
         self._limits = _limit_blas_threads(self.thread_num)
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
+        self.kv_zeros = np.zeros  # storage of the KV caches: in a file-backed mapping with kvcache_mmap
+        if self.hints.get("kvcache_mmap"):
+            folder = self.hints.get("tmp_path") or tempfile.gettempdir()
+            self.kv_zeros = functools.partial(file_backed_zeros, folder=folder)
 
     def low_memory_kernels(self) -> bool:
         """Load the packed-weight kernels on first use (numba's import is paid only by memory "low")."""

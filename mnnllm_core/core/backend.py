@@ -6,6 +6,7 @@ reachable from `mnnllm_core.backend_api`), registers op creators on the runtime,
 """
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Sequence
@@ -16,6 +17,7 @@ from .allocator import BufferPool
 from .kv_meta import KVMeta
 from .op import Op
 from .tensor import Tensor
+from .weight_cache import WeightCache
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +194,12 @@ class Runtime:
 
     def create_backend(self, config: BackendConfig) -> Backend:
         raise NotImplementedError
+
+    @functools.cached_property
+    def weight_cache(self) -> WeightCache | None:
+        """Where this backend keeps the weights it packs at load, memory-mapped by later loads
+        (`use_mmap`; weight_cache.py), or None."""
+        return WeightCache.from_hints(self.hints, self.name)
 
     def gc(self, level: int = 0) -> None:
         """Release cached memory; higher levels release more."""

@@ -5,13 +5,17 @@ of them go (a rejected guess, a new prompt that shares only a prefix), `add` com
 Attention first calls `begin_step(meta)`, which drops the removed tokens and returns how many
 remain (the step's past), then `append(k, v, seq)`. Storage grows by doubling (at least
 `min_capacity` tokens), so a step never copies the whole cache. A backend subclasses this and
-says how to grow its storage and where to write the new rows; the clones of an Execution
-(prefill and decode) share one cache.
+says how to grow its storage and where to write the new rows (and, to take part in the prefix
+cache on disk, how to `snapshot` and `restore` it); the clones of an Execution (prefill and
+decode) share one cache.
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
+from ..errors import ContextLengthError
 from .kv_meta import KVMeta
 
 
@@ -52,6 +56,17 @@ class KVCache:
         """Store `seq` tokens of k and v at token `self.length`."""
         raise NotImplementedError
 
+    saveable = False  # whether `snapshot` and `restore` work (the prefix cache on disk needs both)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """The cached keys and values as host arrays [length, ...] (float32 [length, kv_heads, dim]
+        on the host; a device's raw rows), for the prefix cache on disk."""
+        raise NotImplementedError
+
+    def restore(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Hold exactly these keys and values (as `snapshot` gave them)."""
+        raise NotImplementedError
+
 
 class DeviceKVCache(KVCache):
     """Keys and values as two device buffers of token-major rows ([capacity, kv_heads, dim], the
@@ -63,15 +78,32 @@ class DeviceKVCache(KVCache):
     min_capacity = 256
 
     def __init__(self, alloc: Callable[[int], Any], copy: Callable[..., None],
-                 fits: Callable[[int], bool] | None = None) -> None:
+                 fits: Callable[[int], bool] | None = None, read: Callable[[Any, int], np.ndarray] | None = None,
+                 write: Callable[[Any, np.ndarray], None] | None = None) -> None:
         super().__init__()
         self._alloc, self._copy, self._fits = alloc, copy, fits
+        self._read, self._write = read, write  # read(buffer, nbytes) -> uint8 array; write(buffer, uint8 array)
+        self.saveable = read is not None and write is not None
         self.row_bytes = 0  # bytes of one token's keys: set at resize, the same for every clone
         self.k = self.v = None
 
     def capacity_for(self, need: int) -> int:
         capacity = super().capacity_for(need)
-        return capacity if self._fits is None or self._fits(capacity * self.row_bytes) else need
+        if self._fits is None or self._fits(capacity * self.row_bytes):
+            return capacity
+        if not self._fits(need * self.row_bytes):
+            raise ContextLengthError(f"{need} tokens do not fit the KV cache: its buffers hold at most "
+                                     f"{self.max_tokens(need)} tokens of {self.row_bytes} bytes on this device",
+                                     field="max_all_tokens")
+        return need
+
+    def max_tokens(self, below: int) -> int:
+        """The most tokens (fewer than `below`) one buffer holds: `fits` is monotone, so bisect."""
+        low, high = 0, below
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if self._fits(middle * self.row_bytes) else (low, middle)
+        return low
 
     def grow(self, capacity: int) -> None:
         rows = self.row_bytes
@@ -85,3 +117,21 @@ class DeviceKVCache(KVCache):
         at = self.length * self.row_bytes
         self._copy(self.k, k, seq * self.row_bytes, dst_offset=at)
         self._copy(self.v, v, seq * self.row_bytes, dst_offset=at)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        """The raw rows, uint8 [length, row_bytes] each (needs `read`)."""
+        nbytes = self.length * self.row_bytes
+        if not nbytes:
+            empty = np.zeros((0, self.row_bytes), np.uint8)
+            return empty, empty.copy()
+        return tuple(self._read(b, nbytes).reshape(self.length, self.row_bytes) for b in (self.k, self.v))
+
+    def restore(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Rows as `snapshot` gave them (needs `write`): storage for at least them, filled from the host."""
+        self.length, self.row_bytes = 0, k.shape[1]
+        if self.k is None or k.shape[0] > self.capacity:
+            self.capacity = self.capacity_for(k.shape[0])
+            self.grow(self.capacity)
+        self._write(self.k, np.ascontiguousarray(k).reshape(-1))
+        self._write(self.v, np.ascontiguousarray(v).reshape(-1))
+        self.length = k.shape[0]

@@ -23,7 +23,9 @@ from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation
+from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
+from .prefix_cache import PrefixCache
 from .prompt import Prompt
 from .runtime import init_runtime
 from .sampler import Sampler, SamplerConfig
@@ -47,6 +49,7 @@ class Llm:
         self.prompt: Prompt | None = None
         self.embedding: DiskEmbedding | None = None
         self.sampler: Sampler | None = None
+        self.prefix_cache: PrefixCache | None = None
         self.generation = ARGeneration(self)
         self._decode_mask: np.ndarray | None = None
         self._decode_position = np.zeros((1, 1), np.int32)
@@ -72,6 +75,7 @@ class Llm:
             check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
                              cfg.origin("attention_type"))
         self.pool = ModulePool(self.module)
+        self.prefix_cache = PrefixCache.for_llm(self)
         self._decode_mask = self._attention_mask(1)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
         log.info("loaded %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
@@ -144,6 +148,8 @@ class Llm:
         """Tokens that ran through the model join the history (the KV cache holds them now)."""
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(self.context.history_tokens)
+        if self.prefix_cache is not None:
+            self.prefix_cache.saved_after(self.context.history_tokens)
 
     def forward(self, input_ids: Sequence[int], all_logits: bool | None = None) -> np.ndarray:
         """Run the new tokens through the model (appending them to the KV cache); returns
@@ -169,8 +175,12 @@ class Llm:
         meta.add = seq
         try:
             outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
-        except BaseException:
+        except BaseException as err:
             self.pool.discard(seq, bool(all_logits))  # an interrupted run may leave its clone half resized
+            if isinstance(err, ContextLengthError):  # the KV cache's capacity: name max_all_tokens beside it
+                raise ContextLengthError(f"{err.reason}; max_all_tokens is {self.config.max_all_tokens}: lower it "
+                                         "to what the KV cache holds", file=self.config.origin("max_all_tokens"),
+                                         field="max_all_tokens") from err
             raise
         meta.sync()
         self._commit(ids)
@@ -187,7 +197,10 @@ class Llm:
 
     def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
         """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
-        the common prefix with the history, less the last prompt token (it must run for logits)."""
+        the common prefix with the history, less the last prompt token (it must run for logits);
+        none when `reuse_kv`/`prompt_cache` turn reuse off (kv_reuse.py)."""
+        if not reuse_enabled(self.config):
+            return 0
         common = 0
         for a, b in zip(self.context.history_tokens, prompt_ids):
             if a != b:
@@ -205,6 +218,8 @@ class Llm:
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
         common = self.cached_prefix(prompt_ids)
+        if self.prefix_cache is not None:  # a longer prefix saved on disk by an earlier process
+            common = self.prefix_cache.restore(prompt_ids, common)
         del history[common:]  # forward cuts the KV cache back to the history
         ctx = self.context
         ctx.prompt_len, ctx.gen_seq_len = len(prompt_ids), 0

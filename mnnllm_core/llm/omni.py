@@ -45,6 +45,9 @@ class Omni(Llm):
             raise UnsupportedError(f"this model needs {' and '.join(missing)}, which mnnllm does not implement yet "
                                    "(only vision encoders, is_visual)", file=self.config.origin(key), field=key)
         super().load()
+        if self.prefix_cache is not None:  # its files are keyed by token ids, and image rows share theirs
+            log.warning("prefix cache off: a multimodal prompt's KV cache depends on its images, not only its ids")
+            self.prefix_cache = None
         if self.config.is_visual:
             self.vision = VisionEncoder(self.config, self._processor_runtime())
             log.info("loaded the vision encoder %s", self.config.visual_model)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 
 from ..core.backend import BackendConfig, ScheduleConfig
+from ..core.file_identity import file_identity
 from ..errors import BackendError, ConfigError
 from ..express.runtime_manager import RuntimeManager
 from .config import LlmConfig
@@ -54,6 +55,7 @@ def runtime_hints(config: LlmConfig) -> dict:
         "tmp_path": config.tmp_path, "prefix_cache_path": config.prefix_cache_path,
         "attention_type": config.attention_type, "sliding_window": config.sliding_window,
         "attn_scale": config.attn_scale,
+        "model_identity": file_identity([config.llm_model, config.llm_weight]) if config.use_mmap else None,
     }
 
 

@@ -26,6 +26,8 @@ from mnnllm_core.backend_api import QuantizedWeight
 from . import jit
 from .simd import GROUP_ROWS
 
+LAYOUT_VERSION = f"interleaved-{GROUP_ROWS}-rows-1"  # change it with the layout: cached packs are then made anew
+
 
 @dataclass(eq=False)
 class PackedWeight:
@@ -53,6 +55,16 @@ class PackedWeight:
     def nbytes(self) -> int:
         """What one GEMV reads."""
         return self.codes.nbytes + self.alpha.nbytes
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weight as plain arrays, what `runtime.weight_cache` keeps on disk."""
+        return {"codes": self.codes, "alpha": self.alpha,
+                "shape": np.array([self.bits, self.oc, self.ic, self.block], np.int64)}
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "PackedWeight":
+        bits, oc, ic, block = (int(x) for x in arrays["shape"])
+        return cls(bits, oc, ic, block, arrays["codes"], arrays["alpha"])
 
     def same_format(self, other: "PackedWeight") -> bool:
         return (self.bits, self.ic, self.block, self.alpha.dtype) == (other.bits, other.ic, other.block,

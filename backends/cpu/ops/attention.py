@@ -20,11 +20,12 @@ class HostKVCache(KVCache):
     """Keys and values in host memory, [kv_heads, capacity, dim] each (keys [kv_heads, dim,
     capacity] when `keys_transposed`); capacity in whole panels."""
 
-    def __init__(self, keys_transposed: bool = False) -> None:
+    def __init__(self, keys_transposed: bool = False, zeros=np.zeros) -> None:
         super().__init__()
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
         self.keys_transposed = keys_transposed
+        self.zeros = zeros  # np.zeros, or file-backed storage with kvcache_mmap (the runtime's kv_zeros)
         self._heads = self._dim = 0
 
     def capacity_for(self, need: int) -> int:
@@ -32,8 +33,8 @@ class HostKVCache(KVCache):
 
     def grow(self, capacity: int) -> None:
         heads, dim = self._heads, self._dim
-        grown_v = np.zeros((heads, capacity, dim), np.float32)
-        grown_k = np.zeros((heads, dim, capacity) if self.keys_transposed else grown_v.shape, np.float32)
+        grown_v = self.zeros((heads, capacity, dim), np.float32)
+        grown_k = self.zeros((heads, dim, capacity) if self.keys_transposed else grown_v.shape, np.float32)
         if self.v is not None:
             grown_v[:, :self.length] = self.v[:, :self.length]
             if self.keys_transposed:
@@ -55,6 +56,20 @@ class HostKVCache(KVCache):
         self._heads, self._dim = k.shape[1], k.shape[2]
         self.append(k, v, k.shape[0])
 
+    saveable = True
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        n = self.length
+        if self.v is None:
+            empty = np.zeros((0, self._heads, self._dim), np.float32)
+            return empty, empty.copy()
+        keys = self.k[:, :, :n].transpose(2, 0, 1) if self.keys_transposed else self.k[:, :n].transpose(1, 0, 2)
+        return np.ascontiguousarray(keys), np.ascontiguousarray(self.v[:, :n].transpose(1, 0, 2))
+
+    def restore(self, k: np.ndarray, v: np.ndarray) -> None:
+        self.length = 0
+        self.add(k, v)
+
 
 def softmax_last(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
@@ -67,8 +82,8 @@ class AttentionExecution(Execution):
     def __init__(self, backend, params: AttentionParams, cache: HostKVCache | None = None):
         super().__init__(backend)
         self.params = params
-        self.cache = cache if cache is not None else HostKVCache(keys_transposed=params.kv_cache
-                                                                 and backend.low_memory())
+        self.cache = cache if cache is not None else HostKVCache(params.kv_cache and backend.low_memory(),
+                                                                 backend.runtime.kv_zeros)
         self.kernel_call = None  # (kernel, q, out, scale) bound at resize for the key-transposed cache
 
     def _layout(self, inputs) -> tuple[int, int, int, int]:

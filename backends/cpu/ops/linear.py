@@ -8,6 +8,7 @@ import numpy as np
 from mnnllm_core.backend_api import RELU, RELU6, Execution, QuantizedWeight, Refused, linear_weights
 
 FEW_ROWS = 64
+FP32_VERSION = "fp32-oc-ic-1"  # the dequantized [oc, ic] weight, as the weight cache keeps it
 
 
 def finish(out: np.ndarray, bias: np.ndarray | None, activation: int) -> None:
@@ -48,10 +49,16 @@ def create_linear(backend, inputs, outputs, op):
     weights = linear_weights(op)
     if isinstance(weights, Refused):
         return weights
-    if isinstance(weights.quantized, QuantizedWeight) and backend.low_memory():
+    key, cache = f"{op.index}:{op.name}", backend.runtime.weight_cache
+    quantized = isinstance(weights.quantized, QuantizedWeight)
+    if quantized and backend.low_memory():
         from .packed_linear import create_packed_linear
-        return create_packed_linear(backend, inputs, weights.quantized, weights.nonzero_bias, op.param.activation)
-    return LinearExecution(backend, weights.dequantize(), weights.nonzero_bias, op.param.activation)
+        return create_packed_linear(backend, inputs, key, weights.quantized, weights.nonzero_bias, op.param.activation)
+    if cache is None or not quantized:
+        weight = weights.dequantize()
+    else:
+        weight = cache.arrays(key, FP32_VERSION, lambda: {"weight": weights.dequantize()})["weight"]
+    return LinearExecution(backend, weight, weights.nonzero_bias, op.param.activation)
 
 
 CREATORS = {"Convolution": create_linear}

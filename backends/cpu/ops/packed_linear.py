@@ -12,7 +12,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import Execution
 
-from ..kernels.layout import PackedWeight, pack
+from ..kernels.layout import LAYOUT_VERSION, PackedWeight, pack
 from ..kernels.linear import FEW_TOKENS, MEMBERS, Gemv, matmul
 from .linear import finish
 
@@ -86,9 +86,14 @@ class PackedLinearExecution(Execution):
         return PackedLinearExecution(backend, twin, self.member, self.bias, self.activation)
 
 
-def create_packed_linear(backend, inputs, weight, bias, activation: int) -> PackedLinearExecution:
-    """Pack `weight` (a QuantizedWeight) and join the linears already reading the same input."""
-    packed = pack(weight)
+def create_packed_linear(backend, inputs, name: str, weight, bias, activation: int) -> PackedLinearExecution:
+    """Pack `weight` (a QuantizedWeight of op `name`; with use_mmap, map the pack an earlier load
+    kept) and join the linears already reading the same input."""
+    cache = backend.runtime.weight_cache
+    if cache is None:
+        packed = pack(weight)
+    else:
+        packed = PackedWeight.from_arrays(cache.arrays(name, LAYOUT_VERSION, lambda: pack(weight).arrays()))
     key = inputs[0].index
     shared = backend.shared_inputs.get(key)
     member = shared.join(packed) if shared is not None else None

@@ -15,7 +15,11 @@ class AttentionExecution(Execution):
     def __init__(self, backend, params: AttentionParams, cache: DeviceKVCache | None = None):
         super().__init__(backend)
         self.params = params
-        self.cache = cache if cache is not None else DeviceKVCache(backend.allocator.alloc, backend.allocator.copy)
+        allocator = backend.allocator
+        self.cache = cache if cache is not None else DeviceKVCache(
+            allocator.alloc, allocator.copy, read=lambda buffer, nbytes: allocator.copyout(np.empty(nbytes, np.uint8),
+                                                                                          buffer),
+            write=allocator.copyin)
         self.kernel = None
         self.bound = None  # the cache buffer the kernel's k argument points at
         self.kv_seq = 0

@@ -1,0 +1,145 @@
+"""Packed weights written once and memory-mapped by later loads (MNN's `use_mmap` with `tmp_path`).
+
+A backend that makes its own layout of a weight at load (cpu's interleaved int4 codes, fp32
+dequantized rows) asks its runtime's `weight_cache` (None unless `use_mmap` is true) for the
+arrays of one op: `arrays(op_name, version, make)`. The first load calls `make()`, writes the
+arrays beside and renames the file into place, then maps it; later loads map the file and never
+pack. The pages are the file's: they are read on first touch, shared by every process on the
+machine, and the kernel may drop them under memory pressure (they are clean), so a second load
+neither packs nor holds the packed weights in private memory.
+
+Files live in `<tmp_path>/packed/<key>/` (tmp_path empty: `$MNNLLM_CACHE` or ~/.cache/mnnllm),
+the key a hash of the model files' identity (size, mtime, sha256 of each end), the backend's
+name and mnnllm's version; each file's header repeats the op name and the backend's layout
+`version`, so a changed model, mnnllm or layout never reuses a file. A file whose header or size
+is wrong is removed with a warning and the weights packed again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"MNNLLMPW"
+ALIGN = 64
+_HEADER = struct.Struct("<8sI")
+
+
+class _Rejected(Exception):
+    pass
+
+
+def default_folder() -> Path:
+    return Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
+
+
+class WeightCache:
+    def __init__(self, folder: str | os.PathLike[str], key_parts: dict):
+        key = hashlib.sha256(json.dumps(key_parts, sort_keys=True).encode()).hexdigest()[:16]
+        self.folder = Path(folder) / "packed" / key
+        self.hits = self.misses = 0
+
+    @classmethod
+    def from_hints(cls, hints: dict, backend_name: str) -> "WeightCache | None":
+        """The cache a runtime's hints ask for: `use_mmap` true and the model's identity known."""
+        if not hints.get("use_mmap") or not hints.get("model_identity"):
+            return None
+        from .. import __version__
+        return cls(hints.get("tmp_path") or default_folder(),
+                   {"model": hints["model_identity"], "backend": backend_name, "mnnllm": __version__})
+
+    def arrays(self, name: str, version: str, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """The arrays of op `name` in layout `version`: mapped from the file, else made, saved and mapped
+        (never to be written). A write that fails (a full disk) is logged and the made arrays used."""
+        path = self.folder / f"{hashlib.sha256(name.encode()).hexdigest()[:20]}.pw"
+        if path.exists():
+            try:
+                mapped = _map(path, name, version)
+                self.hits += 1
+                return mapped
+            except _Rejected as why:
+                log.warning("packed-weight cache: not using %s (%s): %s; packing again", path, name, why)
+                path.unlink(missing_ok=True)
+        self.misses += 1
+        made = make()
+        try:
+            _write(path, name, version, made)
+            return _map(path, name, version)
+        except (OSError, _Rejected) as err:
+            log.warning("packed-weight cache: cannot keep %s in %s: %s", name, path, err)
+            return made
+
+
+def _layout(arrays: dict[str, np.ndarray], start: int) -> tuple[list[dict], int]:
+    entries, at = [], start
+    for key, array in arrays.items():
+        at = -(-at // ALIGN) * ALIGN
+        entries.append({"key": key, "dtype": array.dtype.str, "shape": list(array.shape), "offset": at})
+        at += array.nbytes
+    return entries, at
+
+
+def _write(path: Path, name: str, version: str, arrays: dict[str, np.ndarray]) -> None:
+    arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    # the header's length depends on the offsets and they on it: grow the room it gets until it fits
+    room, header = 256, b""
+    while True:
+        entries, size = _layout(arrays, _HEADER.size + room)
+        header = json.dumps({"name": name, "version": version, "arrays": entries, "size": size}).encode()
+        if len(header) <= room:
+            break
+        room = 2 * len(header)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            f.write(_HEADER.pack(MAGIC, len(header)) + header)
+            for entry, array in zip(entries, arrays.values()):
+                f.seek(entry["offset"])
+                f.write(memoryview(array).cast("B") if array.nbytes else b"")
+            f.truncate(size)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _map(path: Path, name: str, version: str) -> dict[str, np.ndarray]:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(_HEADER.size)
+        if len(head) < _HEADER.size or _HEADER.unpack(head)[0] != MAGIC:
+            raise _Rejected("not a packed-weight file")
+        try:
+            header = json.loads(f.read(_HEADER.unpack(head)[1]))
+            entries = header["arrays"]
+        except (ValueError, KeyError) as err:
+            raise _Rejected(f"a malformed header ({err})") from err
+    if header.get("name") != name or header.get("version") != version:
+        raise _Rejected(f"made for {header.get('name')!r} layout {header.get('version')!r}, "
+                        f"wanted {name!r} layout {version!r}")
+    if header.get("size") != size:
+        raise _Rejected(f"truncated: {size} bytes, the header says {header.get('size')}")
+    # copy-on-write: the arrays look writable (jit kernels compiled for writable arrays take them)
+    # and nothing writes them, so every page stays the file's; plain ndarray views, not np.memmap,
+    # so the kernels see the array types they were compiled for
+    whole = np.memmap(path, np.uint8, mode="c", shape=(size,)).view(np.ndarray) if size else np.zeros(0, np.uint8)
+    arrays = {}
+    try:
+        for entry in entries:
+            dtype, shape = np.dtype(entry["dtype"]), tuple(entry["shape"])
+            count = int(np.prod(shape, dtype=np.int64))
+            start = entry["offset"]
+            if start + count * dtype.itemsize > size:
+                raise _Rejected(f"array {entry['key']} runs past the end of the file")
+            arrays[entry["key"]] = whole[start:start + count * dtype.itemsize].view(dtype).reshape(shape)
+    except (KeyError, TypeError, ValueError) as err:
+        raise _Rejected(f"a malformed header ({err})") from err
+    return arrays

@@ -1,0 +1,256 @@
+"""The prefix cache on disk (MNN's `prefix_cache_path`): a prompt's KV cache, saved after its
+prefill, so a later process with the same model and the same leading tokens loads it instead of
+prefilling them again.
+
+On when `prefix_cache_path` is set in the config (MNN's default value, "prefixcache", names the
+folder MNN would use; mnnllm writes nothing unless asked). A file lives in
+`<prefix_cache_path>/<key>/<tokens>-<hash>.kv`: the key is a hash of everything the cached values
+depend on (the model files' identity, backend, precision and memory mode, the layer count, this
+format's version), the name the number and a hash of the exact token ids. A later prompt takes the
+longest run of leading tokens it shares with any saved file (a shared system prompt, or the
+conversation so far). The file holds a JSON
+header (the same facts in full, the token ids, each layer's shape and dtype) and then every
+layer's keys and values as the cache's `snapshot` gave them (cpu: float32 [tokens, kv_heads, dim];
+a device cache: its raw rows), with a sha256 of them. It is written beside and renamed into place. A
+file that is stale, truncated or corrupt is never used: a warning says why, it is removed, and the
+prompt is prefilled (and saved again).
+
+A prompt is saved when its prefill computed at least `MIN_NEW_TOKENS` tokens; a prompt that
+extends a saved file's tokens replaces that file (a chat keeps one file, its latest turn); other
+prompts add files, which nothing evicts: clear the folder when it grows too big. Only
+backends whose caches are `saveable` (`snapshot` and `restore`: cpu, opencl) take part; for others
+(vulkan; a model with a short-convolution history) it is logged and off.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..core.file_identity import file_identity
+from ..core.kv_cache import KVCache
+
+if TYPE_CHECKING:
+    from .llm import Llm
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"MNNLLMKV"
+VERSION = 1
+MIN_NEW_TOKENS = 16
+_HEADER = struct.Struct("<8sI")  # magic, header length
+
+
+class RejectedFile(Exception):
+    """Why a prefix-cache file cannot be used."""
+
+
+def token_hash(tokens: Sequence[int]) -> str:
+    return hashlib.sha256(np.asarray(tokens, "<i4").tobytes()).hexdigest()[:16]
+
+
+def model_caches(llm: "Llm") -> list[KVCache]:
+    """Every per-token state the executions keep (Attention's KV caches, a short convolution's
+    history, ...: each a KVCache the module pool's clones share with the loaded module)."""
+    executions = llm.module.static_module.session.pipeline.executions.values()
+    return [value for _, e in executions for value in vars(e).values() if isinstance(value, KVCache)]
+
+
+class PrefixCache:
+    def __init__(self, folder: str, identity: dict, caches: list[KVCache], llm: "Llm"):
+        self.identity = identity
+        self.folder = os.path.join(folder, hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
+                                   .hexdigest()[:16])
+        self.caches = caches
+        self.llm = llm
+        self._pending: list[int] | None = None  # the prompt whose prefill is under way
+        self._restored = 0  # how many of its tokens came from the caches
+        self._superseded: str | None = None  # the file it extends: removed once it is saved
+
+    @classmethod
+    def for_llm(cls, llm: "Llm") -> "PrefixCache | None":
+        """The model's prefix cache, or None when `prefix_cache_path` is unset or its backend's
+        KV cache cannot be saved."""
+        cfg = llm.config
+        folder = cfg.get("prefix_cache_path")
+        if not folder:
+            return None
+        caches = model_caches(llm)
+        unsaveable = sorted({type(c).__name__ for c in caches if not c.saveable})
+        if not caches or unsaveable:
+            log.warning("prefix cache off: the KV cache (%s) of backend %s cannot be saved",
+                        ", ".join(unsaveable) or "none found", llm.runtime_manager.config.backend_type)
+            return None
+        options = cfg.runtime_options()
+        identity = {"format": VERSION, "model": file_identity([cfg.llm_model, cfg.llm_weight, cfg.embedding_file]),
+                    "backend": llm.runtime_manager.config.backend_type, "precision": options.precision,
+                    "memory": options.memory, "layers": len(caches)}
+        return cls(str(folder), identity, caches, llm)
+
+    # -- the Llm's two calls -------------------------------------------------------------
+    def restore(self, prompt_ids: list[int], common: int) -> int:
+        """Load the longest prefix of `prompt_ids` a saved file holds, when it is longer than the
+        `common` tokens the in-memory cache already holds (at most all but the last token, which
+        must run for its logits: a key or value depends only on the tokens before it, so a file
+        saved for a longer or different prompt gives its common prefix); the number of leading
+        tokens now cached. Also notes the prompt for `saved_after`."""
+        self._pending, self._restored, self._superseded = list(prompt_ids), common, None
+        limit = len(prompt_ids) - 1
+        for shared, path, header in self._candidates(prompt_ids, common):
+            try:
+                keys, values = self._read(path, header)
+            except RejectedFile as why:
+                self._reject(path, why)
+                continue
+            use = min(shared, limit)
+            for cache, k, v in zip(self.caches, keys, values):
+                cache.restore(k[:use], v[:use])
+            self.llm.context.history_tokens[:] = prompt_ids[:use]
+            meta = self.llm.kv_meta
+            meta.previous, meta.remove, meta.add = use, 0, 0
+            self._restored = use
+            if shared == len(header["tokens"]):  # the new prompt extends that file's: it replaces it
+                self._superseded = path
+            log.info("prefix cache: %d of %d prompt tokens from %s", use, len(prompt_ids), path)
+            return use
+        return common
+
+    def saved_after(self, history: Sequence[int]) -> None:
+        """After a forward: when it completed the noted prompt's prefill, save that prompt's cache."""
+        pending = self._pending
+        if pending is None or len(history) != len(pending) or list(history) != pending:
+            return
+        self._pending = None
+        if len(pending) - self._restored < MIN_NEW_TOKENS:
+            return
+        path = os.path.join(self.folder, f"{len(pending)}-{token_hash(pending)}.kv")
+        if os.path.exists(path):
+            return
+        try:
+            self._write(path, pending)
+        except OSError as err:
+            log.warning("prefix cache: cannot write %s: %s", path, err)
+            return
+        if self._superseded is not None:
+            _remove(self._superseded)
+
+    # -- files ------------------------------------------------------------------------------
+    def _reject(self, path: str, why: Exception) -> None:
+        log.warning("prefix cache: not using %s: %s; prefilling instead", path, why)
+        _remove(path)
+
+    def _candidates(self, prompt_ids: Sequence[int], common: int) -> list[tuple[int, str, dict]]:
+        """(tokens shared with the prompt, path, header) of the saved files sharing more than
+        `common` leading tokens with it, most first."""
+        try:
+            names = [n for n in os.listdir(self.folder) if n.endswith(".kv")]
+        except FileNotFoundError:
+            return []
+        prompt = np.asarray(prompt_ids, np.int64)
+        found = []
+        for name in names:
+            path = os.path.join(self.folder, name)
+            try:
+                header = _read_header(path)
+            except RejectedFile as why:
+                self._reject(path, why)
+                continue
+            saved = np.asarray(header["tokens"], np.int64)[:len(prompt)]
+            differ = np.flatnonzero(saved != prompt[:len(saved)])
+            shared = int(differ[0]) if differ.size else len(saved)
+            if min(shared, len(prompt) - 1) > common:
+                found.append((shared, path, header))
+        return sorted(found, key=lambda item: item[0], reverse=True)
+
+    def _write(self, path: str, tokens: list[int]) -> None:
+        arrays = [tuple(np.ascontiguousarray(a) for a in c.snapshot()) for c in self.caches]
+        if any(k.shape[0] != len(tokens) or k.shape != v.shape or k.dtype != v.dtype for k, v in arrays):
+            log.warning("prefix cache: the KV cache does not hold the prompt's %d tokens; not saved", len(tokens))
+            return
+        digest = hashlib.sha256()
+        for k, v in arrays:
+            digest.update(memoryview(k).cast("B"))
+            digest.update(memoryview(v).cast("B"))
+        header = json.dumps({"identity": self.identity, "tokens": tokens,
+                             "layers": [{"shape": list(k.shape[1:]), "dtype": k.dtype.str} for k, _ in arrays],
+                             "payload_sha256": digest.hexdigest()}).encode()
+        os.makedirs(self.folder, exist_ok=True)
+        temporary = f"{path}.{os.getpid()}.tmp"
+        try:
+            with open(temporary, "wb") as f:
+                f.write(_HEADER.pack(MAGIC, len(header)))
+                f.write(header)
+                for k, v in arrays:
+                    f.write(memoryview(k).cast("B"))
+                    f.write(memoryview(v).cast("B"))
+            os.replace(temporary, path)
+        finally:
+            _remove(temporary)
+        log.info("prefix cache: saved %d tokens to %s", len(tokens), path)
+
+    def _read(self, path: str, header: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Every layer's keys and values of a file whose header `_read_header` gave, checked."""
+        if header["identity"] != self.identity:
+            changed = sorted(k for k in set(header["identity"]) | set(self.identity)
+                             if header["identity"].get(k) != self.identity.get(k))
+            raise RejectedFile(f"stale: made for another {', '.join(changed)}")
+        layers, count = header["layers"], len(header["tokens"])
+        if len(layers) != len(self.caches):
+            raise RejectedFile(f"{len(layers)} layers, the model has {len(self.caches)}")
+        try:
+            with open(path, "rb") as f:
+                f.seek(header["payload_at"])
+                payload = memoryview(f.read())
+        except OSError as err:
+            raise RejectedFile(f"cannot read it ({err.strerror or err})") from err
+        per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
+        if len(payload) != 2 * sum(per_layer):
+            raise RejectedFile(f"truncated: {len(payload)} bytes of keys and values, expected {2 * sum(per_layer)}")
+        if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
+            raise RejectedFile("corrupt: its keys and values do not match their checksum")
+        keys, values, at = [], [], 0
+        for (shape, dtype), nbytes in zip(layers, per_layer):
+            keys.append(np.frombuffer(payload[at:at + nbytes], dtype).reshape(count, *shape))
+            values.append(np.frombuffer(payload[at + nbytes:at + 2 * nbytes], dtype).reshape(count, *shape))
+            at += 2 * nbytes
+        return keys, values
+
+
+def _read_header(path: str) -> dict:
+    """A file's JSON header, its fields checked for type; `payload_at` added."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size)
+            if len(head) < _HEADER.size:
+                raise RejectedFile("truncated: no header")
+            magic, size = _HEADER.unpack(head)
+            if magic != MAGIC:
+                raise RejectedFile("not a prefix-cache file")
+            text = f.read(size)
+    except OSError as err:
+        raise RejectedFile(f"cannot read it ({err.strerror or err})") from err
+    try:
+        header = json.loads(text)
+        header["tokens"] = [int(t) for t in header["tokens"]]
+        header["layers"] = [(tuple(int(x) for x in layer["shape"]), np.dtype(layer["dtype"]))
+                            for layer in header["layers"]]
+        if not isinstance(header["identity"], dict) or not isinstance(header["payload_sha256"], str):
+            raise TypeError("identity or payload_sha256 of the wrong type")
+    except (ValueError, KeyError, TypeError) as err:
+        raise RejectedFile(f"a malformed header ({err})") from err
+    header["payload_at"] = _HEADER.size + size
+    return header
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.warning("prefix cache: cannot remove %s: %s", path, err)
