@@ -16,7 +16,7 @@ import traceback
 from typing import Callable, Sequence
 
 from . import __version__
-from .errors import BackendError, ConfigError, MnnllmError, Origin
+from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin
 
 log = logging.getLogger("mnnllm")
 
@@ -157,7 +157,16 @@ def cmd_run(args) -> int:
             for piece in llm.response(prompt, stream=True, max_new_tokens=args.max_new_tokens):
                 print(piece, end="", flush=True)
             print()
+        _note_context_full(llm)
     return 0
+
+
+def _note_context_full(llm) -> None:
+    """A reply cut short by the end of the context says so: it would look like a whole answer."""
+    from .llm.context import CONTEXT_FULL
+    if llm.context.status == CONTEXT_FULL:
+        print(f"[the reply reached the end of the context (max_all_tokens {llm.config.max_all_tokens}); "
+              f"/reset or a shorter prompt makes room]", file=sys.stderr, flush=True)
 
 
 def cmd_chat(args) -> int:
@@ -208,6 +217,7 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
             answer.append(piece)
             print(piece, end="", flush=True)
         print()
+        _note_context_full(llm)
         return True
     except KeyboardInterrupt:
         if pieces is not None:
@@ -477,23 +487,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except Exception as err:
+    except BaseException as err:  # also pyo3's PanicException from native code, a BaseException
+        if isinstance(err, NOT_ERRORS):
+            raise
         _report(err, args.debug)
         return 2
 
 
-def _report(err: Exception, debug: bool) -> None:
+def _report(err: BaseException, debug: bool) -> None:
     """One line for the user (the error names its file and field); the traceback with --debug."""
     if debug:
         traceback.print_exc()
         if getattr(err, "worker_traceback", ""):
             print("the worker's traceback:\n" + err.worker_traceback, file=sys.stderr, end="")
     if isinstance(err, MnnllmError):
-        print(f"error: {err}", file=sys.stderr)
+        line = str(err)
     elif isinstance(err, OSError) and err.filename:
-        print(f"error: {err.strerror or err} (file {err.filename})", file=sys.stderr)
+        line = f"{err.strerror or err} (file {err.filename})"
     else:
-        print(f"error: unexpected {type(err).__name__}: {err} (--debug shows where)", file=sys.stderr)
+        line = f"unexpected {type(err).__name__}: {err} (--debug shows where)"
+    line = " ".join(line.split())  # one line, whatever the message held
+    if len(line) > MAX_MESSAGE:  # keep the end too: it names the file and the field
+        line = f"{line[:MAX_MESSAGE - 100]} ... {line[-95:]}"
+    print(f"error: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,16 @@ class Origin(str):
     """Where a value came from when that is not a file: a call (`set_config`) or a CLI option (`--set`)."""
 
 
+NOT_ERRORS = (KeyboardInterrupt, SystemExit, GeneratorExit)  # BaseExceptions that are not faults
+
+MAX_MESSAGE = 300  # characters of an error's message: a bad value is quoted, never echoed whole
+
+
+def shorten(text: str, limit: int = 80) -> str:
+    """`text` cut to `limit` characters with the count of what was left out."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
 class MnnllmError(Exception):
     """Base of every error mnnllm raises on purpose.
 
@@ -46,9 +56,24 @@ class BackendError(MnnllmError):
     """A backend is unknown, unavailable, or refused an op where no fallback is allowed."""
 
 
+class ExecutionError(MnnllmError):
+    """An op failed while its shapes were computed or it ran (a corrupt graph or a backend
+    fault); the field is the op, the message names its type and the original error."""
+
+
 class UnsupportedError(MnnllmError):
     """The model uses something mnnllm does not implement (op, architecture, modality)."""
 
 
 class ContextLengthError(MnnllmError):
     """A prompt (plus generation) does not fit in the model's context."""
+
+
+class ConcurrentUseError(MnnllmError):
+    """One `Llm` used by two callers at once (two threads, or a second stream started while
+    one is live): refused, so the conversation and the KV cache stay in agreement."""
+
+
+class KVStateError(MnnllmError):
+    """The KV cache's length disagrees with the history after a step (an internal fault):
+    the conversation is forgotten rather than answered from a stale cache."""

@@ -549,6 +549,7 @@ def test_a_default_export_finished_first_by_another_process_is_kept_not_deleted(
             folder.mkdir(parents=True, exist_ok=True)
             for name in default_model._COMPLETE:
                 (folder / name).write_text(text)
+        default_model.write_manifest(target)
 
     monkeypatch.setattr(default_model, "write_model", racing)
     config = Path(ensure_default_model(str(tmp_path / "cache")))

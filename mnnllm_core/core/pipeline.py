@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import BackendError, MnnllmError, UnsupportedError
+from ..errors import BackendError, ExecutionError, MnnllmError, UnsupportedError, shorten
 from ..geometry.transform import lower
 from .backend import Backend, Execution, Refused
 from .op import Op
@@ -30,6 +30,15 @@ log = logging.getLogger(__name__)
 # ops with state of their own (the KV cache, a convolution state): made once at load, shared by clones, never folded
 STATEFUL = {"Attention", "LinearAttention"}
 MULTI_SOURCE_RASTER = {"Concat"}
+
+
+def op_failure(op: Op, stage: str, err: Exception, backend: Backend | None = None) -> MnnllmError:
+    """An error raised inside an op as the project's error naming the op (ours pass through)."""
+    if isinstance(err, MnnllmError):
+        return err
+    where = f" on {backend.name}" if backend is not None else ""
+    return ExecutionError(f"op {op.type} {shorten(op.name, 60)!r} failed {stage}{where}: "
+                          f"{type(err).__name__}: {shorten(str(err), 120)}", field=op.name)
 
 
 @dataclass
@@ -121,35 +130,41 @@ class Pipeline:
             if name in shape_values:
                 tensor.host = np.asarray(shape_values[name], dtype=tensor.dtype).reshape(tensor.shape)
         self.placement = Placement()
-        commands = []
+        commands: list[Command] = []
         for i in self.nodes:
-            node = self.info.nodes[i]
-            op = node.op
+            op = self.info.nodes[i].op
             if op.type in ("Input", "Const"):
                 continue
-            inputs = [self.tensors[t] for t in node.inputs]
-            outputs = [self.tensors[t] for t in node.outputs]
-            for tensor, (shape, dtype) in zip(outputs, compute_size(op, inputs)):
-                tensor.shape, tensor.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
-            if op.type == "Shape":
-                outputs[0].host = np.asarray(inputs[0].shape, dtype=np.int32).reshape(outputs[0].shape)
-            elif op.type == "Rank":
-                outputs[0].host = np.asarray(len(inputs[0].shape), dtype=np.int32)
-            else:
-                raster = lower(op, inputs, outputs)
-                if raster is not None:
-                    sources = inputs if op.type in MULTI_SOURCE_RASTER else inputs[:1]
-                    command = Command(Op("Raster", op.name, index=op.index, param=raster), sources, outputs)
-                else:
-                    command = Command(op, inputs, outputs, node=i)
-                packed = command.node in self.executions  # its raw weights are gone: run it, don't fold
-                if op.type not in STATEFUL and not packed and all(t.host is not None for t in command.inputs):
-                    self._fold(command)
-                    continue
-                commands.append(command)
-                continue
-            self.placement.folded += 1
+            try:
+                self._encode_node(i, commands)
+            except Exception as err:
+                raise op_failure(op, "computing its shapes", err) from err
         self.commands = commands
+
+    def _encode_node(self, i: int, commands: list[Command]) -> None:
+        """Shapes of one op's outputs; a shape op or an op of constants is folded, the rest queued."""
+        node = self.info.nodes[i]
+        op = node.op
+        inputs = [self.tensors[t] for t in node.inputs]
+        outputs = [self.tensors[t] for t in node.outputs]
+        for tensor, (shape, dtype) in zip(outputs, compute_size(op, inputs)):
+            tensor.shape, tensor.dtype = tuple(int(d) for d in shape), np.dtype(dtype)
+        if op.type in ("Shape", "Rank"):
+            value = inputs[0].shape if op.type == "Shape" else len(inputs[0].shape)
+            outputs[0].host = np.asarray(value, dtype=np.int32).reshape(outputs[0].shape)
+            self.placement.folded += 1
+            return
+        raster = lower(op, inputs, outputs)
+        if raster is not None:
+            sources = inputs if op.type in MULTI_SOURCE_RASTER else inputs[:1]
+            command = Command(Op("Raster", op.name, index=op.index, param=raster), sources, outputs)
+        else:
+            command = Command(op, inputs, outputs, node=i)
+        packed = command.node in self.executions  # its raw weights are gone: run it, don't fold
+        if op.type not in STATEFUL and not packed and all(t.host is not None for t in command.inputs):
+            self._fold(command)
+        else:
+            commands.append(command)
 
     def _fold(self, command: Command) -> None:
         """Compute a command whose inputs are all known now, on the backup backend."""
@@ -263,13 +278,19 @@ class Pipeline:
                     tensor.backend.upload(tensor, tensor.host)
                     uploaded.add(id(tensor))
         keep |= uploaded
-        for position, command in enumerate(self.commands):
-            for tensor in command.outputs:
-                tensor.backend.on_acquire_buffer(tensor)
-            command.execution.on_resize(command.inputs, command.outputs)
-            for tensor in {id(t): t for t in command.inputs}.values():  # Concat(x, x) reads x twice
-                if last_use[id(tensor)] == position and id(tensor) not in keep:
-                    tensor.backend.on_release_buffer(tensor)
+        command = None
+        try:
+            for position, command in enumerate(self.commands):
+                for tensor in command.outputs:
+                    tensor.backend.on_acquire_buffer(tensor)
+                command.execution.on_resize(command.inputs, command.outputs)
+                for tensor in {id(t): t for t in command.inputs}.values():  # Concat(x, x) reads x twice
+                    if last_use[id(tensor)] == position and id(tensor) not in keep:
+                        tensor.backend.on_release_buffer(tensor)
+        except Exception as err:
+            if command is None:
+                raise
+            raise op_failure(command.op, "at resize", err, command.backend) from err
         for backend in self.backends:
             backend.on_resize_end()
 
@@ -277,15 +298,21 @@ class Pipeline:
     def execute(self) -> None:
         for backend in self.backends:
             backend.on_execute_begin()
-        if self.profile is None:
-            for command in self.commands:
-                command.execution.on_execute(command.inputs, command.outputs)
-        else:
-            for command in self.commands:
-                start = time.perf_counter()
-                command.execution.on_execute(command.inputs, command.outputs)
-                command.backend.on_execute_end()
-                key = (command.backend.name, command.op.type)
-                self.profile[key] = self.profile.get(key, 0.0) + time.perf_counter() - start
+        command = None
+        try:  # the loops stay bare (an op's error is rare; a try per op is not free)
+            if self.profile is None:
+                for command in self.commands:
+                    command.execution.on_execute(command.inputs, command.outputs)
+            else:
+                for command in self.commands:
+                    start = time.perf_counter()
+                    command.execution.on_execute(command.inputs, command.outputs)
+                    command.backend.on_execute_end()
+                    key = (command.backend.name, command.op.type)
+                    self.profile[key] = self.profile.get(key, 0.0) + time.perf_counter() - start
+        except Exception as err:
+            if command is None:
+                raise
+            raise op_failure(command.op, "while running", err, command.backend) from err
         for backend in self.backends:
             backend.on_execute_end()

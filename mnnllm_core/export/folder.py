@@ -28,15 +28,37 @@ def check_destination(target: Path, force: bool) -> None:
 
 @contextlib.contextmanager
 def staging_folder(target: Path) -> Iterator[Path]:
-    """A new empty sibling of `target` to write into; removed on exit unless renamed away."""
+    """A new empty sibling of `target` to write into (its name holds this process's id, see
+    `orphaned_staging`); removed on exit unless renamed away."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-{os.getpid()}-", dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private to this user; a model folder is not
     try:
         yield tmp
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def orphaned_staging(target: Path) -> list[Path]:
+    """Staging folders of `target` (and folders moved aside) whose process has ended: what a
+    `kill -9` during an export leaves behind. A folder of a process still running is kept."""
+    orphans = []
+    for path in target.parent.glob(f".{target.name}-*"):
+        pid = path.name[len(target.name) + 2:].split("-", 1)[0]
+        if path.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            orphans.append(path)
+    return orphans
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def replace_folder(finished: Path, target: Path) -> None:

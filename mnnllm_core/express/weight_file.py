@@ -18,6 +18,7 @@ from types import TracebackType
 import numpy as np
 
 from mnnllm_core.errors import WeightFileError
+from mnnllm_core.files import open_regular
 
 logger = logging.getLogger(__name__)
 
@@ -27,13 +28,14 @@ class ExternalWeightFile:
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                self._size = os.fstat(f.fileno()).st_size
-                # mmap refuses empty files; an empty file still answers `size` and fails every read.
+        with open_regular(self.path, WeightFileError, "external weight file") as f:
+            self._size = os.fstat(f.fileno()).st_size
+            # mmap refuses empty files; an empty file still answers `size` and fails every read.
+            try:
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if self._size else None
-        except OSError as e:
-            raise WeightFileError(f"cannot open the external weight file: {e}", file=str(self.path)) from e
+            except OSError as e:
+                raise WeightFileError(f"cannot map the external weight file: {e.strerror or e}",
+                                      file=str(self.path)) from e
         self._bytes: np.ndarray | None = (
             np.frombuffer(self._mmap, dtype=np.uint8) if self._mmap is not None else np.empty(0, np.uint8))
         logger.debug("mapped %s (%d bytes)", self.path, self._size)

@@ -31,7 +31,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Generic, Mapping, TypeVar, overload
 
-from mnnllm_core.errors import ConfigError, Origin
+from mnnllm_core.errors import ConfigError, Origin, shorten
+from mnnllm_core.files import CONFIG_LIMIT, read_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +60,14 @@ class _Key(Generic[T]):
     """
 
     def __init__(self, kind: str, default: T, *, alias: str | None = None,
-                 default_key: str | None = None) -> None:
+                 default_key: str | None = None, minimum: int | None = None,
+                 choices: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.default = default
         self.alias = alias
         self.default_key = default_key
+        self.minimum = minimum  # the least a number may be (a size or a count)
+        self.choices = choices  # the strings it may be, when only some mean something
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -112,8 +116,8 @@ class LlmConfig:
     audio_model = _Key(PATH, "audio.mnn")
     context_file = _Key(PATH, "context.json")
     # < generation
-    max_all_tokens = _Key(INT, 2048)
-    max_new_tokens = _Key(INT, 512)
+    max_all_tokens = _Key(INT, 2048, minimum=1)
+    max_new_tokens = _Key(INT, 512, minimum=1)
     reuse_kv = _Key(BOOL, False)
     prompt_cache = _Key(BOOL, False)
     all_logits = _Key(BOOL, False)
@@ -168,10 +172,10 @@ class LlmConfig:
     attn_scale = _Key(FLOAT, 0.0)
     use_template = _Key(BOOL, True)
     system_prompt = _Key(STR, "")
-    hidden_size = _Key(INT, 4096)
-    layer_nums = _Key(INT, 32)
+    hidden_size = _Key(INT, 4096, minimum=1)
+    layer_nums = _Key(INT, 32, minimum=1)
     key_value_shape = _Key(INT_LIST, [])
-    attention_mask = _Key(STR, "int")
+    attention_mask = _Key(STR, "int", choices=("int", "float"))
     attention_type = _Key(STR, "full")
     sliding_window = _Key(INT, 0)
     attention_fused = _Key(BOOL, True)
@@ -267,7 +271,7 @@ class LlmConfig:
             cfg = cls({}, path, source=path)
 
         llm_config_path = cfg.llm_config
-        if os.path.isfile(llm_config_path):
+        if os.path.exists(llm_config_path):  # a FIFO or a device there is an error, not a missing file
             llm_data = _read_json(llm_config_path)
             if not isinstance(llm_data, dict):
                 raise ConfigError("llm_config must be a JSON object", file=llm_config_path)
@@ -276,7 +280,7 @@ class LlmConfig:
             logger.warning("no llm_config file at %s: using %s alone", llm_config_path, path)
 
         context_path = cfg.context_file
-        if os.path.isfile(context_path):
+        if os.path.exists(context_path):
             template_file = cfg.origin("jinja")
             cfg._merge({"jinja": {"context": _read_json(context_path)}}, context_path)
             if template_file is not None:  # errors in jinja.chat_template name its own file
@@ -331,6 +335,7 @@ class LlmConfig:
         self._merge(dict(content), origin)
 
     def _merge(self, source: dict[str, Any], name: str) -> None:
+        _check_depth(source, name)
         _validate(source, name)
         _merge_json(self._data, source)
         self._origin.update(dict.fromkeys(source, name))
@@ -396,9 +401,20 @@ def _validate(data: Mapping[str, Any], file: str | None) -> None:
     for name, value, kind in checks:
         if kind is None or value is None:
             continue
-        problem = _type_problem(value, kind)
+        problem = _type_problem(value, kind) or _range_problem(value, keys.get(name))
         if problem:
-            raise ConfigError(f"{name} must be {problem}, got {value!r}", file=file, field=name)
+            raise ConfigError(f"{name} must be {problem}, got {shorten(repr(value), 60)}", file=file, field=name)
+
+
+def _range_problem(value: Any, key: _Key[Any] | None) -> str | None:
+    """What a well-typed value should have been when it is out of its key's range."""
+    if key is None:
+        return None
+    if key.minimum is not None and value < key.minimum:
+        return f"at least {key.minimum}"
+    if key.choices and value not in key.choices:
+        return "one of " + ", ".join(repr(c) for c in key.choices)
+    return None
 
 
 def _is_int(value: Any) -> bool:
@@ -450,24 +466,39 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+MAX_DEPTH = 64  # nesting of a config's objects and lists: MNN's configs use 3
+
+
 def _parse_json(text: str, file: str) -> Any:
-    """Parse strict JSON (no NaN/Infinity, as rapidjson/ujson), naming `file` on failure."""
+    """Parse strict JSON (no NaN/Infinity, as rapidjson/ujson), naming `file` on failure; nesting
+    deeper than MAX_DEPTH is refused (it would overflow the stack of every later recursive step)."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ConfigError(f"malformed JSON: nested deeper than {MAX_DEPTH}", file=file) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                           file=file) from exc
     except ValueError as exc:
         raise ConfigError(f"malformed JSON: {exc}", file=file) from exc
+    _check_depth(value, file)
+    return value
+
+
+def _check_depth(value: Any, file: str) -> None:
+    level = [value]
+    for _ in range(MAX_DEPTH):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return
+    raise ConfigError(f"malformed JSON: nested deeper than {MAX_DEPTH}", file=file)
 
 
 def _read_json(path: str) -> Any:
     """Read and parse one JSON file; unreadable, non-UTF-8 or malformed -> ConfigError."""
     try:
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=path) from exc
+        text = read_bounded(path, CONFIG_LIMIT, ConfigError, "config").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text: {exc.reason} at byte {exc.start}", file=path) from exc
     return _parse_json(text, path)

@@ -4,6 +4,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 RUNNING, FINISHED, MAX_TOKENS, STOPPED = 0, 1, 2, 3
+CONTEXT_FULL = 5  # not one of MNN's: the reply reached max_all_tokens before max_new_tokens (4 is MNN's error)
+
+
+def end_status(stopped: bool, max_new_tokens: int, budget: int) -> int:
+    """How a reply that ends here ended: at a stop token, at max_new_tokens, or at the
+    context's end (`budget`, what the context left, fell short of max_new_tokens)."""
+    if stopped:
+        return FINISHED
+    return MAX_TOKENS if budget >= max_new_tokens else CONTEXT_FULL
 
 
 @dataclass

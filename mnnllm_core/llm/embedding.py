@@ -12,11 +12,20 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError, shorten
 from ..express.weight_file import ExternalWeightFile
 from .config import LlmConfig
 
 log = logging.getLogger(__name__)
+
+
+def _count(tie: dict, name: str, minimum: int, file: str | None) -> int:
+    """An integer of tie_embeddings: a float or a bool there would silently misplace every row."""
+    value = tie.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"tie_embeddings.{name} must be an integer >= {minimum}, got {shorten(repr(value), 40)}",
+                          file=file, field=f"tie_embeddings.{name}")
+    return value
 
 
 class DiskEmbedding:
@@ -41,14 +50,12 @@ class DiskEmbedding:
     def _init_tied(self, config: LlmConfig, tie: dict) -> None:
         self.source = "tied"
         field = "tie_embeddings"
-        try:
-            self.bits = int(tie["quant_bit"])
-            self.block = int(tie["quant_block"]) or self.hidden
-            self.weight_offset = int(tie["weight_offset"])
-            self.alpha_offset = int(tie["alpha_offset"])
-            alpha_size = int(tie["alpha_size"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise ConfigError(f"tie_embeddings is incomplete: {err}", file=config.origin(field), field=field) from err
+        where = config.origin(field)
+        self.bits = _count(tie, "quant_bit", 1, where)
+        self.block = _count(tie, "quant_block", 0, where) or self.hidden  # 0: one block per row, as MNN
+        self.weight_offset = _count(tie, "weight_offset", 0, where)
+        self.alpha_offset = _count(tie, "alpha_offset", 0, where)
+        alpha_size = _count(tie, "alpha_size", 0, where)
         self.file = ExternalWeightFile(config.llm_weight)
         if self.bits == 16:  # fp16 rows, no alpha (MNN's exporter with --quant-bit 16)
             self.row_bytes, self.alpha_row_bytes = self.hidden * 2, 0
@@ -65,6 +72,12 @@ class DiskEmbedding:
         if alpha_size % self.alpha_row_bytes or self.vocab == 0:
             raise ConfigError(f"tie_embeddings.alpha_size {alpha_size} is not a whole number of rows",
                               file=config.origin(field), field=field)
+        for name, start, size in (("weight_offset", self.weight_offset, self.vocab * self.row_bytes),
+                                  ("alpha_offset", self.alpha_offset, alpha_size)):
+            if start + size > self.file.size:  # e.g. a quant_block that does not match alpha_size
+                raise ConfigError(f"tie_embeddings: {self.vocab} rows of {self.hidden} ({self.bits} bit, block "
+                                  f"{self.block}) at {name} {start} run past the end of the weight file "
+                                  f"({self.file.size} bytes)", file=config.origin(field), field=f"{field}.{name}")
 
     def embedding(self, ids: Sequence[int]) -> np.ndarray:
         """[len(ids), 1, hidden] float32 - the `input_ids` input of the graph."""

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from contextlib import contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, ContextLengthError, MnnllmError
+from ..errors import ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError, shorten
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -39,6 +41,11 @@ Messages = str | Sequence[dict[str, str]] | Sequence[tuple[str, str]]
 
 
 class Llm:
+    """One conversation on one model. Its state (the history and the KV cache that mirrors it)
+    has one user at a time: a call made while another thread is inside a step, or a stream
+    resumed after something else moved the conversation on, raises ConcurrentUseError and
+    leaves the state as it was. Use one Llm per thread (clones of a model share nothing)."""
+
     def __init__(self, config: LlmConfig):
         self.config = config
         self.context = LlmContext()
@@ -54,6 +61,8 @@ class Llm:
         self._decode_mask: np.ndarray | None = None
         self._decode_position = np.zeros((1, 1), np.int32)
         self._logits_index = {False: np.array([-1], np.int32), True: np.array([0], np.int32)}
+        self._busy = threading.Lock()  # held while the history or the KV cache changes
+        self._steps = 0  # changes of the conversation so far: a live stream notices it was superseded
 
     # -- load --------------------------------------------------------------------
     def load(self) -> "Llm":
@@ -87,7 +96,8 @@ class Llm:
         for key in ("llm_model", "tokenizer_file"):
             path = getattr(self.config, key)
             if not os.path.isfile(path):
-                raise ConfigError(f"{key} names a file that does not exist: {path}",
+                problem = "is not a regular file" if os.path.exists(path) else "does not exist"
+                raise ConfigError(f"{key} names a file that {problem}: {path}",
                                   file=self.config.origin(key) or self.config.source, field=key)
 
     def _init_sampler(self) -> None:
@@ -112,13 +122,25 @@ class Llm:
     def kv_meta(self):
         return self.runtime_manager.kv_meta
 
+    @contextmanager
+    def _exclusive(self, what: str):
+        """Change the conversation alone: another thread inside a step makes this call an error."""
+        if not self._busy.acquire(blocking=False):
+            raise ConcurrentUseError(f"{what} while another thread is running this Llm: an Llm serves one "
+                                     f"caller at a time (use one Llm per thread, or serialize the calls)")
+        try:
+            self._steps += 1
+            yield
+        finally:
+            self._busy.release()
+
     # -- text ------------------------------------------------------------------------
     def tokenizer_encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text)
 
     def tokenizer_decode(self, ids: int | Sequence[int]) -> str:
         if isinstance(ids, (int, np.integer)):
-            return self.tokenizer.decode_id(int(ids))
+            return self.tokenizer.decode_id(ids)
         return self.tokenizer.decode(list(ids))
 
     def apply_chat_template(self, messages: Messages) -> str:
@@ -148,22 +170,24 @@ class Llm:
         """Tokens that ran through the model join the history (the KV cache holds them now)."""
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(self.context.history_tokens)
-        if self.prefix_cache is not None:
-            self.prefix_cache.saved_after(self.context.history_tokens)
 
     def forward(self, input_ids: Sequence[int], all_logits: bool | None = None) -> np.ndarray:
         """Run the new tokens through the model (appending them to the KV cache); returns
         the logits of the last token ([vocab]) or, with all_logits, of every token."""
-        ids = [int(t) for t in input_ids]
+        ids = self.tokenizer.check_ids(input_ids)
         if not ids:
             raise MnnllmError("forward needs at least one token", field="input_ids")
+        all_logits = self.config.all_logits if all_logits is None else all_logits
+        with self._exclusive("forward"):
+            return self._forward(ids, bool(all_logits))
+
+    def _forward(self, ids: list[int], all_logits: bool) -> np.ndarray:
         past = len(self.context.history_tokens)
-        if past + len(ids) > self.config.max_all_tokens:
-            raise ContextLengthError(f"{past} cached + {len(ids)} new tokens exceed max_all_tokens "
+        seq = len(ids)
+        if past + seq > self.config.max_all_tokens:
+            raise ContextLengthError(f"{past} cached + {seq} new tokens exceed max_all_tokens "
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
-        all_logits = self.config.all_logits if all_logits is None else all_logits
-        seq = len(ids)
         prepared = seq == 1 and self.config.attention_mask == "float" and self.config.attention_type == "full"
         mask = self._decode_mask if prepared else self._attention_mask(seq)
         feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask,
@@ -174,9 +198,9 @@ class Llm:
         meta.remove = meta.previous - past
         meta.add = seq
         try:
-            outputs = self.pool.get(seq, bool(all_logits)).forward(feeds)
+            outputs = self.pool.get(seq, all_logits).forward(feeds)
         except BaseException as err:
-            self.pool.discard(seq, bool(all_logits))  # an interrupted run may leave its clone half resized
+            self.pool.discard(seq, all_logits)  # an interrupted run may leave its clone half resized
             if isinstance(err, ContextLengthError):  # the KV cache's capacity: name max_all_tokens beside it
                 raise ContextLengthError(f"{err.reason}; max_all_tokens is {self.config.max_all_tokens}: lower it "
                                          "to what the KV cache holds", file=self.config.origin("max_all_tokens"),
@@ -184,16 +208,24 @@ class Llm:
             raise
         meta.sync()
         self._commit(ids)
+        if meta.previous != self.context.all_seq_len:
+            cached = meta.previous
+            self._forget()
+            raise KVStateError(f"the KV cache holds {cached} tokens after a step, the history "
+                               f"{past + seq}: the conversation was reset", field="kv_meta")
+        if self.prefix_cache is not None:
+            self.prefix_cache.saved_after(self.context.history_tokens)
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
 
     # -- generation --------------------------------------------------------------------
     def _budget(self, max_new_tokens: int | None) -> int:
-        budget = int(self.config.max_new_tokens if max_new_tokens is None else max_new_tokens)
-        if budget < 1:
-            raise ConfigError(f"max_new_tokens must be >= 1, got {budget}", field="max_new_tokens",
+        budget = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise ConfigError(f"max_new_tokens must be an integer >= 1, got {shorten(repr(budget), 40)}",
+                              field="max_new_tokens",
                               file=self.config.origin("max_new_tokens") if max_new_tokens is None else None)
-        return budget
+        return int(budget)
 
     def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
         """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
@@ -210,6 +242,10 @@ class Llm:
 
     def _start(self, prompt_ids: list[int]) -> list[int]:
         """Reuse the KV cache for the longest common prefix of the history; return what is new."""
+        with self._exclusive("starting a generation"):
+            return self._cut_to_prefix(prompt_ids)
+
+    def _cut_to_prefix(self, prompt_ids: list[int]) -> list[int]:
         history = self.context.history_tokens
         if not prompt_ids:
             raise MnnllmError("the prompt encodes to no tokens", field="input_ids")
@@ -243,12 +279,32 @@ class Llm:
     def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
                    sampler: Sampler | None = None) -> Iterator[int]:
         """The new token ids one by one. Closing the iterator early (a cancelled request) leaves
-        the engine consistent: the history holds exactly the tokens the KV cache holds."""
-        new = self._start([int(t) for t in input_ids])
-        yield from self._generation_for(sampler).generate(new, self._budget(max_new_tokens))
+        the engine consistent: the history holds exactly the tokens the KV cache holds. Resumed
+        after another call changed the conversation (a second stream, reset, forward), it raises
+        ConcurrentUseError instead of continuing from someone else's cache."""
+        budget = self._budget(max_new_tokens)
+        new = self._start(self.tokenizer.check_ids(input_ids))
+        steps = self._generation_for(sampler).generate(new, budget)
+        mine = self._steps
+        while True:
+            if self._steps != mine:
+                steps.close()
+                raise ConcurrentUseError("this stream was superseded: another generation, reset or forward "
+                                         "changed the conversation since its last token; finish or close "
+                                         "a stream before starting another on the same Llm")
+            token = next(steps, None)
+            if token is None:
+                return
+            mine = self._steps
+            yield token
 
     def _prompt_ids(self, prompt: Messages) -> list[int]:
         text = self.prompt.apply_chat_template(prompt) if self.config.use_template else str(prompt)
+        limit = self.config.max_all_tokens
+        if self.tokenizer.exceeds(text, limit):
+            raise ContextLengthError(f"the prompt ({len(text)} characters) has more than {limit} tokens, "
+                                     f"max_all_tokens", file=self.config.origin("max_all_tokens"),
+                                     field="max_all_tokens")
         return self.tokenizer.encode(text)
 
     def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None):
@@ -283,8 +339,12 @@ class Llm:
             yield tail
 
     def reset(self) -> None:
-        """Forget the conversation: the KV cache is emptied on the next forward (all of it,
-        also what a pending removal of `_start` was about to drop)."""
+        """Forget the conversation: the KV cache is emptied on the next forward (the history is
+        the truth; forward cuts the cache back to it). A live stream is superseded."""
+        with self._exclusive("reset"):
+            self._forget()
+
+    def _forget(self) -> None:
         self.kv_meta.reset()
         self.context.history_tokens.clear()
         self.context.output_tokens = []

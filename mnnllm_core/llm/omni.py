@@ -192,8 +192,8 @@ class Omni(Llm):
             self._keys.extend(decode_key(t, past + i) for i, t in enumerate(ids))
         super()._commit(ids)
 
-    def reset(self) -> None:
-        super().reset()
+    def _forget(self) -> None:
+        super()._forget()
         self._keys.clear()
         self._plan = None
 

@@ -34,10 +34,10 @@ from datetime import datetime
 from typing import Any, Mapping, Sequence
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from mnnllm_core.errors import ConfigError
+from mnnllm_core.errors import ConfigError, shorten
 from mnnllm_core.llm.config import LlmConfig
+from mnnllm_core.llm.template_sandbox import MAX_ITEMS, BoundedSandbox, render_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -131,9 +131,8 @@ class JinjaChatTemplate:
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
                  file: str | None = None) -> None:
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            keep_trailing_newline=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+        env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise_exception
         env.filters["tojson"] = _tojson
         self._file = file
@@ -160,11 +159,14 @@ class JinjaChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
                context: Mapping[str, Any]) -> str:
-        """Render `messages`; any failure inside the template is a ConfigError on its field."""
+        """Render `messages`; any failure inside the template (its bounds included: the text it
+        builds, what it renders, its time) is a ConfigError on its field."""
+        given = sum(len(str(m.get("content", ""))) for m in messages)
         try:
-            return self._template.render(self._variables(messages, add_generation_prompt, context))
-        except Exception as exc:  # raise_exception, sandbox refusals, type errors in the template
-            raise ConfigError(f"chat template failed: {type(exc).__name__}: {exc}",
+            chunks = self._template.generate(self._variables(messages, add_generation_prompt, context))
+            return render_bounded(chunks, 4 * given + MAX_ITEMS)
+        except Exception as exc:  # raise_exception, sandbox refusals and bounds, type errors in the template
+            raise ConfigError(f"chat template failed: {type(exc).__name__}: {shorten(str(exc), 160)}",
                               file=self._file, field=TEMPLATE_FIELD) from exc
 
 

@@ -23,6 +23,7 @@ import struct
 from functools import lru_cache
 
 from mnnllm_core.errors import FormatError
+from mnnllm_core.files import GRAPH_LIMIT, read_bounded
 from mnnllm_core.schema.MNN.Net import Net, NetT
 from mnnllm_core.schema.MNN.OpParameter import OpParameter
 from mnnllm_core.schema.MNN.OpType import OpType
@@ -346,9 +347,4 @@ def op_param_name(main_type: int) -> str:
 
 def read_net_file(path: str) -> NetT:
     """read_net of a file; an unreadable file is a FormatError naming it."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as err:
-        raise FormatError(f"cannot read the model: {err.strerror}", file=str(path)) from err
-    return read_net(data, str(path))
+    return read_net(read_bounded(path, GRAPH_LIMIT, FormatError, "model graph"), str(path))

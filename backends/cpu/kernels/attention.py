@@ -75,11 +75,14 @@ def _attend_rows(q, keys_t, values, past, scale, out, kv, r0, r1):
 
 @jit()
 def attend(q, keys_t, values, past, scale, out):
-    """q, out [tokens, heads, dim] with dim a multiple of 16, on the calling thread."""
+    """q, out [tokens, heads, dim] with dim a multiple of 16, on the calling thread, in blocks of
+    ROWS_PER_TASK rows as `attend_parallel` (the scores of a block, not of the whole prompt)."""
     tokens, heads, _ = q.shape
     kv_heads = keys_t.shape[0]
+    rows = tokens * (heads // kv_heads)
     for kv in range(kv_heads):
-        _attend_rows(q, keys_t, values, past, scale, out, kv, 0, tokens * (heads // kv_heads))
+        for r0 in range(0, rows, ROWS_PER_TASK):
+            _attend_rows(q, keys_t, values, past, scale, out, kv, r0, min(rows, r0 + ROWS_PER_TASK))
 
 
 @jit(parallel=True)

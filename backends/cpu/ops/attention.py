@@ -14,6 +14,13 @@ from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused
 
 FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
 PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
+SCORES_BUDGET = 1 << 24  # attention scores (float32) held at once: a prefill attends in blocks of queries
+
+
+def query_blocks(seq: int, heads: int, total: int) -> range:
+    """Starts of the blocks of query tokens whose scores fit SCORES_BUDGET (at least 16 tokens
+    a block): memory grows linearly with the prompt, not with its square."""
+    return range(0, seq, max(16, SCORES_BUDGET // max(1, heads * total)))
 
 
 class HostKVCache(KVCache):
@@ -128,20 +135,26 @@ class AttentionExecution(Execution):
             keys, values = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
         total = keys.shape[1]
         queries = q.reshape(seq, kv_heads, group, dim).transpose(1, 2, 0, 3)  # [kvh, group, seq, dim]
-        scores = np.matmul(queries, keys.transpose(0, 2, 1)[:, None]) * np.float32(self.params.scale_for(dim))
-        self._mask(scores, mask, kind.kind, past, seq, total)
-        probs = softmax_last(scores)
-        context = np.matmul(probs, values[:, None])  # [kvh, group, seq, dim]
-        outputs[0].storage.reshape(seq, kv_heads, group, dim)[...] = context.transpose(2, 0, 1, 3)
+        keys_t = keys.transpose(0, 2, 1)[:, None]
+        scale = np.float32(self.params.scale_for(dim))
+        out = outputs[0].storage.reshape(seq, kv_heads, group, dim)
+        starts = query_blocks(seq, num_head, total)
+        for t0 in starts:
+            t1 = min(seq, t0 + starts.step)
+            scores = np.matmul(queries[:, :, t0:t1], keys_t) * scale
+            self._mask(scores, mask, kind.kind, past, seq, total, t0, t1)
+            probs = softmax_last(scores)
+            out[t0:t1] = np.matmul(probs, values[:, None]).transpose(2, 0, 1, 3)  # from [kvh, group, t, dim]
 
     @staticmethod
-    def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int) -> None:
+    def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int, t0: int, t1: int) -> None:
+        """Mask the scores of query tokens t0..t1 of the step's seq."""
         if kind == "causal":
             if seq > 1:
-                allowed = np.arange(total)[None, :] <= (past + np.arange(seq))[:, None]
+                allowed = np.arange(total)[None, :] <= (past + np.arange(t0, t1))[:, None]
                 scores[..., ~allowed] = -np.inf
             return
-        m = mask.storage.reshape(mask.shape[-2], mask.shape[-1])[-seq:]
+        m = mask.storage.reshape(mask.shape[-2], mask.shape[-1])[-seq:][t0:t1]
         if kind == "int":
             m = np.where(m == 0, -np.inf, 0.0).astype(np.float32)
         if m.shape[-1] == total:

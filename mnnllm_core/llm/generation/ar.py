@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Iterator
 
-from ..context import FINISHED, MAX_TOKENS, RUNNING
+from ..context import RUNNING, end_status
 
 if TYPE_CHECKING:
     from ..llm import Llm
@@ -35,11 +35,11 @@ class ARGeneration:
             stop = llm.tokenizer.is_stop(token)
             last = stop or step + 1 == budget
             if last:  # set before yielding: a consumer may stop reading at the stop token
-                ctx.status = FINISHED if stop else MAX_TOKENS
+                ctx.status = end_status(stop, max_new_tokens, budget)
             yield token
             if last:
                 return
             start = time.perf_counter()
             logits = llm.forward([token])
             ctx.decode_us += int((time.perf_counter() - start) * 1e6)
-        ctx.status = MAX_TOKENS
+        ctx.status = end_status(False, max_new_tokens, budget)  # the context left no room for a token

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from ..context import FINISHED, MAX_TOKENS, RUNNING
+from ..context import RUNNING, end_status
 
 if TYPE_CHECKING:
     from ..llm import Llm
@@ -68,7 +68,7 @@ class LookaheadGeneration:
             ctx.gen_seq_len += 1
             stop = llm.tokenizer.is_stop(token)
             if stop or emitted >= budget:
-                ctx.status = FINISHED if stop else MAX_TOKENS
+                ctx.status = end_status(stop, max_new_tokens, budget)
                 yield token
                 return
             yield token
@@ -85,8 +85,7 @@ class LookaheadGeneration:
             self.proposed += len(draft)
             self.accepted += accepted
             rejected = len(draft) - accepted
-            if rejected:
-                llm.kv_meta.remove = rejected
+            if rejected:  # the next forward cuts the KV cache back to the history
                 del ctx.history_tokens[len(ctx.history_tokens) - rejected:]
             for position, guess in enumerate(draft[:accepted]):
                 emitted += 1
@@ -97,9 +96,8 @@ class LookaheadGeneration:
                     # the model has seen tokens after this one: forget them
                     extra = accepted - position - 1
                     if extra:
-                        llm.kv_meta.remove += extra
                         del ctx.history_tokens[len(ctx.history_tokens) - extra:]
-                    ctx.status = FINISHED if llm.tokenizer.is_stop(guess) else MAX_TOKENS
+                    ctx.status = end_status(llm.tokenizer.is_stop(guess), max_new_tokens, budget)
                     yield guess
                     return
                 yield guess

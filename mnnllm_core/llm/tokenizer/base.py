@@ -12,9 +12,12 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 
+from typing import Sequence
+
+import numpy as np
 import tokenizers
 
-from mnnllm_core.errors import TokenizerError
+from mnnllm_core.errors import NOT_ERRORS, TokenizerError, shorten
 
 _BYTE_FALLBACK_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 # The replacements transformers' clean_up_tokenization applies (MNN's flag 0x01).
@@ -133,10 +136,12 @@ class Tokenizer:
         self.chat_template = chat_template
         self._special = frozenset(ids.special)
         self._stop = frozenset(ids.stop)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        for name, values in (("special_ids", ids.special), ("stop_ids", ids.stop), ("prefix_ids", ids.prefix)):
+            outside = [i for i in values if not 0 <= i < self.vocab_size]
+            if outside:
+                raise TokenizerError(f"{len(outside)} of the {name} are outside the vocabulary of "
+                                     f"{self.vocab_size}, e.g. {outside[0]}", file=file, field=name)
 
     def is_stop(self, token_id: int) -> bool:
         return token_id in self._stop
@@ -151,15 +156,66 @@ class Tokenizer:
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
+    def _native(self, what: str, call, *args, **kwargs):
+        """A call into HF tokenizers; its Rust errors, and pyo3's PanicException (a BaseException
+        that would pass every `except Exception`), become a TokenizerError."""
+        try:
+            return call(*args, **kwargs)
+        except NOT_ERRORS:
+            raise
+        except BaseException as exc:
+            raise TokenizerError(f"{what} failed: {type(exc).__name__}: {shorten(str(exc), 120)}",
+                                 file=self.file, field=what) from exc
+
+    def _text(self, text: str) -> str:
+        if not isinstance(text, str):
+            raise TokenizerError(f"encode needs a str, got {type(text).__name__}", field="text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate: bytes that were not UTF-8 (e.g. argv b"\xff")
+            raise TokenizerError(f"the text is not valid Unicode: {exc.reason} at character {exc.start}",
+                                 field="text") from None
+        return text
+
     def encode(self, text: str) -> list[int]:
         """Prefix ids, then the text split on added tokens and run through the pipeline (as MNN)."""
-        return self.prefix_ids + self.backend.encode(text, add_special_tokens=False).ids
+        return self.prefix_ids + self._encode(self._text(text))
+
+    def _encode(self, text: str) -> list[int]:
+        return self._native("encode", self.backend.encode, text, add_special_tokens=False).ids
+
+    def exceeds(self, text: str, limit: int, piece: int = 1 << 14) -> bool:
+        """Whether `text` surely encodes to more than `limit` tokens, found piece by piece, cut
+        before spaces (where the pre-tokenizers cut too), stopping once past the limit: a huge
+        prompt is refused without being tokenized whole. Short texts answer False (encode them)."""
+        text = self._text(text)
+        count, pieces, start = len(self.prefix_ids), 0, 0
+        while len(text) - start > piece:
+            end = text.find(" ", start + piece, start + 2 * piece)
+            end = start + piece if end < 0 else end
+            count += len(self._encode(text[start:end]))
+            pieces += 1
+            if count - 2 * pieces > limit:  # a cut changes at most the tokens on either side of it
+                return True
+            start = end
+        return False
+
+    def check_ids(self, ids: Sequence[int]) -> list[int]:
+        """`ids` as ints inside the vocabulary, else a TokenizerError naming the first bad one."""
+        size, checked = self.vocab_size, []
+        for token in ids:
+            if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < size:
+                raise TokenizerError(f"token id {shorten(repr(token), 40)} is not in the vocabulary of {size}",
+                                     file=self.file, field="ids")
+            checked.append(int(token))
+        return checked
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         """Text of a sequence; like MNN's `decode(ids)` it leaves out special ids by default."""
+        ids = self.check_ids(ids)
         if skip_special_tokens:
             ids = [i for i in ids if i not in self._special]
-        text = self.backend.decode(ids, skip_special_tokens=False)
+        text = self._native("decode", self.backend.decode, ids, skip_special_tokens=False)
         if self.clean_up_spaces:
             for before, after in _CLEAN_UP_SPACES:
                 text = text.replace(before, after)
@@ -167,6 +223,7 @@ class Tokenizer:
 
     def decode_id_bytes(self, token_id: int) -> bytes:
         """Raw bytes of one token (MNN's `decode(id)`); a byte-level piece may be part of a UTF-8 character."""
+        token_id = self.check_ids([token_id])[0]
         token = self.backend.id_to_token(token_id)
         if token is None:
             return b""

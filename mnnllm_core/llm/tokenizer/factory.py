@@ -5,6 +5,7 @@ import logging
 import time
 
 from mnnllm_core.errors import TokenizerError
+from mnnllm_core.files import TOKENIZER_LIMIT, read_bounded
 
 from .base import Tokenizer
 from .bert import BertTokenizer
@@ -29,11 +30,7 @@ def create_tokenizer(path: str) -> Tokenizer:
     """Load any tokenizer MNN can: magic `430` + type 0-4, or a plain HF tokenizer.json."""
     start = time.perf_counter()
     path = str(path)
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise TokenizerError(f"cannot read tokenizer: {exc.strerror}", file=path, field="path") from None
+    data = read_bounded(path, TOKENIZER_LIMIT, TokenizerError, "tokenizer", field="path")
     if data.lstrip()[:1] == b"{":
         tokenizer: Tokenizer = JsonTokenizer.load(data, path)
     else:

@@ -62,7 +62,7 @@ class TextLines:
         try:
             values = [int(p) for p in parts]
         except ValueError:
-            raise TokenizerError(f"expected integers, got {b' '.join(parts[:4])!r}", file=self.file,
+            raise TokenizerError(f"expected a line of integers ({len(parts)} words)", file=self.file,
                                  field=field) from None
         if count is not None and len(values) != count:
             raise TokenizerError(f"expected {count} integers, got {len(values)}", file=self.file, field=field)
@@ -96,12 +96,12 @@ def read_header(data: bytes, file: str) -> Header:
     except ValueError:
         magic = None
     if magic != MAGIC_NUMBER:
-        raise TokenizerError(f"not an MNN tokenizer: magic {head[:1]!r}, expected {MAGIC_NUMBER}",
+        raise TokenizerError(f"not an MNN tokenizer: it does not start with the magic number {MAGIC_NUMBER}",
                              file=file, field="magic")
     try:
         kind = TokenizerType(int(head[1]))
     except (IndexError, ValueError):
-        raise TokenizerError(f"unknown tokenizer type {head[1:2]!r}", file=file, field="type") from None
+        raise TokenizerError("unknown tokenizer type (MNN knows 0-4)", file=file, field="type") from None
     special_num, stop_num, prefix_num = lines.ints("counts", 3)
     if min(special_num, stop_num, prefix_num) < 0:
         raise TokenizerError("negative id count", file=file, field="counts")

@@ -12,6 +12,7 @@ import os
 import tokenizers
 
 from mnnllm_core.errors import TokenizerError
+from mnnllm_core.files import CONFIG_LIMIT, read_bounded
 
 from .base import SpecialIds, Tokenizer
 
@@ -53,12 +54,11 @@ def _has_byte_level(decoder: object) -> bool:
 def _config_tokens(file: str) -> tuple[str, str]:
     """(bos, eos) strings from a sibling tokenizer_config.json, empty when there is none."""
     path = os.path.join(os.path.dirname(os.path.abspath(file)), "tokenizer_config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
-    except FileNotFoundError:
+    if not os.path.exists(path):
         return "", ""
-    except (OSError, ValueError) as exc:
+    try:
+        config = json.loads(read_bounded(path, CONFIG_LIMIT, TokenizerError, "tokenizer config").decode("utf-8"))
+    except (TokenizerError, ValueError, RecursionError) as exc:
         logger.warning("%s: ignoring unreadable tokenizer_config.json: %s", path, exc)
         return "", ""
     if not isinstance(config, dict):

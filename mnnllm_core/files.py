@@ -1,0 +1,59 @@
+"""Reading the files a config names: each must be a regular file no larger than its kind can
+be. A config can name anything (`/dev/zero`, a FIFO, a folder, /etc/passwd), so a read never
+blocks, never grows past its bound, and its errors never quote the file's bytes."""
+from __future__ import annotations
+
+import os
+import stat
+from typing import BinaryIO
+
+from .errors import MnnllmError
+
+MiB = 1 << 20
+CONFIG_LIMIT = 16 * MiB  # config.json, llm_config.json, context.json, tokenizer_config.json
+TOKENIZER_LIMIT = 512 * MiB  # a 250k-token tokenizer.json is ~20 MiB
+GRAPH_LIMIT = 2 * 1024 * MiB  # a flatbuffer cannot be larger
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: str | os.PathLike[str], error: type[MnnllmError], what: str,
+                 field: str | None = None) -> BinaryIO:
+    """`path` opened for reading when it is a regular file (opening never waits on a FIFO)."""
+    name = os.fspath(path)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise error(f"cannot read the {what} (cannot open it: {exc.strerror or exc})", file=name,
+                    field=field) from None
+    except ValueError:  # a NUL byte, or a lone surrogate the file system cannot encode
+        raise error(f"cannot read the {what}: the path is not a valid file name", file=name, field=field) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise error(f"the {what} must be a regular file, this is {_kind(mode)}", file=name, field=field)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int, error: type[MnnllmError], what: str,
+                 field: str | None = None) -> bytes:
+    """The whole of a regular file of at most `limit` bytes, else `error` naming it."""
+    with open_regular(path, error, what, field) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(size + 1) if size <= limit else b""  # read(n) allocates n bytes first
+        while size <= limit and len(data) > size and len(data) <= limit:  # it grew while being read
+            more = f.read(min(MiB, limit + 1 - len(data)))
+            if not more:
+                break
+            data += more
+    if size > limit or len(data) > limit:
+        raise error(f"the {what} is {max(size, len(data))} bytes, more than a {what} can be ({limit})",
+                    file=os.fspath(path), field=field)
+    return data
