@@ -118,12 +118,28 @@ def _load_llm(args):
     return llm.load()
 
 
+def _image_tags(llm, paths: Sequence[str], option: str) -> str:
+    """MNN's prompt form of images given on the command line: <img>PATH</img> each (resized to
+    image_size; write <img><hw>H,W</hw>PATH</img> in the prompt for another size)."""
+    if not paths:
+        return ""
+    if not llm.config.is_visual:
+        raise ConfigError(f"{option} needs a vision-language model (is_visual); this one is text only",
+                          file=llm.config.source, field=option)
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ConfigError(f"the image does not exist: {path}", file=path, field=option)
+    return "".join(f"<img>{os.path.abspath(p)}</img>" for p in paths)
+
+
 def cmd_run(args) -> int:
     llm = _load_llm(args)
     prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         raise ConfigError("no prompt: pass -p PROMPT, or prompts as lines on stdin", field="--prompt")
+    images = _image_tags(llm, args.image, "--image")
     for prompt in prompts:
+        prompt = images + prompt
         llm.reset()
         ids = llm.tokenizer_encode(llm.apply_chat_template(prompt))
         if args.json:
@@ -135,6 +151,7 @@ def cmd_run(args) -> int:
                 "prompt": prompt, "prompt_ids": ids, "gen_ids": gen, "text": text,
                 "prefill_tok_s": round(ctx.prompt_len / (ctx.prefill_us / 1e6), 2) if ctx.prefill_us else None,
                 "decode_tok_s": round(decoded / (ctx.decode_us / 1e6), 2) if ctx.decode_us else None,
+                **({"vision_ms": round(ctx.vision_us / 1e3, 2)} if images else {}),
             }, ensure_ascii=False), flush=True)
         else:
             for piece in llm.response(prompt, stream=True, max_new_tokens=args.max_new_tokens):
@@ -158,7 +175,9 @@ def cmd_chat(args) -> int:
     and the KV cache keeps every token that ran, so the next turn reuses it."""
     llm = _load_llm(args)
     messages: list[dict] = []
-    print("mnnllm chat: /reset starts over; /exit, Ctrl-D or Ctrl-C at the prompt quits; "
+    images = ""  # <img> tags of /image commands, for the next message
+    vision = " /image PATH adds an image to the next message;" if llm.config.is_visual else ""
+    print(f"mnnllm chat: /reset starts over;{vision} /exit, Ctrl-D or Ctrl-C at the prompt quits; "
           "Ctrl-C during a reply stops it.", file=sys.stderr)
     while True:
         try:
@@ -172,9 +191,16 @@ def cmd_chat(args) -> int:
             messages.clear()
             llm.reset()
             continue
+        if line.strip().startswith("/image"):
+            try:
+                images += _image_tags(llm, [line.strip()[len("/image"):].strip()], "/image")
+            except ConfigError as err:
+                print(f"mnnllm: {err}", file=sys.stderr)
+            continue
         if not line.strip():
             continue
-        messages.append({"role": "user", "content": line})
+        messages.append({"role": "user", "content": images + line})
+        images = ""
         answer: list[str] = []
         if not _stream_reply(llm, messages, args.max_new_tokens, answer) and not answer:
             messages.pop()
@@ -369,6 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-p", "--prompt", action="append", type=_prompt, help="a prompt; repeat for several")
     run.add_argument("--json", action="store_true",
                      help="one JSON object per prompt: prompt, ids, generated ids, text, speeds")
+    run.add_argument("--image", action="append", default=[], metavar="PATH",
+                     help="an image before each prompt (vision-language models); repeat for several")
     run.set_defaults(func=cmd_run)
 
     chat = sub.add_parser("chat", help="interactive, streamed, multi-turn chat")

@@ -38,9 +38,13 @@ SCRIPT = textwrap.dedent("""
 
 def run_mnn(model_dir: str, timeout: float = 600, **job) -> dict:
     """job: config={...}, logits=[ids...], generate=[(ids, n)...], encode=[texts]."""
+    return run_script(SCRIPT, {"model_dir": str(model_dir), **job}, timeout)
+
+
+def run_script(script: str, job: dict, timeout: float):
+    """Run `script` in a fresh interpreter with `job` as JSON on stdin; what it printed after @@RESULT@@."""
     pytest.importorskip("MNN", reason="PyPI MNN (the reference runtime) is not installed")
-    payload = json.dumps({"model_dir": str(model_dir), **job})
-    done = subprocess.run([sys.executable, "-c", SCRIPT], input=payload, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(job), capture_output=True, text=True,
                           timeout=timeout)
     marker = "@@RESULT@@"
     if done.returncode != 0 or marker not in done.stdout:

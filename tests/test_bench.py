@@ -13,12 +13,16 @@ ROW_KEYS = {"model", "backend", "threads", "test", "samples_ts", "avg_ts", "stdd
             "device", "placement", "versions", "precision", "n_prompt", "n_gen", "model_size", "cold_ts"}
 
 
-def test_bench_json_rows_carry_every_field():
-    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "-a", "cpu",
-                           "-p", "64", "-n", "16", "-rep", "2", "-o", "json"],
-                          capture_output=True, text=True, timeout=900)
+def _bench_json(model, *args: str) -> tuple[list[dict], str]:
+    """`mnnllm bench -m MODEL -a cpu ARGS -o json`: its rows and its stderr."""
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(model), "-a", "cpu", *args,
+                           "-o", "json"], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
-    rows = json.loads(done.stdout)
+    return json.loads(done.stdout), done.stderr
+
+
+def test_bench_json_rows_carry_every_field():
+    rows, stderr = _bench_json(CONFIG, "-p", "64", "-n", "16", "-rep", "2")
     assert [r["test"] for r in rows] == ["pp64", "tg16"]
     for row in rows:
         assert ROW_KEYS <= set(row)
@@ -29,7 +33,7 @@ def test_bench_json_rows_carry_every_field():
         assert row["placement"]["ops_per_backend"]["cpu"] > 0
         assert row["peak_rss_mb"] > 0 and row["load_s"] > 0 and row["device"]
         assert {"mnnllm", "numpy", "python"} <= set(row["versions"])
-    assert "pp64" in done.stderr or "[1/1]" in done.stderr  # progress goes to stderr, stdout stays JSON
+    assert "pp64" in stderr or "[1/1]" in stderr  # progress goes to stderr, stdout stays JSON
 
 
 def _fake_results():
@@ -122,3 +126,13 @@ def test_memory_modes_run_side_by_side_and_the_roofline_counts_packed_bytes():
     low, normal = (float(line.split(": ")[1].split(" MiB")[0]) for line in done.stdout.splitlines()
                    if line.startswith("decode roofline"))
     assert 60 < low < 80 and normal > 6 * low  # int4 + fp16 alphas vs fp32 weights of the same 135M model
+
+
+def test_a_vision_language_model_gets_a_vision_row_in_images_per_second():
+    from vl_reference import FP16, reference
+    reference()
+    rows, _ = _bench_json(FP16, "-p", "16", "-n", "0", "-rep", "2")
+    assert [r["test"] for r in rows] == ["pp16", "vision420x420 img/s"]
+    vision = rows[1]
+    assert len(vision["samples_ts"]) == 2 and vision["avg_ts"] > 0
+    assert abs(vision["mp_s"] - vision["avg_ts"] * 420 * 420 / 1e6) < 1e-9

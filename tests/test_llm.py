@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import mnnllm_core
-from mnnllm_core.errors import BackendError, ContextLengthError, UnsupportedError
-from mnnllm_core.llm.llm import Omni
+from mnnllm_core.errors import BackendError, ConfigError, ContextLengthError, UnsupportedError
+from mnnllm_core.llm.omni import Omni
 from paths import CONFIG, REFERENCE
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
@@ -128,14 +128,28 @@ def test_tokenizer_round_trip_through_the_api(llm):
 
 
 def test_visual_config_routes_to_omni_with_a_clear_error(tmp_path):
+    """Omni loads visual.mnn beside the LLM: a visual config without one names the missing file."""
     config = json.loads(CONFIG.read_text())
     config.update({"is_visual": True, "base_dir": str(CONFIG.parent) + "/"})
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     model = mnnllm_core.create(path)
     assert isinstance(model, Omni)
-    with pytest.raises(UnsupportedError, match="visual"):
+    with pytest.raises(ConfigError, match="visual_model.*visual.mnn"):
         model.load()
+
+
+@pytest.mark.parametrize("key", ["is_audio", "has_talker"])
+def test_audio_and_talker_configs_name_what_is_missing(tmp_path, key):
+    config = json.loads(CONFIG.read_text())
+    config.update({key: True, "base_dir": str(CONFIG.parent) + "/"})
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    model = mnnllm_core.create(path)
+    assert isinstance(model, Omni)
+    with pytest.raises(UnsupportedError, match=key) as err:
+        model.load()
+    assert err.value.field == key
 
 
 def test_unknown_backend_is_a_clear_error_listing_the_available_ones():

@@ -23,6 +23,7 @@ def flatten(results: list[dict]) -> list[dict]:
                 "placement": result.get("placement"), "versions": result["versions"],
                 **({"vs_mnn": row["vs_mnn"]} if "vs_mnn" in row else {}),
                 **({"cold_ts": row["cold_ts"]} if "cold_ts" in row else {}),
+                **({"mp_s": row["mp_s"]} if "mp_s" in row else {}),
             })
     return rows
 

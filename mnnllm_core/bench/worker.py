@@ -40,6 +40,23 @@ def _run_once(llm, test: BenchTest, ids: list[int]) -> float:
     return time.perf_counter() - start
 
 
+def _vision_row(vision, reps: int) -> dict:
+    """Images per second through a vision-language model's encoder (preprocessing included) at
+    its image_size, as MNN's demo reports the vision time; `mp_s` is the same in megapixels/s."""
+    height, width = vision.target_size(None, None)
+    image = np.random.default_rng(0).integers(0, 256, (height, width, 3)).astype(np.float32)
+    vision.encode(image)  # warm-up: the resize for this shape
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        vision.encode(image)
+        samples.append(1.0 / (time.perf_counter() - start))
+    avg = statistics.fmean(samples)
+    return {"test": f"vision{height}x{width} img/s", "n_prompt": 0, "n_gen": 0, "samples_ts": samples,
+            "avg_ts": avg, "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0,
+            "mp_s": avg * height * width / 1e6}
+
+
 def _profile(llm, ids: list[int]) -> dict:
     """Seconds per (backend, op type) for one prefill and one decode step."""
     result = {}
@@ -88,6 +105,8 @@ def run(job: dict) -> dict:
         rows.append({"test": test.name, "n_prompt": prompt, "n_gen": gen, "samples_ts": samples,
                      "avg_ts": statistics.fmean(samples), "cold_ts": test.tokens / cold_s,
                      "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
+    if getattr(llm, "vision", None) is not None:
+        rows.append(_vision_row(llm.vision, job["reps"]))
     print("\r", end="", file=sys.stderr)
     result = {
         "model": job["config"], "model_size": _model_size(llm.config),

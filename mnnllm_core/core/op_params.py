@@ -64,6 +64,9 @@ class ConvolutionParams:
     stride: tuple[int, int] = (1, 1)
     group: int = 1
     activation: int = NO_ACTIVATION
+    pad: tuple[int, int] = (0, 0)  # (x, y) on both sides, MNN's padX/padY (pad mode CAFFE or VALID)
+    dilation: tuple[int, int] = (1, 1)
+    pad_mode: int = 0  # MNN's PadMode: 0 CAFFE (explicit pad), 1 VALID, 2 SAME
 
     @property
     def is_linear(self) -> bool:
@@ -78,7 +81,9 @@ def _convolution(op: Op) -> ConvolutionParams | None:
     activation = RELU6 if common.relu6 else RELU if common.relu else NO_ACTIVATION
     return ConvolutionParams(int(common.outputCount or 0), int(common.inputCount or 0),
                              (int(common.kernelX or 1), int(common.kernelY or 1)),
-                             (int(common.strideX or 1), int(common.strideY or 1)), int(common.group or 1), activation)
+                             (int(common.strideX or 1), int(common.strideY or 1)), int(common.group or 1), activation,
+                             (int(common.padX or 0), int(common.padY or 0)),
+                             (int(common.dilateX or 1), int(common.dilateY or 1)), int(common.padMode or 0))
 
 
 # ------------------------------------------------------------------ LayerNorm and the q/k norms of RoPE
@@ -397,7 +402,7 @@ def _relu(op: Op) -> ReluParams:
 
 
 DECODERS: dict[str, Callable[[Op], Any]] = {
-    "Convolution": _convolution, "LayerNorm": _layernorm, "RoPE": _rope, "Attention": _attention,
+    "Convolution": _convolution, "Im2Col": _convolution, "LayerNorm": _layernorm, "RoPE": _rope, "Attention": _attention,
     "BinaryOp": _binary, "UnaryOp": _unary, "Eltwise": _eltwise, "Reduction": _reduction, "Cast": _cast,
     "GatherV2": _gather, "Gather": _gather, "MatMul": _matmul, "BatchMatMul": _matmul, "Softmax": _softmax,
     "ReLU": _relu, "TopKV2": _topk, "MoE": _moe, "LinearAttention": _linear_attention,

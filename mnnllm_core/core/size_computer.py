@@ -52,11 +52,55 @@ def _convolution(op, ins) -> Result:
     shape = list(ins[0].shape)
     if len(shape) == 2:
         return [((shape[0], p.oc), ins[0].dtype)]
-    if p.kernel != (1, 1) or p.stride != (1, 1):
-        raise UnsupportedError(f"Convolution {op.name!r}: only 1x1 stride-1 convolutions (linear layers) "
-                               f"are supported, got kernel {p.kernel[0]}x{p.kernel[1]}", field="common.kernelX")
+    if len(shape) != 4:
+        raise UnsupportedError(f"Convolution {op.name!r}: input of rank {len(shape)}, not NCHW", field="inputIndexes")
     shape[1] = p.oc
+    shape[2], shape[3] = sliding_output(op, shape[2], shape[3])
     return [(tuple(shape), ins[0].dtype)]
+
+
+def sliding_output(op: Op, height: int, width: int) -> tuple[int, int]:
+    """Output rows and columns of a Convolution/Im2Col window (kernel, stride, pad, dilation; pad
+    modes CAFFE and VALID)."""
+    p = op.param
+    if p.pad_mode not in (0, 1):
+        raise UnsupportedError(f"{op.type} {op.name!r}: pad mode {p.pad_mode} (only CAFFE and VALID)",
+                               field="common.padMode")
+    pad_x, pad_y = p.pad if p.pad_mode == 0 else (0, 0)
+    out = []
+    for size, kernel, stride, pad, dilation in ((height, p.kernel[1], p.stride[1], pad_y, p.dilation[1]),
+                                                (width, p.kernel[0], p.stride[0], pad_x, p.dilation[0])):
+        count = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+        if count < 1:
+            raise UnsupportedError(f"{op.type} {op.name!r}: a {kernel}-wide window does not fit {size} values",
+                                   field="common.kernelX")
+        out.append(count)
+    return out[0], out[1]
+
+
+def _im2col(op, ins) -> Result:
+    """[N, C, H, W] -> [N, C * kh * kw, oh * ow], torch's unfold."""
+    n, c, h, w = ins[0].shape
+    oh, ow = sliding_output(op, h, w)
+    return [((n, c * op.param.kernel[0] * op.param.kernel[1], oh * ow), ins[0].dtype)]
+
+
+def _slice_tf(op, ins) -> Result:
+    begin = ins[1].host.reshape(-1).astype(int)
+    size = ins[2].host.reshape(-1).astype(int)
+    shape = ins[0].shape
+    out = tuple(d - b if s == -1 else s for d, b, s in zip(shape, begin, size))
+    if len(begin) != len(shape) or any(b < 0 or o < 0 or b + o > d for d, b, o in zip(shape, begin, out)):
+        raise UnsupportedError(f"SliceTf {op.name!r}: begin {begin.tolist()} size {size.tolist()} outside {shape}",
+                               field="inputIndexes")
+    return [(out, ins[0].dtype)]
+
+
+def _unpack(op, ins) -> Result:
+    shape = ins[0].shape
+    axis = normalize_axis(int(_param(op, "axis", 0)), len(shape))
+    rest = shape[:axis] + shape[axis + 1:]
+    return [(rest, ins[0].dtype)] * shape[axis]
 
 
 def _rope(op, ins) -> Result:
@@ -226,7 +270,7 @@ SIZE_COMPUTERS: dict[str, Callable[[Op, Sequence[Tensor]], Result]] = {
     "Flatten": _flatten, "ConvertTensor": _same, "Permute": _permute, "Transpose": _permute,
     "MatMul": _matmul, "BatchMatMul": _matmul, "Reduction": _reduction, "Select": _select,
     "Fill": _fill, "Range": _range, "TopKV2": _topk, "MoE": _same,
-    "LinearAttention": _linear_attention,
+    "LinearAttention": _linear_attention, "Im2Col": _im2col, "SliceTf": _slice_tf, "Unpack": _unpack,
 }
 
 

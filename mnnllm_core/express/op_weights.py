@@ -41,7 +41,9 @@ class OpWeights:
     def convolution(self) -> ConvolutionWeights:
         p = self.param
         common = p.common
-        oc, ic = int(common.outputCount), int(common.inputCount)
+        # a k x k kernel is an [oc, ic * kh * kw] matrix (im2col order: channel, row, column)
+        kernel = int(common.kernelX or 1) * int(common.kernelY or 1)
+        oc, ic = int(common.outputCount), int(common.inputCount) * kernel // max(1, int(common.group or 1))
         quan = p.quanParameter
         if p.external is not None and len(p.external) > 0:
             weight, alpha, bias = self._external("weight", "alpha", "bias")

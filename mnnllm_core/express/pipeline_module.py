@@ -82,6 +82,8 @@ def blob_to_array(blob, op_name: str, weight_file: ExternalWeightFile | None, pa
     else:
         data = next((v for v in (blob.float32s, blob.int32s, blob.int64s, blob.uint8s, blob.int8s) if v is not None),
                     np.zeros(0, dtype))
+        if data is blob.uint8s and int(blob.dataType) in (DT_HALF, DT_BFLOAT16):
+            data = _widen_16bit(np.asarray(data, np.uint8), int(blob.dataType), op_name, path)
     array = np.asarray(data).astype(dtype)
     count = int(np.prod(shape, dtype=np.int64))
     if array.size != count:
@@ -91,6 +93,17 @@ def blob_to_array(blob, op_name: str, weight_file: ExternalWeightFile | None, pa
             raise FormatError(f"const {op_name!r} has {array.size} values for dims {list(shape)}",
                               file=path, field="dims")
     return array.reshape(shape)
+
+
+def _widen_16bit(raw: np.ndarray, data_type: int, op_name: str, path: str) -> np.ndarray:
+    """fp16/bf16 constants inline in the graph are stored as their raw bytes (the vision graphs' rotary
+    and GELU constants): two bytes a value."""
+    if raw.size % 2:
+        raise FormatError(f"const {op_name!r}: {raw.size} bytes are not a whole number of 16-bit values",
+                          file=path, field="uint8s")
+    if data_type == DT_HALF:
+        return raw.view("<f2").astype(np.float32)
+    return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
 
 
 def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,

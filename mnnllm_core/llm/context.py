@@ -24,6 +24,7 @@ class LlmContext:
     prefill_us: int = 0
     decode_us: int = 0
     sample_us: int = 0
+    vision_us: int = 0  # encoding the images of the last prompt (Omni)
     status: int = RUNNING
     history_tokens: list[int] = field(default_factory=list)
     output_tokens: list[int] = field(default_factory=list)

@@ -16,8 +16,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError,
-                      UnsupportedError, shorten)
+from ..errors import ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError, shorten
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -163,6 +162,15 @@ class Llm:
         positions = np.arange(past, past + seq_len, dtype=np.int32).reshape(1, seq_len)
         return np.repeat(positions, 3, axis=0) if self.config.is_mrope else positions
 
+    def _input_embeddings(self, ids: list[int]) -> np.ndarray:
+        """The `input_ids` input: [seq, 1, hidden] rows of the embedding table (Omni writes images over some)."""
+        return self.embedding.embedding(ids)
+
+    def _commit(self, ids: list[int]) -> None:
+        """Tokens that ran through the model join the history (the KV cache holds them now)."""
+        self.context.history_tokens.extend(ids)
+        self.context.all_seq_len = len(self.context.history_tokens)
+
     def forward(self, input_ids: Sequence[int], all_logits: bool | None = None) -> np.ndarray:
         """Run the new tokens through the model (appending them to the KV cache); returns
         the logits of the last token ([vocab]) or, with all_logits, of every token."""
@@ -182,7 +190,7 @@ class Llm:
                                      field="max_all_tokens")
         prepared = seq == 1 and self.config.attention_mask == "float" and self.config.attention_type == "full"
         mask = self._decode_mask if prepared else self._attention_mask(seq)
-        feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": mask,
+        feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask,
                  "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
         meta = self.kv_meta
         # The history is the truth: the cache is cut back to it before every step, so a step
@@ -199,8 +207,7 @@ class Llm:
                                          field="max_all_tokens") from err
             raise
         meta.sync()
-        self.context.history_tokens.extend(ids)
-        self.context.all_seq_len = len(self.context.history_tokens)
+        self._commit(ids)
         if meta.previous != self.context.all_seq_len:
             cached = meta.previous
             self._forget()
@@ -349,17 +356,6 @@ class Llm:
         return modules[-1].placement()
 
 
-class Omni(Llm):
-    """Visual/audio/talker models: the multimodal front ends are not implemented yet."""
-
-    def load(self) -> "Omni":
-        missing = [name for name, flag in (("visual encoder (is_visual)", self.config.is_visual),
-                                           ("audio encoder (is_audio)", self.config.is_audio),
-                                           ("talker (has_talker)", self.config.has_talker)) if flag]
-        raise UnsupportedError("multimodal models are not supported yet: missing " + ", ".join(missing),
-                               file=self.config.origin("is_visual"), field="is_visual")
-
-
 def create(config_path: str | os.PathLike) -> Llm:
     """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet).
 
@@ -367,5 +363,6 @@ def create(config_path: str | os.PathLike) -> Llm:
     """
     config = LlmConfig.from_file(resolve_config_path(config_path))
     if config.is_visual or config.is_audio or config.has_talker:
+        from .omni import Omni  # Omni builds on Llm
         return Omni(config)
     return Llm(config)

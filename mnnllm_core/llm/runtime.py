@@ -18,16 +18,17 @@ from .config import LlmConfig
 log = logging.getLogger(__name__)
 
 
-def backend_choices(config: LlmConfig) -> list[str]:
-    names = [n.strip() for n in str(config.backend_type).split(",") if n.strip()]
+def backend_choices(config: LlmConfig, mllm: bool = False) -> list[str]:
+    names = [n.strip() for n in str(config.runtime_options(mllm).backend_type).split(",") if n.strip()]
     if not names:
         raise ConfigError("backend_type is empty", file=config.origin("backend_type"), field="backend_type")
     return names
 
 
-def schedule_config(config: LlmConfig, backend_type: str) -> ScheduleConfig:
-    """The config's runtime options (the one route for thread_num, precision, memory, power)."""
-    options = config.runtime_options()
+def schedule_config(config: LlmConfig, backend_type: str, mllm: bool = False) -> ScheduleConfig:
+    """The config's runtime options (the one route for thread_num, precision, memory, power);
+    mllm=True: those of the `mllm` object (MNN's processor runtime for the vision/audio encoders)."""
+    options = config.runtime_options(mllm)
     for key in ("precision", "memory", "power"):
         allowed = {"low", "normal", "high"}
         if str(getattr(options, key)) not in allowed:
@@ -58,8 +59,8 @@ def runtime_hints(config: LlmConfig) -> dict:
     }
 
 
-def init_runtime(config: LlmConfig) -> RuntimeManager:
-    choices = backend_choices(config)
+def init_runtime(config: LlmConfig, mllm: bool = False) -> RuntimeManager:
+    choices = backend_choices(config, mllm)
     allow_fallback = config.get("allow_fallback")
     allow_fallback = True if allow_fallback is None else allow_fallback  # null means unset, as for every key
     if not isinstance(allow_fallback, bool):
@@ -68,7 +69,7 @@ def init_runtime(config: LlmConfig) -> RuntimeManager:
     errors = []
     for name in choices:
         try:
-            manager = RuntimeManager.create(schedule_config(config, name), runtime_hints(config))
+            manager = RuntimeManager.create(schedule_config(config, name, mllm), runtime_hints(config))
         except BackendError as err:
             if len(choices) == 1:
                 raise err.at(file=config.origin("backend_type"), field="backend_type") from err

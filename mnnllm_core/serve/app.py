@@ -58,11 +58,15 @@ class ModelService:
             text = self.llm.apply_chat_template(messages)
         except ConfigError as err:  # the model's template refuses the conversation (roles, order)
             raise ApiError(400, str(err), param="messages", code="invalid_value") from None
-        return self.llm.tokenizer_encode(text)
+        return self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
+        """Text as text: a client's <img>PATH</img> never makes a vision model (Omni) read a server file."""
+        return self.llm.tokenizer.encode(text)
 
     def completion_prompt(self, request: CompletionRequest) -> list[int]:
         prompt = request.prompt
-        return list(prompt) if isinstance(prompt, list) else self.llm.tokenizer_encode(prompt)
+        return list(prompt) if isinstance(prompt, list) else self._encode(prompt)
 
     def generation(self, request: SamplingRequest, prompt_ids: list[int], prompt_field: str) -> Generation:
         """The job a validated request asks for, or a 400 when it does not fit the model."""

@@ -1,6 +1,8 @@
 """Op creators of the cpu backend, one module per op family."""
-from . import attention, elementwise, linear, linear_attention, moe, norm, raster, rope, tensor_ops
+from . import (attention, convolution2d, elementwise, linear, linear_attention, moe, norm, raster, rope, slicing,
+               tensor_ops)
 
 CREATORS = {}
-for _module in (raster, elementwise, linear, norm, rope, attention, linear_attention, tensor_ops, moe):
+for _module in (raster, elementwise, linear, convolution2d, norm, rope, attention, linear_attention, tensor_ops, moe,
+                slicing):
     CREATORS.update(_module.CREATORS)

@@ -1,0 +1,30 @@
+"""MNN's own runtime (PyPI MNN 3.6.1, built with vision) on the shared tiny Qwen2-VL, in a
+subprocess: greedy ids for already templated prompts with <img> tags (use_template off)."""
+from __future__ import annotations
+
+import textwrap
+
+from mnn_oracle import run_script
+
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, tempfile
+    import MNN.llm as llm
+    job = json.load(sys.stdin)
+    config = json.load(open(os.path.join(job["model_dir"], "config.json")))
+    config.update({"base_dir": job["model_dir"].rstrip("/") + "/", "memory": "normal", "sampler_type": "greedy",
+                   "use_template": False, "max_new_tokens": job["new_tokens"]})
+    path = os.path.join(tempfile.mkdtemp(), "config.json")
+    json.dump(config, open(path, "w"))
+    m = llm.create(path)
+    m.load()
+    out = []
+    for text in job["prompts"]:
+        m.response(text)
+        out.append({"prompt_len": m.context.prompt_len, "ids": list(m.context.output_tokens)})
+    print("@@RESULT@@" + json.dumps(out), flush=True)
+    os._exit(0)  # MNN 3.6.1 can crash in its destructors at interpreter exit
+""")
+
+
+def mnn_vision_ids(model_dir, prompts: list[str], new_tokens: int, timeout: float = 300) -> list[dict]:
+    return run_script(SCRIPT, {"model_dir": str(model_dir), "prompts": prompts, "new_tokens": new_tokens}, timeout)
