@@ -130,12 +130,25 @@ def damage_header(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
+def damage_header_length(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[8:12] = (0xFFFFFFFF).to_bytes(4, "little")  # a 4 GiB header: refused before any read
+    path.write_bytes(bytes(data))
+
+
+def damage_fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)  # opening it to read would wait for a writer forever
+
+
 def damage_tokens(path: Path) -> None:
     path.write_bytes(b"not a prefix cache file at all")
 
 
 @pytest.mark.parametrize("damage,why", [(damage_truncate, "truncated"), (damage_flip_a_value, "corrupt"),
-                                        (damage_header, "malformed header"), (damage_tokens, "not a prefix-cache")])
+                                        (damage_header, "malformed header"), (damage_header_length, "truncated"),
+                                        (damage_fifo, "not a regular file"),
+                                        (damage_tokens, "not a prefix-cache")])
 def test_a_damaged_file_is_refused_with_a_warning_and_the_prompt_prefilled(cached, uncached, caplog, damage, why):
     llm, saved = cached
     damage(saved)

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import struct
 from typing import TYPE_CHECKING, Sequence
 
@@ -202,15 +203,16 @@ class PrefixCache:
         layers, count = header["layers"], len(header["tokens"])
         if len(layers) != len(self.caches):
             raise RejectedFile(f"{len(layers)} layers, the model has {len(self.caches)}")
+        per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
         try:
-            with open(path, "rb") as f:
+            with _open_regular(path) as f:
+                stored = _regular_size(f) - header["payload_at"]
+                if stored != 2 * sum(per_layer):  # checked before reading: the file may be any size
+                    raise RejectedFile(f"truncated: {stored} bytes of keys and values, expected {2 * sum(per_layer)}")
                 f.seek(header["payload_at"])
-                payload = memoryview(f.read())
+                payload = memoryview(f.read(stored))
         except OSError as err:
             raise RejectedFile(f"cannot read it ({err.strerror or err})") from err
-        per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
-        if len(payload) != 2 * sum(per_layer):
-            raise RejectedFile(f"truncated: {len(payload)} bytes of keys and values, expected {2 * sum(per_layer)}")
         if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
             raise RejectedFile("corrupt: its keys and values do not match their checksum")
         keys, values, at = [], [], 0
@@ -221,16 +223,33 @@ class PrefixCache:
         return keys, values
 
 
+def _open_regular(path: str):
+    """`path` opened for reading if it is a regular file (a FIFO never blocks the open)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RejectedFile("not a regular file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def _regular_size(f) -> int:
+    return os.fstat(f.fileno()).st_size
+
+
 def _read_header(path: str) -> dict:
     """A file's JSON header, its fields checked for type; `payload_at` added."""
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
+            file_size = _regular_size(f)
             head = f.read(_HEADER.size)
             if len(head) < _HEADER.size:
                 raise RejectedFile("truncated: no header")
             magic, size = _HEADER.unpack(head)
             if magic != MAGIC:
                 raise RejectedFile("not a prefix-cache file")
+            if size > file_size - _HEADER.size:  # read(n) allocates n bytes first: never trust n
+                raise RejectedFile(f"truncated: a {size}-byte header in a {file_size}-byte file")
             text = f.read(size)
     except OSError as err:
         raise RejectedFile(f"cannot read it ({err.strerror or err})") from err
