@@ -23,23 +23,37 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+class NotRegularFile(OSError):
+    """A path naming a folder, FIFO, device or socket where a regular file was wanted."""
+
+
+def open_regular_file(path: str | os.PathLike[str]) -> BinaryIO:
+    """`path` opened for reading if it is a regular file, else NotRegularFile; opening never
+    waits on a FIFO. For the project's own cache files, whose callers turn an OSError into a
+    refusal; `open_regular` is the form with the project's typed errors."""
+    fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise NotRegularFile(f"not a regular file: {_kind(mode)}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def open_regular(path: str | os.PathLike[str], error: type[MnnllmError], what: str,
                  field: str | None = None) -> BinaryIO:
-    """`path` opened for reading when it is a regular file (opening never waits on a FIFO)."""
+    """`path` opened for reading when it is a regular file, else `error` naming it."""
     name = os.fspath(path)
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return open_regular_file(name)
+    except NotRegularFile as exc:
+        raise error(f"the {what} must be a regular file, this is {str(exc).split(': ', 1)[1]}", file=name,
+                    field=field) from None
     except OSError as exc:
         raise error(f"cannot read the {what} (cannot open it: {exc.strerror or exc})", file=name,
                     field=field) from None
     except ValueError:  # a NUL byte, or a lone surrogate the file system cannot encode
         raise error(f"cannot read the {what}: the path is not a valid file name", file=name, field=field) from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise error(f"the {what} must be a regular file, this is {_kind(mode)}", file=name, field=field)
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
 
 
 def read_bounded(path: str | os.PathLike[str], limit: int, error: type[MnnllmError], what: str,

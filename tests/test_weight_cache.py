@@ -64,7 +64,7 @@ def test_another_layout_version_packs_again_with_a_warning(tmp_path, caplog):
     assert made == [1, 1]  # the repack replaced the file
 
 
-@pytest.mark.parametrize("damage", ["truncate", "header", "magic"])
+@pytest.mark.parametrize("damage", ["truncate", "header", "magic", "header length", "fifo"])
 def test_a_damaged_file_is_refused_and_packed_again(tmp_path, caplog, damage):
     made = []
     weights = cache(tmp_path)
@@ -75,11 +75,18 @@ def test_a_damaged_file_is_refused_and_packed_again(tmp_path, caplog, damage):
         path.write_bytes(data[:len(data) - 100])
     elif damage == "header":
         path.write_bytes(data[:12] + b"{broken" + data[19:])
+    elif damage == "header length":  # a 4 GiB header is refused before anything is read
+        path.write_bytes(data[:8] + (0xFFFFFFFF).to_bytes(4, "little") + data[12:])
+    elif damage == "fifo":  # opening it to read would wait for a writer forever
+        path.unlink()
+        os.mkfifo(path)
     else:
         path.write_bytes(b"XXXXXXXX" + data[8:])
     with caplog.at_level(logging.WARNING):
         again = cache(tmp_path).arrays("op", "v1", counted(made))
     assert made == [1, 1] and "packing again" in caplog.text
+    assert damage != "header length" or "-byte header in a" in caplog.text  # refused, not read
+    assert damage != "fifo" or "not a regular file" in caplog.text
     assert np.array_equal(again["codes"], arrays()["codes"])
 
 

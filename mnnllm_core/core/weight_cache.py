@@ -16,6 +16,7 @@ is wrong is removed with a warning and the weights packed again.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from ..files import open_regular_file
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +68,10 @@ class WeightCache:
                 mapped = _map(path, name, version)
                 self.hits += 1
                 return mapped
-            except _Rejected as why:
+            except (_Rejected, OSError) as why:
                 log.warning("packed-weight cache: not using %s (%s): %s; packing again", path, name, why)
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    path.unlink(missing_ok=True)
         self.misses += 1
         made = make()
         try:
@@ -112,11 +116,13 @@ def _write(path: Path, name: str, version: str, arrays: dict[str, np.ndarray]) -
 
 
 def _map(path: Path, name: str, version: str) -> dict[str, np.ndarray]:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
+    with open_regular_file(path) as f:
+        size = os.fstat(f.fileno()).st_size
         head = f.read(_HEADER.size)
         if len(head) < _HEADER.size or _HEADER.unpack(head)[0] != MAGIC:
             raise _Rejected("not a packed-weight file")
+        if _HEADER.unpack(head)[1] > size - _HEADER.size:  # read(n) allocates n bytes first
+            raise _Rejected(f"truncated: a {_HEADER.unpack(head)[1]}-byte header in a {size}-byte file")
         try:
             header = json.loads(f.read(_HEADER.unpack(head)[1]))
             entries = header["arrays"]

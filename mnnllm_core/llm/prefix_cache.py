@@ -27,13 +27,13 @@ import hashlib
 import json
 import logging
 import os
-import stat
 import struct
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..core.file_identity import file_identity
+from ..files import open_regular_file
 from ..core.kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ class PrefixCache:
             raise RejectedFile(f"{len(layers)} layers, the model has {len(self.caches)}")
         per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
         try:
-            with _open_regular(path) as f:
+            with open_regular_file(path) as f:
                 stored = _regular_size(f) - header["payload_at"]
                 if stored != 2 * sum(per_layer):  # checked before reading: the file may be any size
                     raise RejectedFile(f"truncated: {stored} bytes of keys and values, expected {2 * sum(per_layer)}")
@@ -223,16 +223,6 @@ class PrefixCache:
         return keys, values
 
 
-def _open_regular(path: str):
-    """`path` opened for reading if it is a regular file (a FIFO never blocks the open)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise RejectedFile("not a regular file")
-    os.set_blocking(fd, True)
-    return os.fdopen(fd, "rb")
-
-
 def _regular_size(f) -> int:
     return os.fstat(f.fileno()).st_size
 
@@ -240,7 +230,7 @@ def _regular_size(f) -> int:
 def _read_header(path: str) -> dict:
     """A file's JSON header, its fields checked for type; `payload_at` added."""
     try:
-        with _open_regular(path) as f:
+        with open_regular_file(path) as f:
             file_size = _regular_size(f)
             head = f.read(_HEADER.size)
             if len(head) < _HEADER.size:
