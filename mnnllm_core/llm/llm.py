@@ -24,7 +24,7 @@ from .attention_mask import check_attention_type, check_mask_input, float_attent
 from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
-from .generation import ARGeneration, create_generation
+from .generation import ARGeneration, create_generation, needs_hidden_states
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
 from .prefix_cache import PrefixCache
@@ -57,6 +57,8 @@ class Llm:
         self.embedding: DiskEmbedding | None = None
         self.sampler: Sampler | None = None
         self.prefix_cache: PrefixCache | None = None
+        self.drafts = None  # the draft modules of speculative_type mtp/eagle, loaded on first use
+        self.hidden_states: np.ndarray | None = None  # [rows, hidden] of the last step, when loaded
         self.generation = ARGeneration(self)
         self._decode_mask: np.ndarray | None = None
         self._decode_position = np.zeros((1, 1), np.int32)
@@ -76,9 +78,8 @@ class Llm:
         self.prompt = Prompt(cfg)
         self.embedding = DiskEmbedding(cfg)
         self._init_sampler()
-        self.generation = create_generation(self)
         self.runtime_manager.set_external_file(cfg.llm_weight)
-        outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
+        outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states or needs_hidden_states(cfg) else [])
         self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager, Config(rearrange=True))
         if cfg.attention_mask == "float":
             check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
@@ -86,6 +87,7 @@ class Llm:
         self.pool = ModulePool(self.module)
         self.prefix_cache = PrefixCache.for_llm(self)
         self._decode_mask = self._attention_mask(1)
+        self.generation = create_generation(self)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
         log.info("loaded %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
                  self.runtime_manager.config.backend_type)
@@ -215,6 +217,8 @@ class Llm:
                                f"{past + seq}: the conversation was reset", field="kv_meta")
         if self.prefix_cache is not None:
             self.prefix_cache.saved_after(self.context.history_tokens)
+        if len(outputs) > 1:
+            self.hidden_states = np.array(outputs[1], np.float32).reshape(-1, self.config.hidden_size)
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
 
