@@ -10,11 +10,16 @@ import numpy as np
 import pytest
 
 import mnnllm_core
-from mnnllm_core.errors import ConfigError, FormatError
+from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
 from mnnllm_core.export.draft import fit_drafts, random_eagle, random_mtp, write_eagle, write_mtp
 from mnnllm_core.llm.generation import EagleGeneration, LookaheadGeneration, MtpGeneration
 from mnnllm_core.llm.generation.ngram import NgramCache, build_cache
+from mnnllm_core.export.graph import GraphBuilder
 from mnnllm_core.plugins.manager import registry
+from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
+from mnnllm_core.schema.MNN.DataType import DataType
+from mnnllm_core.schema.MNN.OpParameter import OpParameter
+from mnnllm_core.schema.MNN.OpType import OpType
 from paths import MODEL_DIR, REFERENCE, SHARED
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
@@ -311,6 +316,20 @@ def test_a_draft_of_the_wrong_vocabulary_fails_naming_its_output(folder, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_draft_with_its_own_kv_cache_is_refused_naming_it(folder, tmp_path):
+    llm, model = draft_llm(folder, tmp_path, "mtp", mtp_model="attending.mnn")
+    g = GraphBuilder()
+    for name in ("q", "k", "v", "mask"):
+        g.input(name, [1, 1, 8], DataType.DT_FLOAT)
+    g.op(OpType.Attention, "attention", ["q", "k", "v", "mask"], ["logits"], OpParameter.AttentionParam,
+         AttentionParamT())
+    (model / "attending.mnn").write_bytes(g.finish(["logits"], "attending"))
+    with pytest.raises(UnsupportedError) as err:
+        llm.load()
+    assert err.value.field == "oplists" and "attending.mnn" in str(err.value)
+
+
+@pytest.mark.slow
 def test_mtp_set_after_a_load_without_hidden_states_says_so(folder, tmp_path):
     llm, _ = draft_llm(folder, tmp_path, "")
     llm.load()
@@ -324,13 +343,16 @@ def test_mtp_set_after_a_load_without_hidden_states_says_so(folder, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not registry().get("opencl").is_available()[0], reason="OpenCL unavailable")
-@pytest.mark.parametrize("kind", ["mtp", "eagle"])
-def test_speculative_decoding_on_opencl_gives_the_greedy_tokens(folder, kind):
+def test_speculative_decoding_on_opencl_gives_the_greedy_tokens(folder):
     llm = mnnllm_core.create(folder / "config.json")
-    llm.set_config({"backend_type": "opencl", "sampler_type": "greedy", "thread_num": 2, "speculative_type": kind})
+    llm.set_config({"backend_type": "opencl", "sampler_type": "greedy", "thread_num": 2, "speculative_type": "mtp"})
     llm.load()
     prompt = PROMPTS[2]
-    out, steps = checked_generate(llm, prompt["prompt_ids"], 16)
-    assert out == expected(prompt, 16) and llm.generation.accepted > 0
-    follow = llm.forward([out[-1]])
-    assert llm.kv_meta.previous == len(llm.context.history_tokens) and np.isfinite(follow).all()
+    for kind in ("mtp", "eagle"):
+        llm.set_config({"speculative_type": kind})
+        assert isinstance(llm.generation, STRATEGIES[kind])
+        llm.reset()
+        out, steps = checked_generate(llm, prompt["prompt_ids"], 16)
+        assert out == expected(prompt, 16) and llm.generation.accepted > 0, kind
+        follow = llm.forward([out[-1]])
+        assert llm.kv_meta.previous == len(llm.context.history_tokens) and np.isfinite(follow).all()
