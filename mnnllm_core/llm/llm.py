@@ -16,7 +16,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError, shorten
+from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, FormatError, KVStateError, MnnllmError,
+                      shorten)
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -218,9 +219,17 @@ class Llm:
         if self.prefix_cache is not None:
             self.prefix_cache.saved_after(self.context.history_tokens)
         if len(outputs) > 1:
-            self.hidden_states = np.array(outputs[1], np.float32).reshape(-1, self.config.hidden_size)
+            self._keep_hidden_states(outputs[1])
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
+
+    def _keep_hidden_states(self, hidden: np.ndarray) -> None:
+        """The step's `hidden_states` output as [rows, hidden_size] (the drafts of mtp/eagle read it)."""
+        width = self.config.hidden_size
+        if hidden.size == 0 or hidden.size % width:
+            raise FormatError(f"the hidden_states output has shape {list(hidden.shape)}, not rows of hidden_size "
+                              f"{width}", file=self.config.llm_model, field="hidden_states")
+        self.hidden_states = np.array(hidden, np.float32).reshape(-1, width)
 
     # -- generation --------------------------------------------------------------------
     def _budget(self, max_new_tokens: int | None) -> int:

@@ -19,8 +19,6 @@ from collections import defaultdict
 from typing import Iterable, Sequence
 
 MAX_KEY = 8  # MNN_NGRAM_KEY_MAX
-STRICTNESS = ("low", "medium", "high")
-RULES = ("freqxlen", "fcfs")
 _MIN_SHARE = {"medium": (60, 50, 50, 40, 40, 40, 40, 40), "high": (90, 80, 70, 60, 50, 50, 50, 50)}
 CONFUSING = frozenset({",", ".", ":", ";", "\u3001", "\uff0c", "\u3002", "\uff1a", "\uff1b"})
 
