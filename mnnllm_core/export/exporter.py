@@ -80,6 +80,8 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     adapter = LoraAdapter(lora) if lora is not None else None
     if lora_split and adapter is None:
         raise ConfigError("lora_split needs a LoRA adapter folder (--lora)", field="lora_split")
+    if adapter is not None:
+        adapter.check_base(source)
     target = Path(dst)
     check_destination(target, force)
     with staging_folder(target) as out:
@@ -89,7 +91,8 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
         if merged is not None:
             merged.check_all_merged()
         if lora_split:
-            graph = split_lora_graph((out / "llm.mnn").read_bytes(), adapter, f"{source.path}|{quant_bit}|{quant_block}")
+            graph = split_lora_graph((out / "llm.mnn").read_bytes(), adapter,
+                                     f"{source.path}|{quant_bit}|{quant_block}")
             (out / LORA_GRAPH).write_bytes(graph)
             report.files[LORA_GRAPH] = len(graph)
         replace_folder(out, target)

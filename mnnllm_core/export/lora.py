@@ -163,7 +163,7 @@ class MergedSource(Source):
     """The base source with every adapted linear weight read as W + scale * B @ A, row chunk by row chunk."""
 
     def __init__(self, base: Source, adapter: LoraAdapter):
-        adapter.check_base(base)
+        """`adapter` fits `base` (LoraAdapter.check_base)."""
         self.base = base
         self.adapter = adapter
         self.path = base.path
