@@ -427,3 +427,21 @@ def test_a_model_over_a_base_must_share_its_runtime_keys(tiny):
     assert err.value.field == "memory"
     with pytest.raises(MnnllmError, match="not loaded"):
         create(engine_config(root / "merged-qv"), base=create(engine_config(root / "base"))).load()
+
+
+def test_config_base_on_other_runtimes_is_refused(tiny):
+    """Module::Config.base shares executions only on the base's runtimes (their buffers are that device's)."""
+    from mnnllm_core.core.backend import ScheduleConfig
+    from mnnllm_core.express.module import Module
+    from mnnllm_core.express.runtime_manager import RuntimeManager
+    from mnnllm_core.express.static_module import Config
+    root = tiny[0]
+    base = create(engine_config(root / "base")).load()
+    other = RuntimeManager.create(ScheduleConfig(backend_type="cpu", thread_num=1))
+    with pytest.raises(UnsupportedError, match="base's runtimes") as err:
+        Module.load([], [], root / "merged-qv" / "llm.mnn", other, Config(rearrange=True, base=base.module))
+    assert err.value.field == "base"
+    derived = base.runtime_manager.derive()
+    twin = Module.load([], [], root / "merged-qv" / "llm.mnn", derived, Config(rearrange=True, base=base.module))
+    assert twin.static_module.session.from_base
+    assert derived.kv_meta is not base.runtime_manager.kv_meta
