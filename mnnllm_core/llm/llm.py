@@ -17,6 +17,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from ..core.backend import SETTINGS
 from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError,
                       UnsupportedError, shorten)
 from ..express.module import Module, NetModule
@@ -101,13 +102,12 @@ class Llm:
         if self.base.module is None:
             raise ConfigError("the base Llm is not loaded: call load() on it first", field="base")
         theirs = self.base.runtime_manager
-        ours = self.config.runtime_options()
         if theirs.config.backend_type not in backend_choices(self.config):
-            raise ConfigError(f"backend_type {ours.backend_type!r} differs from the base's "
+            raise ConfigError(f"backend_type {self.config.runtime_options().backend_type!r} differs from the base's "
                               f"{theirs.config.backend_type!r}", file=self.config.origin("backend_type"),
                               field="backend_type")
         wanted = schedule_config(self.config, theirs.config.backend_type)
-        for key in ("thread_num", "precision", "memory", "power"):
+        for key in SETTINGS:
             if wanted.setting(key) != theirs.config.setting(key):
                 raise ConfigError(f"{key} {wanted.setting(key)!r} differs from the base's "
                                   f"{theirs.config.setting(key)!r}: a model over a base shares its runtime",
