@@ -15,9 +15,10 @@ from numba import prange
 from . import jit
 from .layout import PackedWeight
 from .gemm import GEMM_ROWS, gemm_block
-from .simd import GROUP_ROWS, q4_group_dequantize, q4_group_dot, q8_group_dequantize, q8_group_dot
+from .simd import (FEW_TOKENS_MAX, GROUP_ROWS, q4_few_dot, q4_group_dequantize, q4_group_dot, q8_few_dot,
+                   q8_group_dequantize, q8_group_dot)
 
-FEW_TOKENS = 4  # up to this many rows run the GEMV kernel once per row
+FEW_TOKENS = FEW_TOKENS_MAX  # 2 up to this many rows run the few-token GEMV (each weight byte read once)
 # a GEMV reading fewer bytes runs on the calling thread: waking the pool costs more than it saves
 PARALLEL_BYTES = int(os.environ.get("MNNLLM_PARALLEL_BYTES", 1 << 19))
 DEPTH = 256  # inner-dimension block of the GEMM: a panel block of 32 KiB stays in L1/L2
@@ -169,6 +170,61 @@ def _dequantize_all(bits, codes, alpha, n_blocks, block, groups, tile):
     _dequantize(bits, codes, alpha, n_blocks, block, 0, groups, tile, 0, groups * GROUP_ROWS)
 
 
+@jit()
+def _few_inputs(bits, x, n_blocks, block):
+    """x [tokens, ic] as the few-token kernels read it: (even elements, odd elements, their row
+    stride, block sums [tokens * n_blocks]); int8 reads x whole as the even part."""
+    tokens, ic = x.shape
+    sums = np.empty(tokens * n_blocks, np.float32)
+    for t in range(tokens):
+        sums[t * n_blocks:(t + 1) * n_blocks] = _block_sums(x[t], n_blocks, block)
+    if bits != 4:
+        return np.ascontiguousarray(x).reshape(-1), np.empty(0, np.float32), ic, sums
+    half = ic // 2
+    even = np.empty(tokens * half, np.float32)
+    odd = np.empty(tokens * half, np.float32)
+    for t in range(tokens):
+        even[t * half:(t + 1) * half], odd[t * half:(t + 1) * half] = _lanes(x[t])
+    return even, odd, half, sums
+
+
+@jit()
+def _few_rows(bits, tokens, codes, alphas, outs, starts, x_even, x_odd, x_stride, x_sum, n_blocks, block, first,
+              last):
+    """`_rows` for a few token rows: member m's results are [tokens][its groups * 32] flat."""
+    block_bytes = block // 2 if bits == 4 else block
+    group_bytes = n_blocks * block_bytes * GROUP_ROWS
+    for m in range(MEMBERS):
+        g0 = max(first, starts[m]) - starts[m]
+        g1 = min(last, starts[m + 1]) - starts[m]
+        stride = (starts[m + 1] - starts[m]) * GROUP_ROWS
+        for g in range(g0, g1):
+            if bits == 4:
+                q4_few_dot(tokens, codes[m], g * group_bytes, alphas[m], g * n_blocks * 2 * GROUP_ROWS, x_even,
+                           x_odd, x_stride, x_sum, n_blocks, block_bytes, outs[m], g * GROUP_ROWS, stride)
+            else:
+                q8_few_dot(tokens, codes[m], g * group_bytes, alphas[m], g * n_blocks * 2 * GROUP_ROWS, x_even,
+                           x_odd, x_stride, x_sum, n_blocks, block_bytes, outs[m], g * GROUP_ROWS, stride)
+
+
+@jit()
+def _few_gemv(bits, codes, alphas, outs, starts, x, n_blocks, block):
+    x_even, x_odd, x_stride, x_sum = _few_inputs(bits, x, n_blocks, block)
+    _few_rows(bits, x.shape[0], codes, alphas, outs, starts, x_even, x_odd, x_stride, x_sum, n_blocks, block, 0,
+              starts[MEMBERS])
+
+
+@jit(parallel=True)
+def _few_gemv_parallel(bits, codes, alphas, outs, starts, x, n_blocks, block, parts):
+    x_even, x_odd, x_stride, x_sum = _few_inputs(bits, x, n_blocks, block)
+    total = starts[MEMBERS]
+    per_part = (total + parts - 1) // parts
+    for task in prange(parts):
+        part = np.int64(task)
+        _few_rows(bits, x.shape[0], codes, alphas, outs, starts, x_even, x_odd, x_stride, x_sum, n_blocks, block,
+                  part * per_part, min(total, (part + 1) * per_part))
+
+
 class Gemv:
     """One GEMV call over up to MEMBERS same-format weights that read the same x: result m =
     weights[m] @ x (float32, weights[m].groups * 32 values, padding rows included)."""
@@ -186,6 +242,7 @@ class Gemv:
         self.starts[1:len(weights) + 1] = np.cumsum([w.groups for w in weights])
         self.starts[len(weights) + 1:] = self.starts[len(weights)]
         self.parallel_worth = sum(w.nbytes for w in weights) > PARALLEL_BYTES
+        self.few_buffers: dict[int, tuple[tuple, list[np.ndarray]]] = {}  # tokens -> (kernel targets, results)
 
     def __call__(self, x: np.ndarray, threads: int) -> list[np.ndarray]:
         first = self.first
@@ -195,6 +252,26 @@ class Gemv:
         else:
             _gemv(first.bits, self.codes, self.alphas, self.targets, self.starts, x, first.n_blocks, first.block)
         return self.results
+
+    def few(self, x: np.ndarray, threads: int) -> list[np.ndarray]:
+        """Result m = x @ weights[m].T, [tokens, weights[m].groups * 32], for x [tokens, ic] of
+        2..FEW_TOKENS rows (float32, C-contiguous): each packed byte read once for all rows."""
+        tokens = x.shape[0]
+        if not 2 <= tokens <= FEW_TOKENS_MAX:
+            raise ValueError(f"the few-token GEMV takes 2 to {FEW_TOKENS_MAX} rows, not {tokens}")
+        if tokens not in self.few_buffers:
+            flat = [np.zeros(tokens * r.shape[0], np.float32) for r in self.results]
+            pad = len(self.targets) - len(flat)
+            self.few_buffers[tokens] = (tuple(flat) + (flat[0][:0],) * pad,
+                                        [f.reshape(tokens, -1) for f in flat])
+        targets, results = self.few_buffers[tokens]
+        first = self.first
+        if threads > 1 and self.parallel_worth:
+            _few_gemv_parallel(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks,
+                               first.block, threads)
+        else:
+            _few_gemv(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks, first.block)
+        return results
 
 
 def matmul(packed: PackedWeight, x: np.ndarray, out: np.ndarray, threads: int) -> None:

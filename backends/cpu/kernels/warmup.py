@@ -33,10 +33,13 @@ def warm_up(threads: int) -> None:
         codes = np.zeros(GROUP_ROWS * ic * bits // 8, np.uint8)
         weight = PackedWeight(bits, GROUP_ROWS, ic, ic, codes, np.zeros(2 * GROUP_ROWS, np.uint16))
         gemv = linear.Gemv([weight])
+        few = np.zeros((2, ic), np.float32)
         gemv(x, 1)
+        gemv.few(few, 1)
         if threads > 1:
             gemv.parallel_worth = True
             gemv(x, threads)
+            gemv.few(few, threads)
         linear.matmul(weight, np.zeros((2, ic), np.float32), np.zeros((2, GROUP_ROWS), np.float32), threads)
     rows = np.zeros((1, 8), np.uint8)
     interleave_rows(rows, np.zeros(8 * GROUP_ROWS, np.uint8))

@@ -1,9 +1,10 @@
 """Convolution 1x1 on packed int4/int8 weights, the cpu backend's `memory: "low"` path.
 
 Weights are packed once at creation (`kernels/layout.py`) and never expanded to fp32 whole:
-one token runs the GEMV kernel on the packed bytes, more tokens multiply dequantized panels
-(`kernels/linear.py`). Linears that read the same input tensor (q/k/v, gate/up) share one
-GEMV: for one token the first of them to run computes every member's rows in one kernel
+one token runs the GEMV kernel on the packed bytes, 2..FEW_TOKENS tokens (a speculative verify
+step) the few-token GEMV that reads each packed byte once for all of them, more tokens multiply
+dequantized panels (`kernels/linear.py`). Linears that read the same input tensor (q/k/v,
+gate/up) share one GEMV: the first of them to run computes every member's rows in one kernel
 call and the others copy their result.
 """
 from __future__ import annotations
@@ -18,12 +19,13 @@ from .linear import finish
 
 
 class SharedInput:
-    """The packed linears reading one input tensor, and their one-token results."""
+    """The packed linears reading one input tensor, and their GEMV results."""
 
     def __init__(self, weights: list[PackedWeight]):
         self.weights = weights
         self.gemv = Gemv(weights)
-        self.computed: tuple[int, int] | None = None  # (run, id of the input) the results belong to
+        self.computed: tuple[int, int, int] | None = None  # (run, id of the input, tokens) of `latest`
+        self.latest: list[np.ndarray] = []
 
     def join(self, weight: PackedWeight) -> int | None:
         """Add a member; its index, or None when it cannot share this GEMV."""
@@ -38,13 +40,15 @@ class SharedInput:
         return SharedInput(self.weights)
 
     def results(self, x: np.ndarray, source: int, run: int, threads: int) -> list[np.ndarray]:
-        """Every member's rows for the one token x ([1, ic], a view of the input storage `source`
-        identifies), computed once per run."""
-        key = (run, source)
+        """Every member's rows for x ([tokens, ic] with 1..FEW_TOKENS tokens, a view of the input
+        storage `source` identifies), computed once per run: [padded rows] for one token, else
+        [tokens, padded rows]."""
+        tokens = x.shape[0]
+        key = (run, source, tokens)
         if self.computed != key:
-            self.gemv(x[0], threads)
+            self.latest = self.gemv(x[0], threads) if tokens == 1 else self.gemv.few(x, threads)
             self.computed = key
-        return self.gemv.results
+        return self.latest
 
 
 class PackedLinearExecution(Execution):
@@ -55,7 +59,6 @@ class PackedLinearExecution(Execution):
         self.bias = bias
         self.activation = activation
         self.packed_bytes = self.weight.nbytes + (bias.nbytes if bias is not None else 0)
-        self.single: Gemv | None = None  # this weight alone, for a few tokens
 
     def on_resize(self, inputs, outputs) -> None:
         x = inputs[0].storage  # storages stay put until the next resize
@@ -67,13 +70,9 @@ class PackedLinearExecution(Execution):
 
     def on_execute(self, inputs, outputs) -> None:
         tokens, x, out, rows = self.tokens, self.x, self.out, self.weight.oc
-        if tokens == 1:
-            out[0] = self.shared.results(x, self.source, self.backend.run_count, self.threads)[self.member][:rows]
-        elif tokens <= FEW_TOKENS:
-            if self.single is None:
-                self.single = Gemv([self.weight])
-            for t in range(tokens):
-                out[t] = self.single(x[t], self.threads)[0][:rows]
+        if tokens <= FEW_TOKENS:
+            result = self.shared.results(x, self.source, self.backend.run_count, self.threads)[self.member]
+            out[:] = result[..., :rows]
         else:
             matmul(self.weight, x, out, self.threads)
         finish(out, self.bias, self.activation)

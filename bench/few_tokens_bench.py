@@ -1,0 +1,92 @@
+"""What a forward of a few tokens (a speculative verify step) costs against a one-token forward on
+the cpu backend's packed path (`memory: "low"`), for three ways of running the linears, side by
+side in one process, alternating: "rows" = the one-token GEMV once per token row (what ran for
+2..4 tokens before the few-token kernel, here with q/k/v and gate/up still grouped), "few" = the
+few-token GEMV reading each packed byte once for all rows (`kernels/linear.py`, `Gemv.few`),
+"gemm" = dequantized panels + the register-blocked GEMM (what runs past FEW_TOKENS).
+
+    python bench/few_tokens_bench.py [CONFIG] [-n 9] [--tokens 1,2,4,8]
+
+Prints, per token count, the median forward time (all logits, after a short prompt) and its
+ratio to the one-token forward of the same mode.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+import mnnllm_core
+from mnnllm_backends.cpu.kernels.linear import Gemv
+from mnnllm_backends.cpu.ops import packed_linear
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
+MODES = ("rows", "few", "gemm")
+
+
+def _rows_as_gemvs(gemv: Gemv, x: np.ndarray, threads: int) -> list[np.ndarray]:
+    """`Gemv.few`'s results computed the old way: one one-token GEMV per row."""
+    results = [np.empty((x.shape[0], r.shape[0]), np.float32) for r in gemv.results]
+    for t in range(x.shape[0]):
+        for target, row in zip(results, gemv(x[t], threads)):
+            target[t] = row
+    return results
+
+
+@contextmanager
+def mode(name: str):
+    few, limit = Gemv.few, packed_linear.FEW_TOKENS
+    if name == "rows":
+        Gemv.few = _rows_as_gemvs
+    elif name == "gemm":
+        packed_linear.FEW_TOKENS = 1
+    try:
+        yield
+    finally:
+        Gemv.few, packed_linear.FEW_TOKENS = few, limit
+
+
+def measure(llm, counts: list[int], runs: int) -> dict[tuple[str, int], float]:
+    llm.reset()
+    llm.forward(llm.tokenizer_encode("Hello, how are you?"))
+    token = llm.context.history_tokens[-1]
+    times: dict[tuple[str, int], list[float]] = {}
+    for r in range(runs + 1):  # the first round warms every path up and is dropped
+        order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
+        for name in order:
+            with mode(name):
+                for seq in counts:
+                    start = time.perf_counter()
+                    llm.forward([token] * seq, all_logits=seq > 1)
+                    elapsed = (time.perf_counter() - start) * 1e3
+                    del llm.context.history_tokens[-seq:]
+                    if r:
+                        times.setdefault((name, seq), []).append(elapsed)
+    return {key: statistics.median(values) for key, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG)
+    parser.add_argument("-n", "--runs", type=int, default=9)
+    parser.add_argument("--tokens", default="1,2,4,8")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    counts = sorted({1, *(int(t) for t in args.tokens.split(","))})
+    llm = mnnllm_core.create(args.config)
+    llm.set_config({"sampler_type": "greedy", "thread_num": args.threads, "memory": "low"})
+    llm.load()
+    medians = measure(llm, counts, args.runs)
+    print("| tokens | " + " | ".join(f"{m} ms (x 1 token)" for m in MODES) + " |")
+    print("|---:|" + "---:|" * len(MODES))
+    for seq in counts:
+        cells = [f"{medians[(m, seq)]:.1f} ({medians[(m, seq)] / medians[(m, 1)]:.2f}x)" for m in MODES]
+        print(f"| {seq} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""The few-token GEMV of the cpu backend's memory "low" path (2..8 token rows, each packed byte
+read once for all of them: a speculative verify step) against the float64 numpy reference on
+odd shapes (int4 and int8 codes, block and per-channel alphas, fp16 and float32 alphas)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from mnnllm_backends.cpu.kernels import linear  # noqa: E402
+from mnnllm_backends.cpu.kernels.layout import pack  # noqa: E402
+from test_cpu_low_memory import WEIGHTS, assert_product_close, quantized, reference  # noqa: E402
+
+RNG = np.random.default_rng(11)
+TOKENS = range(2, linear.FEW_TOKENS_MAX + 1)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", WEIGHTS)
+def test_few_token_gemv_matches_float64_for_2_to_8_rows(case, threads):
+    weight = quantized(**WEIGHTS[case])
+    gemv = linear.Gemv([pack(weight)])
+    gemv.parallel_worth = True
+    for tokens in TOKENS:
+        x = RNG.standard_normal((tokens, weight.ic)).astype(np.float32)
+        result = gemv.few(x, threads)[0]
+        assert result.shape == (tokens, gemv.results[0].shape[0]) and np.all(result[:, weight.oc:] == 0)
+        assert_product_close(result[:, :weight.oc], reference(weight), x.astype(np.float64))
+
+
+def test_one_few_token_gemv_over_three_members_equals_each_alone():
+    weights = [pack(quantized(oc, 96, 4, 32)) for oc in (45, 20, 33)]
+    x = RNG.standard_normal((5, 96)).astype(np.float32)
+    together = linear.Gemv(weights)
+    together.parallel_worth = True
+    for weight, result in zip(weights, together.few(x, 2)):
+        assert np.array_equal(result, linear.Gemv([weight]).few(x, 1)[0])
+
+
+def test_the_few_token_gemv_refuses_a_row_count_it_has_no_kernel_for():
+    gemv = linear.Gemv([pack(quantized(32, 48, 8, 16))])
+    for tokens in (1, linear.FEW_TOKENS_MAX + 1):
+        with pytest.raises(ValueError, match="2 to"):
+            gemv.few(np.zeros((tokens, 48), np.float32), 1)
