@@ -104,10 +104,13 @@ def test_a_kv_cache_that_moves_under_a_replay_asks_the_graph_to_capture_again(mo
     token = int(np.argmax(llm.forward(prompt)))  # the prefill: a replay of its own
     for _ in range(6):
         token = int(np.argmax(llm.forward([token])))
-    prefill, decode = StandInGraph.made
+    prefill, decode = StandInGraph.made[:2]
     assert prefill.calls == ["capture"] and prefill.device.type == "cpu"
     assert decode.calls == ["capture", "replay", "replay", "capture", "replay", "replay"], \
         "captured at the first step and again when the caches outgrew their tensors"
+    token = int(np.argmax(llm.forward(list(range(100, 200)))))  # another prefill clone grows the shared caches
+    llm.forward([token])
+    assert decode.calls[-1] == "capture", "the decode step's captured tensors moved under it"
 
 
 @CUDA

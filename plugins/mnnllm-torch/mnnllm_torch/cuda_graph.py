@@ -2,11 +2,13 @@
 
 Nothing else in the plugin touches CUDA graphs, and nothing here decides what the step is
 (replay.py records it; the same step runs eagerly, and is tested, where there is no CUDA).
-Capture follows torch's recipe: a few warm-up runs on a side stream (cuBLAS picks its
-workspaces, lazy allocations happen), then the capture; the step is idempotent (it is a
-function of its input tensors, the weights and the KV rows before `past`, and writes the same
-rows again), so warming up with the current token's inputs changes nothing. A capture that
-fails (an op torch cannot capture) logs a warning and leaves the step running eagerly.
+A recording's first run (and the first after its tensors moved) runs eagerly, so a step
+that runs once (a prefill of a new length) is never captured; the second run captures (after a
+warm-up run on a side stream, torch's recipe: cuBLAS picks its workspaces, lazy allocations
+happen) and replays, and every later run only replays. The step is idempotent (a function of
+its input tensors, the weights and the KV rows before `past`; it writes the same rows again), so
+the warm-up changes nothing. A capture that fails (an op torch cannot capture) logs a warning
+and leaves the step running eagerly.
 
 This file could not be run where it was written (no CUDA there): see the plugin's README.
 """
@@ -19,31 +21,33 @@ import torch
 
 log = logging.getLogger(__name__)
 
-WARMUP_RUNS = 2
+WARMUP_RUNS = 1
 
 
 class CudaGraphStep:
     def __init__(self, step: Callable[[], None], device: torch.device):
         self.step, self.device = step, device
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.warm = False  # the step ran once since it was recorded or its tensors moved
         self.captures = 0
         self.failed = False
 
     def run(self, moved: bool) -> None:
-        """One run of the step: the graph replayed, captured first when there is none yet or the
-        tensors it was captured on moved."""
-        if self.failed:
-            self.step()
-            return
-        if self.graph is None or moved:
+        """One run of the step: eager the first time, captured the second, replayed after."""
+        if moved:
+            self.graph, self.warm = None, False
+        if self.graph is None:
+            if self.failed or not self.warm:
+                self.step()
+                self.warm = True
+                return
             self.capture()
-            if self.failed:
+            if self.graph is None:
                 self.step()
                 return
         self.graph.replay()
 
     def capture(self) -> None:
-        self.graph = None
         current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
         side.wait_stream(current)

@@ -78,6 +78,7 @@ class AttentionExecution(Execution):
         self.step = torch.zeros(2, dtype=torch.int64, device=backend.device)  # past, total
         self.host_step = torch.zeros(2, dtype=torch.int64, pin_memory=backend.device.type == "cuda")
         self.capturable = True
+        self.bound = None  # the cache's key tensor at the last run
         self.shape = (0, 0, 0, 0)
         self.kv_seq = 0
         self.mask = None
@@ -102,10 +103,13 @@ class AttentionExecution(Execution):
         self.query_rows = torch.arange(seq, device=self.backend.device)[:, None]
 
     def before_run(self) -> bool:
-        """The step's host bookkeeping (see the module's docstring); True when the cache moved."""
+        """The step's host bookkeeping (see the module's docstring); True when the cache is in
+        other tensors than at this execution's last run (grown here, or by a clone: the prefill
+        and decode clones share the cache)."""
         if self.params.kv_cache:
             past = self.cache.begin_step(self.backend.kv_meta)
-            moved = self.cache.extend(self.kv_seq)
+            self.cache.extend(self.kv_seq)
+            moved, self.bound = self.cache.k is not self.bound, self.cache.k
             step = (past, self.cache.length)
         else:
             moved, step = False, (0, self.kv_seq)
