@@ -123,3 +123,21 @@ def test_on_cuda_the_decode_step_is_one_graph_replayed_with_the_eager_steps_toke
             np.testing.assert_allclose(graphed, eager, rtol=1e-5, atol=1e-4)
         graph = runs["graph"][2].replay.graph
         assert graph is not None and not graph.failed and graph.captures == 1, "captured once, replayed 15 times"
+
+
+@pytest.mark.parametrize("folder", ["tiny-gemma2-mnn-fp16", "tiny-hunyuan-mnn-q4"])
+def test_other_architectures_wholly_on_torch_replay_and_give_their_reference_tokens(folder: str) -> None:
+    from test_arch_models import ARCH, REFERENCE, expected
+    if folder not in REFERENCE:
+        pytest.skip(f"{folder} missing in {ARCH}")
+    llm = mnnllm_core.create(str(ARCH / folder / "config.json"))
+    llm.set_config({"backend_type": "torch", "memory": "normal", "sampler_type": "greedy", "thread_num": 1,
+                    "backend_hints": {"torch_device": "cpu", "torch_replay": "eager"}})
+    llm.load()
+    got = []
+    for prompt in REFERENCE[folder]["prompts"]:
+        llm.reset()
+        got.append(list(llm.generate(prompt["prompt_ids"], 24)))
+    assert got == expected(folder)
+    assert set(llm.placement()["ops_per_backend"]) == {"torch"}
+    assert llm.pool.get(1, False).static_module.session.pipeline.replayed
