@@ -30,10 +30,7 @@ class TorchReplay(Replay):
     def __init__(self, backend, commands, graph: bool):
         executions = [c.execution for c in commands]
         self.stepped = [e for e in executions if hasattr(e, "before_run")]
-        self.calls: list[Callable[[], None]] = [
-            c.execution.compute if hasattr(c.execution, "compute") else partial(c.execution.on_execute, c.inputs,
-                                                                                c.outputs)
-            for c in commands]
+        self.calls: list[Callable[[], None]] = [_device_call(c) for c in commands]
         blocking = [type(e).__name__ for e in executions if not getattr(e, "capturable", True)]
         self.graph = None
         if graph and blocking:
@@ -55,3 +52,10 @@ class TorchReplay(Replay):
             self.step()
         else:
             self.graph.run(moved)
+
+
+def _device_call(command) -> Callable[[], None]:
+    """What the step runs for one command: its `compute()` (device work only) or its on_execute."""
+    execution = command.execution
+    compute = getattr(execution, "compute", None)
+    return compute if compute is not None else partial(execution.on_execute, command.inputs, command.outputs)
