@@ -113,9 +113,11 @@ def _normalizer(n: dict[str, Any] | None) -> bytes:
         return _u8(4) + _u32(len(children)) + b"".join(_normalizer(c) for c in children)
     if kind == "Strip":
         return _u8(8) + _u8(bool(n.get("strip_left", True))) + _u8(bool(n.get("strip_right", True)))
-    if kind == "BertNormalizer" and not n.get("strip_accents"):
-        return _u8(5) + bytes([bool(n.get("clean_text", True)), bool(n.get("handle_chinese_chars", True)), 0,
-                               bool(n.get("lowercase", True))])
+    if kind == "BertNormalizer":
+        lowercase = bool(n.get("lowercase", True))
+        strip = n.get("strip_accents")  # HF: None follows lowercase (every uncased BERT strips accents)
+        return _u8(5) + bytes([bool(n.get("clean_text", True)), bool(n.get("handle_chinese_chars", True)),
+                               lowercase if strip is None else bool(strip), lowercase])
     if kind == "Lowercase":
         return _u8(5) + bytes([0, 0, 0, 1])
     raise UnsupportedError(f"tokenizer normalizer {kind!r}", field="normalizer")

@@ -356,12 +356,16 @@ class Llm:
         return modules[-1].placement()
 
 
-def create(config_path: str | os.PathLike) -> Llm:
-    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet).
+def create(config_path: str | os.PathLike, embedding_model: bool = False) -> Llm:
+    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet); with
+    `embedding_model`, pymnn's flag, Embedding::createEmbedding's text encoder (text_embedding.py).
 
     `config_path` is a config.json, or a model folder (its config.json, else llm_config.json).
     """
     config = LlmConfig.from_file(resolve_config_path(config_path))
+    if embedding_model:
+        from .text_embedding import Embedding  # Embedding builds on Llm
+        return Embedding(config)
     if config.is_visual or config.is_audio or config.has_talker:
         from .omni import Omni  # Omni builds on Llm
         return Omni(config)
