@@ -148,7 +148,9 @@ def chat_template(tokenizer_json: dict[str, Any]) -> str:
     """MNN's embedding template: the text between the special tokens HF's post-processor puts
     around a single sequence ([CLS] ... [SEP]), so `txt_embedding` tokenizes as HF's `tokenizer(text)`."""
     before, after = _wrapping(tokenizer_json.get("post_processor"))
-    return before + "{{ messages | map(attribute='content') | join('') }}" + after
+    # MNN's llmexport writes `messages | map(attribute='content') | join('')`, which MNN 3.6.1's
+    # jinja renders as a JSON list (["text"]); a loop renders the text alike in both engines.
+    return before + "{% for message in messages %}{{ message['content'] }}{% endfor %}" + after
 
 
 def _wrapping(post: Any) -> tuple[str, str]:

@@ -3,8 +3,8 @@
 Inputs and output as MNN's llmexport names them for embedding models:
 
     input_ids float [1, seq, hidden] (the word embeddings, read by DiskEmbedding from
-        embeddings_bf16.bin), attention_mask [1, 1, seq, seq] of ones (the attention is
-        bidirectional: the scores get the mask times 0), position_ids int32 [1, seq]
+        embeddings_bf16.bin), attention_mask [1, 1, seq, seq] of ones (added to every score it
+        changes nothing: the attention is bidirectional), position_ids int32 [1, seq]
     -> sentence_embeddings float [1, hidden]
 
     x = LayerNorm(input_ids + GatherV2(position table, position_ids) + token type 0's row)
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.BinaryOpOperation import BinaryOpOperation
-from mnnllm_core.schema.MNN.CastParam import CastParamT
 from mnnllm_core.schema.MNN.DataType import DataType
 from mnnllm_core.schema.MNN.GatherV2 import GatherV2T
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
@@ -66,18 +65,7 @@ class EncoderGraph(DecoderGraph):
         x = g.binary("/embed/Add_output_0", BinaryOpOperation.ADD, x, positions)
         token_type = g.const_float("/embed/token_type_embeddings", m.token_type_row(self.source))
         x = g.binary("/embed/Add_1_output_0", BinaryOpOperation.ADD, x, token_type)
-        self._mask_bias()
         return self._norm("/embed/LayerNorm/output_0", m.embedding_norm(), x)
-
-    def _mask_bias(self) -> None:
-        """The scores' bias: the mask cast to float, times 0. MNN 3.6.1 feeds an int mask of ones
-        (its Attention reads an int mask unlike a float one), mnnllm float ones: both become 0."""
-        g = self.g
-        cast = CastParamT()
-        cast.srcT, cast.dstT = DataType.DT_VARIANT, DataType.DT_FLOAT
-        mask = g.op(OpType.Cast, "/mask/Cast_output_0", ["attention_mask"], ["/mask/Cast_output_0"],
-                    OpParameter.CastParam, cast)
-        self.mask = g.binary("/mask/Mul_output_0", BinaryOpOperation.MUL, mask, g.const_float("/mask/zero", 0.0))
 
     def _layer(self, i: int, x: str) -> str:
         g, a, m = self.g, self.args, self.model
@@ -92,7 +80,7 @@ class EncoderGraph(DecoderGraph):
             qkv.append(g.reshape(f"{name}/heads", [out, heads], None, NHWC))
         attn = AttentionParamT()
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = False, i, -1, False
-        ctx = g.op(OpType.Attention, f"{p}/attention/FusedAttention", [*qkv, self.mask],
+        ctx = g.op(OpType.Attention, f"{p}/attention/FusedAttention", [*qkv, "attention_mask"],
                    [f"{p}/attention/FusedAttention_output_0"], OpParameter.AttentionParam, attn)
         attn_out = self._dense(f"{p}/attention.output.dense/Linear", ctx, i, "attention.output.dense", hidden, hidden)
         x = self._norm(f"{p}/attention/output/LayerNorm_output_0", m.layer(i, "attention.output.LayerNorm"),
