@@ -201,6 +201,18 @@ def test_ids_embedding_and_batch(models):
     assert model.embeddings([]).shape == (0, 64)
 
 
+def test_a_float_attention_mask_config_is_causal_as_in_mnn(models):
+    """MNN's Embedding masks causally when llm_config says "float": CLS, token 0, then sees only itself."""
+    src, dst, _, _ = models["cls"]
+    causal = mnnllm_core.create(dst, embedding_model=True)
+    causal.set_config({"attention_mask": "float"})
+    causal.load()
+    bidirectional = mnnllm_core.create(dst, embedding_model=True).load()
+    ids = hf_ids(src, TEXTS[1])
+    np.testing.assert_allclose(causal.ids_embedding(ids), bidirectional.ids_embedding(ids[:1]), atol=1e-5)
+    assert cosines(causal.ids_embedding(ids), bidirectional.ids_embedding(ids))[0] < 0.99
+
+
 def test_mnn_module_on_our_export_equals_transformers(models, tmp_path):
     """MNN's runtime (PyPI MNN, its Module API in a subprocess) on our llm.mnn with transformers' word embeddings."""
     pytest.importorskip("MNN", reason="MNN's runtime")

@@ -5,8 +5,8 @@ load: runtime, tokenizer, prompt, DiskEmbedding, then `Module.load` with MNN's n
 `input_ids`, `attention_mask`, `position_ids` and the output `sentence_embeddings` (pooling and
 normalization are in the graph). `txt_embedding(text)` applies the chat template (the exporter's
 wraps the text in [CLS] ... [SEP]) and encodes it; `ids_embedding(ids)` runs one independent
-forward: positions 0..n-1 and MNN's `attention_mask` for "int" models, [1, 1, n, n] of 1.0 (added to
-every score, it changes nothing: the attention is bidirectional). Both return [1, hidden] float32,
+forward: positions 0..n-1 and MNN's `attention_mask`, [1, 1, n, n] of 1.0 for "int" models (added
+to every score, it changes nothing: the attention is bidirectional), causal for "float". Both return [1, hidden] float32,
 the shape of MNN's `VARP`. An embedding model does not generate: `generate`, `response`,
 `forward` and the streams raise UnsupportedError, where pymnn returns None.
 """
@@ -86,8 +86,7 @@ class Embedding(Llm):
         with self._exclusive("an embedding"):
             start = time.perf_counter()
             seq = len(ids)
-            feeds = {"input_ids": self.embedding.embedding(ids),
-                     "attention_mask": np.ones((1, 1, seq, seq), np.float32),
+            feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": self._attention_mask(seq),
                      "position_ids": np.arange(seq, dtype=np.int32).reshape(1, seq)}
             out = self.module.forward(feeds)[0]
             ctx = self.context
@@ -97,6 +96,14 @@ class Embedding(Llm):
             raise FormatError(f"{OUTPUT_NAME} has {out.size} values, hidden_size is {self.dim()}",
                               file=self.config.llm_model, field=OUTPUT_NAME)
         return np.asarray(out, np.float32).reshape(1, -1)
+
+    def _attention_mask(self, seq: int) -> np.ndarray:
+        """MNN's Embedding::gen_attention_mask: "int" (encoders) all ones, nothing masked; "float"
+        (decoder-based embedders) causal, the lowest float above the diagonal."""
+        if self.config.attention_mask == "float":
+            above = np.triu(np.ones((seq, seq), bool), 1)
+            return np.where(above, np.finfo(np.float32).min, 0).astype(np.float32).reshape(1, 1, seq, seq)
+        return np.ones((1, 1, seq, seq), np.float32)
 
     def embeddings(self, texts: Sequence[str]) -> np.ndarray:
         """Each text's embedding, one row each: [len(texts), hidden]."""
