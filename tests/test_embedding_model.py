@@ -294,7 +294,7 @@ def test_bad_input_and_config_are_typed_errors(models, tmp_path):
         model.ids_embedding([10_000])
     with pytest.raises(MnnllmError, match="takes a str"):
         model.txt_embedding(["hello"])
-    with pytest.raises(MnnllmError, match="sentence_embeddings"):  # a decoder LLM is no embedding model
+    with pytest.raises(ConfigError, match="not an embedding model.*sentence_embeddings"):  # a decoder LLM
         mnnllm_core.create(CONFIG, embedding_model=True).load()
     visual = copy_files(dst, tmp_path / "visual")
     cfg = json.loads((visual / "llm_config.json").read_text())

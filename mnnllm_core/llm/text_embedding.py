@@ -53,8 +53,14 @@ class Embedding(Llm):
         self.prompt = Prompt(cfg)
         self.embedding = DiskEmbedding(cfg)
         self.runtime_manager.set_external_file(cfg.llm_weight)
-        self.module = Module.load(INPUT_NAMES, [OUTPUT_NAME], cfg.llm_model, self.runtime_manager,
-                                  Config(rearrange=True))
+        try:
+            self.module = Module.load(INPUT_NAMES, [OUTPUT_NAME], cfg.llm_model, self.runtime_manager,
+                                      Config(rearrange=True))
+        except (FormatError, UnsupportedError) as err:  # the graph lacks MNN's embedding inputs or output
+            if err.field not in ("inputs", "outputName"):
+                raise
+            raise ConfigError(f"not an embedding model ({err.reason}): an LLM loads without embedding_model",
+                              file=cfg.llm_model, field=err.field) from None
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
         log.info("loaded the embedding model %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
                  self.runtime_manager.config.backend_type)
