@@ -214,6 +214,7 @@ def test_a_float_attention_mask_config_is_causal_as_in_mnn(models):
     assert cosines(causal.ids_embedding(ids), bidirectional.ids_embedding(ids))[0] < 0.99
 
 
+@pytest.mark.oracle
 def test_mnn_module_on_our_export_equals_transformers(models, tmp_path):
     """MNN's runtime (PyPI MNN, its Module API in a subprocess) on our llm.mnn with transformers' word embeddings."""
     pytest.importorskip("MNN", reason="MNN's runtime")
@@ -243,6 +244,7 @@ def test_mnn_module_on_our_export_equals_transformers(models, tmp_path):
     assert cosines(got, hf_embeddings(src, pooling, bits)).min() >= COSINE
 
 
+@pytest.mark.oracle
 @pytest.mark.parametrize("name", ["cls", "mean"])
 def test_mnn_runtime_txt_embedding_on_our_export_equals_transformers(models, name):
     """pymnn's own `create(config, embedding_model=True).txt_embedding` on our export: its template,
