@@ -398,8 +398,9 @@ class Llm:
         return modules[-1].placement()
 
 
-def create(config_path: str | os.PathLike, base: Llm | None = None) -> Llm:
-    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet).
+def create(config_path: str | os.PathLike, embedding_model: bool = False, base: Llm | None = None) -> Llm:
+    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet); with
+    `embedding_model`, pymnn's flag, Embedding::createEmbedding's text encoder (text_embedding.py).
 
     `config_path` is a config.json, or a model folder (its config.json, else llm_config.json).
     `base`: a loaded Llm (same architecture, same runtime keys) whose packed weights this model
@@ -407,9 +408,14 @@ def create(config_path: str | os.PathLike, base: Llm | None = None) -> Llm:
     each Llm keeps its own KV cache and conversation.
     """
     config = LlmConfig.from_file(resolve_config_path(config_path))
-    if config.is_visual or config.is_audio or config.has_talker:
-        if base is not None:
-            raise UnsupportedError("a base is supported for text models only", file=config.source, field="base")
+    multimodal = config.is_visual or config.is_audio or config.has_talker
+    if base is not None and (embedding_model or multimodal):
+        raise UnsupportedError("a base is supported for text LLMs only (not embedding or multimodal models)",
+                               file=config.source, field="base")
+    if embedding_model:
+        from .text_embedding import Embedding  # Embedding builds on Llm
+        return Embedding(config)
+    if multimodal:
         from .omni import Omni  # Omni builds on Llm
         return Omni(config)
     return Llm(config, base=base)

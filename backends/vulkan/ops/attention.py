@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import (FLOAT32, INT32, AttentionParams, DeviceKVCache, Execution, Refused,
+from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, Refused,
                                      UnsupportedError, attention_mask)
 
 from ..device import Dispatch, fold, pack_push
@@ -114,18 +114,8 @@ class AttentionExecution(Execution):
 
 
 def create_attention(backend, inputs, outputs, op):
-    """The core may create Attention before shapes are known (so that clones share its cache):
-    then the op's heads decide, and on_resize checks again."""
-    p = op.param
-    if p.heads is not None and p.heads[0] % p.heads[1]:
-        return Refused("heads not a multiple of kv heads")
-    if any(t.dtype != FLOAT32 for t in (*inputs[:3], outputs[0])):
-        return Refused("float32 only")
-    if len(inputs) > 3 and inputs[3].dtype not in (FLOAT32, INT32):
-        return Refused("a mask neither float32 nor int32")
-    if inputs[0].shape and p.layout(inputs[0].shape, inputs[1].shape) is None:
-        return Refused("the inputs do not say the head layout")
-    return AttentionExecution(backend, p)
+    refusal = op.param.float_kernel_refusal(inputs, outputs)
+    return Refused(refusal) if refusal else AttentionExecution(backend, op.param)
 
 
 CREATORS = {"Attention": create_attention}
