@@ -6,14 +6,18 @@ few-token GEMV reading each packed byte once for all rows (`kernels/linear.py`, 
 "gemm" = dequantized panels + the register-blocked GEMM (what runs past FEW_TOKENS).
 
     python bench/few_tokens_bench.py [CONFIG] [-n 9] [--tokens 1,2,4,8]
+    python bench/few_tokens_bench.py [CONFIG] --speculative [-n 2] [-t 32]
 
 Prints, per token count, the median forward time (all logits, after a short prompt) and its
-ratio to the one-token forward of the same mode.
+ratio to the one-token forward of the same mode; with --speculative, `speculative_bench.py`'s
+strategies run -n rounds of one run each in the "rows" and "few" modes alternating, and their
+speed-up against AR per mode (the mean over the rounds).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,8 +27,8 @@ import numpy as np
 import mnnllm_core
 from mnnllm_backends.cpu.kernels.linear import Gemv
 from mnnllm_backends.cpu.ops import packed_linear
+from speculative_bench import DEFAULT_CONFIG, prepare, run  # beside this script
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
 MODES = ("rows", "few", "gemm")
 
 
@@ -69,13 +73,38 @@ def measure(llm, counts: list[int], runs: int) -> dict[tuple[str, int], float]:
     return {key: statistics.median(values) for key, values in times.items()}
 
 
+def speculative(config: Path, rounds: int, tokens: int) -> None:
+    rows: dict[tuple[str, str], dict] = {}
+    with tempfile.TemporaryDirectory(prefix="mnnllm-few-") as tmp:
+        folder = Path(tmp)
+        prepare(config.resolve(), folder)
+        for r in range(rounds):
+            for name in ("rows", "few") if r % 2 == 0 else ("few", "rows"):
+                with mode(name):
+                    for row in run(folder / config.name, 1, tokens)[1:]:
+                        entry = rows.setdefault((row["prompt"], row["strategy"]), {"rows": [], "few": [], "same": True})
+                        entry[name].append(row["speedup"])
+                        entry["acceptance"] = row["acceptance"]
+                        entry["same"] &= row["same_as_ar"]
+    print("| prompt | strategy | acceptance | vs AR, rows | vs AR, few | = AR |\n|---|---|---:|---:|---:|---|")
+    for (prompt, strategy), entry in rows.items():
+        acceptance = "-" if entry["acceptance"] is None else f"{100 * entry['acceptance']:.0f} %"
+        print(f"| {prompt} | {strategy} | {acceptance} | {statistics.mean(entry['rows']):.2f}x | "
+              f"{statistics.mean(entry['few']):.2f}x | {'yes' if entry['same'] else 'NO'} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("-n", "--runs", type=int, default=9)
     parser.add_argument("--tokens", default="1,2,4,8")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--speculative", action="store_true")
+    parser.add_argument("-t", "--generate", type=int, default=32, help="tokens a run (--speculative)")
     args = parser.parse_args()
+    if args.speculative:
+        speculative(args.config, args.runs, args.generate)
+        return
     counts = sorted({1, *(int(t) for t in args.tokens.split(","))})
     llm = mnnllm_core.create(args.config)
     llm.set_config({"sampler_type": "greedy", "thread_num": args.threads, "memory": "low"})

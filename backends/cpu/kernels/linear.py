@@ -242,7 +242,8 @@ class Gemv:
         self.starts[1:len(weights) + 1] = np.cumsum([w.groups for w in weights])
         self.starts[len(weights) + 1:] = self.starts[len(weights)]
         self.parallel_worth = sum(w.nbytes for w in weights) > PARALLEL_BYTES
-        self.few_buffers: dict[int, tuple[tuple, list[np.ndarray]]] = {}  # tokens -> (kernel targets, results)
+        self.few_flat: list[np.ndarray] = []  # per member [capacity rows][padded rows] flat, grown on demand
+        self.few_capacity = 0
 
     def __call__(self, x: np.ndarray, threads: int) -> list[np.ndarray]:
         first = self.first
@@ -259,19 +260,18 @@ class Gemv:
         tokens = x.shape[0]
         if not 2 <= tokens <= FEW_TOKENS_MAX:
             raise ValueError(f"the few-token GEMV takes 2 to {FEW_TOKENS_MAX} rows, not {tokens}")
-        if tokens not in self.few_buffers:
-            flat = [np.zeros(tokens * r.shape[0], np.float32) for r in self.results]
-            pad = len(self.targets) - len(flat)
-            self.few_buffers[tokens] = (tuple(flat) + (flat[0][:0],) * pad,
-                                        [f.reshape(tokens, -1) for f in flat])
-        targets, results = self.few_buffers[tokens]
+        if tokens > self.few_capacity:
+            self.few_flat = [np.zeros(tokens * r.shape[0], np.float32) for r in self.results]
+            self.few_capacity = tokens
+        flat = [f[:tokens * r.shape[0]] for f, r in zip(self.few_flat, self.results)]
+        targets = tuple(flat) + (flat[0][:0],) * (MEMBERS - len(flat))
         first = self.first
         if threads > 1 and self.parallel_worth:
             _few_gemv_parallel(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks,
                                first.block, threads)
         else:
             _few_gemv(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks, first.block)
-        return results
+        return [f.reshape(tokens, -1) for f in flat]
 
 
 def matmul(packed: PackedWeight, x: np.ndarray, out: np.ndarray, threads: int) -> None:
