@@ -4,9 +4,14 @@ touches a driver.
 
 Runtime hints (optional): "vulkan_device": an index into vkEnumeratePhysicalDevices (else
 $MNNLLM_VULKAN_DEVICE, else the first discrete GPU, integrated GPU, or any device);
-"vulkan_linear": the decode kernel of 4-bit linear layers, "rows" (8 rows per invocation: the
-default on a CPU device such as lavapipe, where loads cost most), "group" (8 rows per work-group
-with a shared-memory reduction: the default on a GPU) or "lanes" (one invocation per row).
+"vulkan_linear": the kernels of 4-bit linear layers, "texel" (weights in 4-word texels read
+through texel buffers, 16 rows per invocation: the default on a CPU device such as lavapipe,
+where a storage-buffer read costs a loop over the lanes), "group" (8 rows per work-group with a
+shared-memory reduction: the default on a GPU) or "lanes" (one invocation per row).
+
+"vulkan_subgroups" (default: whether the device has subgroup arithmetic in compute shaders,
+with subgroups of at least 8): the norms and the attention softmax with one 8-invocation
+work-group per row joined by subgroup operations; false forces the one-invocation-per-row kernels.
 
 Runtime hint "replay" (default true): a pipeline that runs wholly on vulkan is recorded into
 one command buffer once per resize and replayed: per token the attentions' host bookkeeping,
@@ -131,10 +136,12 @@ class VulkanRuntime(Runtime):
         from .ops.linear import DECODE_Q4
         self.device = device.open_device(device.device_spec(self.hints))
         self.recorder = device.Recorder(self.device)
-        self.linear_variant = self.hints.get("vulkan_linear") or ("rows" if self.device.is_cpu else "group")
+        self.linear_variant = self.hints.get("vulkan_linear") or ("texel" if self.device.is_cpu else "group")
         if self.linear_variant not in DECODE_Q4:
             raise ConfigError(f"vulkan_linear must be one of {sorted(DECODE_Q4)}, got {self.linear_variant!r}",
                               field="vulkan_linear")
+        device_can = self.device.subgroup_arithmetic and self.device.subgroup_size >= 8
+        self.subgroups = bool(self.hints.get("vulkan_subgroups", device_can)) and device_can
         self.op_creators.update(CREATORS)
 
     def create_backend(self, config: BackendConfig) -> VulkanBackend:

@@ -11,7 +11,7 @@ import numpy as np
 from mnnllm_core.backend_api import (FLOAT32, INT32, AttentionParams, DeviceKVCache, Execution, Refused,
                                      UnsupportedError, attention_mask)
 
-from ..device import Dispatch, fold, pack_push
+from ..device import Dispatch, Texels, fold, pack_push
 
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
 MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
@@ -81,24 +81,36 @@ class AttentionExecution(Execution):
             return ()
         mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
         mode, rows, cols = self.mask
+        q, out, step = inputs[0].storage, outputs[0].storage, Texels(self.step, "int")
         scores_groups, scores_row = fold(-(-(seq * heads * stride) // LOCAL), LOCAL)
-        context_groups, context_row = fold(-(-(seq * heads * dim) // LOCAL), LOCAL)
+        lanes = dim // 4 if dim % 4 == 0 else dim  # attn_context: invocations per (token, head)
+        context_groups, context_row = fold(-(-(seq * heads * lanes) // LOCAL), LOCAL)
         found = [
-            Dispatch(device, "attn_scores", [inputs[0].storage, keys, mask, self.scratch, self.step],
+            Dispatch(device, "attn_scores", [Texels(q, "vec4"), Texels(keys, "vec4"), Texels(q, "float"),
+                                             Texels(keys, "float"), Texels(mask, "uint"), self.scratch, step],
                      pack_push("5if3iI", seq, heads, kv_heads, dim, stride,
                                float(np.float32(self.params.scale_for(dim))), mode, rows, cols, scores_row),
                      scores_groups),
-            Dispatch(device, "attn_softmax", [self.scratch, self.step], pack_push("2i", seq * heads, stride),
-                     (-(-(seq * heads) // 64), 1, 1)),
-            Dispatch(device, "attn_context", [self.scratch, values, outputs[0].storage, self.step],
+            self._softmax(seq * heads, stride, step),
+            Dispatch(device, "attn_context", [Texels(self.scratch, "float"), Texels(values, "vec4"),
+                                              Texels(values, "float"), out, out, step],
                      pack_push("5iI", seq, heads, kv_heads, dim, stride, context_row), context_groups)]
         if self.params.kv_cache:
             count = self.kv_seq * kv_heads * dim
             groups, row = fold(-(-count // LOCAL), LOCAL)
-            found.insert(0, Dispatch(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values,
-                                                          self.step], pack_push("2iI", count, kv_heads * dim, row),
-                                     groups))
+            found.insert(0, Dispatch(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values, step],
+                                     pack_push("2iI", count, kv_heads * dim, row), groups))
         return tuple(found)
+
+    def _softmax(self, rows: int, stride: int, step) -> Dispatch:
+        """attn_softmax: an invocation per row, or with subgroups a work-group of 8 per row."""
+        bindings = [Texels(self.scratch, "float"), self.scratch, step]
+        if self.backend.runtime.subgroups:
+            groups, groups_x = fold(rows, 1)
+            return Dispatch(self.backend.device, "attn_softmax_subgroup", bindings,
+                            pack_push("2iI", rows, stride, groups_x), groups)
+        return Dispatch(self.backend.device, "attn_softmax", bindings, pack_push("2i", rows, stride),
+                        (-(-rows // 64), 1, 1))
 
     def record(self) -> None:
         recorder = self.backend.recorder
