@@ -5,7 +5,8 @@
 set -eu
 cd "$(dirname "$0")/../backends/vulkan/shaders"
 for source in *.comp; do
-    if grep -q GL_KHR_shader_subgroup "$source"; then
+    included=$(sed -n 's/^#include "\(.*\)"/\1/p' "$source")
+    if grep -q GL_KHR_shader_subgroup "$source" $included; then
         glslangValidator -V --quiet --target-env vulkan1.1 "$source" -o "${source%.comp}.spv"
     else
         glslangValidator -V --quiet "$source" -o "${source%.comp}.spv"

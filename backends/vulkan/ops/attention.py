@@ -14,7 +14,8 @@ from mnnllm_core.backend_api import (FLOAT32, INT32, AttentionParams, DeviceKVCa
 from ..device import Dispatch, Texels, fold, pack_push
 
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
-MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+MASK_MODES = {"float": 2, "int": 3}
+FUSED_DIMS = (64, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
 
 
 class AttentionExecution(Execution):
@@ -74,6 +75,9 @@ class AttentionExecution(Execution):
     def _dispatches(self, keys, values, stride) -> tuple:
         device, inputs, outputs = self.backend.device, self.inputs, self.outputs
         seq, heads, kv_heads, dim = self.shape
+        if self.backend.runtime.subgroups and dim in FUSED_DIMS:
+            self.bound = (keys, values, self.scratch, stride)
+            return (self._fused(keys, values),) if seq and stride else ()
         if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
             self.scratch = device.alloc(seq * heads * stride * 4)
         self.bound = (keys, values, self.scratch, stride)
@@ -101,6 +105,23 @@ class AttentionExecution(Execution):
             found.insert(0, Dispatch(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values, step],
                                      pack_push("2iI", count, kv_heads * dim, row), groups))
         return tuple(found)
+
+    def _fused(self, keys, values) -> Dispatch:
+        """attn_fused<dim>: the whole op (cache append included) in one dispatch."""
+        inputs, out = self.inputs, self.outputs[0].storage
+        seq, heads, kv_heads, dim = self.shape
+        mode, rows, cols = self.mask
+        k, v = inputs[1].storage, inputs[2].storage
+        mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
+        cached = self.params.kv_cache
+        groups, groups_x = fold(seq * heads, 1)
+        return Dispatch(self.backend.device, f"attn_fused{dim}",
+                        [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"),
+                         Texels(keys, "vec4"), Texels(values, "vec4"), Texels(mask, "uint"), out,
+                         keys if cached else out, values if cached else out, Texels(self.step, "int")],
+                        pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
+                                  float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
+                                  groups_x), groups)
 
     def _softmax(self, rows: int, stride: int, step) -> Dispatch:
         """attn_softmax: an invocation per row, or with subgroups a work-group of 8 per row."""
