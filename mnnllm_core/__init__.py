@@ -4,10 +4,10 @@ from .errors import MnnllmError
 __version__ = "0.1.0"
 
 
-def create(config_path):
-    """MNN's Llm::createLLM (see mnnllm_core.llm.llm.create)."""
+def create(config_path, base=None):
+    """MNN's Llm::createLLM (see mnnllm_core.llm.llm.create; `base`: a loaded Llm to share weights with)."""
     from .llm.llm import create as _create
-    return _create(config_path)
+    return _create(config_path, base=base)
 
 
 __all__ = ["create", "MnnllmError", "__version__"]

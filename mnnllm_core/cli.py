@@ -327,7 +327,8 @@ def cmd_test_backend(args) -> int:
 def cmd_export(args) -> int:
     from .export import export_model
     report = export_model(args.src, args.dst, quant_bit=args.quant_bit, quant_block=args.quant_block,
-                          separate_embed=args.separate_embed, tokenizer=args.tokenizer, force=args.force)
+                          separate_embed=args.separate_embed, tokenizer=args.tokenizer, force=args.force,
+                          lora=args.lora, lora_split=args.lora_split)
     if args.json:
         print(json.dumps(vars(report), default=str, indent=2))
     else:
@@ -449,6 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write embeddings_bf16.bin instead of reading the embedding from the tied lm_head")
     export.add_argument("--tokenizer", choices=("mtok", "txt"), default="mtok", help="tokenizer file format")
     export.add_argument("--force", action="store_true", help="replace a non-empty destination folder whole")
+    export.add_argument("--lora", metavar="PATH", help="a PEFT LoRA adapter folder to merge into the weights")
+    export.add_argument("--lora-split", action="store_true",
+                        help="with --lora: export the base unchanged plus MNN's split lora.mnn over it")
     export.add_argument("--json", action="store_true", help="the export report as JSON")
     export.set_defaults(func=cmd_export)
 

@@ -103,8 +103,9 @@ def test_config_base_shares_the_packed_weights_of_the_same_graph(loaded, tmp_pat
     assert theirs[conv][1].weight is ours[conv][1].weight
 
 
-def test_config_base_of_another_graph_is_refused(loaded, tmp_path):
-    from mnnllm_core.errors import UnsupportedError
+def test_config_base_shares_with_another_graph_op_by_op(loaded, tmp_path):
+    """Changed behaviour (issue 18): a graph other than the base's (another uuid, e.g. a LoRA's
+    lora.mnn) is no longer refused; each op with the base's name and weights shares its Execution."""
     module, runtime, _ = loaded
     net = read_net_file(str(LLM_MNN))
     net.mnnUuid = "another-graph"
@@ -112,5 +113,7 @@ def test_config_base_of_another_graph_is_refused(loaded, tmp_path):
     builder.Finish(net.Pack(builder))
     other = tmp_path / "llm.mnn"
     other.write_bytes(bytes(builder.Output()))
-    with pytest.raises(UnsupportedError, match="same graph"):
-        Module.load([], [], other, runtime, Config(rearrange=True, base=module))
+    runtime.set_external_file(str(LLM_MNN) + ".weight")
+    twin = Module.load([], [], other, runtime, Config(rearrange=True, base=module))
+    session = twin.static_module.session
+    assert session.from_base == session.readers.keys() and session.from_base

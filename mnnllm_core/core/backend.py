@@ -121,8 +121,10 @@ class Backend:
 
     @property
     def kv_meta(self) -> KVMeta:
-        """How many tokens every KV cache keeps and adds this step (set by the LLM)."""
-        return self.runtime.kv_meta
+        """How many tokens every KV cache keeps and adds this step (set by the LLM): the runtime's,
+        or that of the RuntimeManager which made this backend over runtimes it shares (`derive`)."""
+        own = self.__dict__.get("own_kv_meta")
+        return self.runtime.kv_meta if own is None else own
 
     # -- op creation -------------------------------------------------------------
     def on_create(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], op: Op) -> Execution | Refused | None:

@@ -22,17 +22,24 @@ class Session:
         self.pipeline = Pipeline(info, backend, backup, executions, allow_fallback, fallback_reasons)
         self.resize_count = 0
         self.packed: set[int] = set()  # ops whose executions were made at load (rearrange)
+        self.readers: dict[int, object] = {}  # packed op -> the reader its weights came from (for a later base)
+        self.from_base: set[int] = set()  # packed ops whose executions are a base module's, shared
         self._key: tuple | None = None
 
     @property
     def backend(self) -> Backend:
         return self.pipeline.backend
 
-    def prepare_executions(self) -> int:
+    def prepare_executions(self, base: "Session | None" = None) -> int:
         """Create each weighted or stateful op's Execution now (the backend packs its weights;
         an Attention makes the KV cache its clones will share), then drop the raw weights
-        from the op, as StaticModule does with `rearrange`."""
+        from the op, as StaticModule does with `rearrange`.
+
+        With a `base` session (MNN's Module::Config.base, the LoRA case), a weighted op whose
+        name, type and weights equal one of the base's is given a clone of the base's Execution
+        (its packed weights shared, not packed again); stateful ops (Attention) get their own."""
         created = 0
+        shareable = base.shareable() if base is not None else {}
         pipeline = self.pipeline
         todo = [i for i in pipeline.nodes if (self.info.nodes[i].op.weights is not None
                                                or self.info.nodes[i].op.type in STATEFUL)
@@ -43,15 +50,40 @@ class Session:
             progress.update()
             inputs = [pipeline.tensors[t] for t in node.inputs]
             outputs = [pipeline.tensors[t] for t in node.outputs]
-            pipeline.create_execution(Command(node.op, inputs, outputs, node=i))
+            if not self._share_from(base, shareable.get((node.op.type, node.op.name)), i):
+                pipeline.create_execution(Command(node.op, inputs, outputs, node=i))
             release = getattr(node.op.weights, "release", None)  # weight-file readers drop their pages
             if release is not None:
                 release()
+                self.readers[i] = node.op.weights
             node.op.weights = None
             self.packed.add(i)
             created += 1
         progress.close()
         return created
+
+    def shareable(self) -> dict[tuple[str, str], int]:
+        """(op type, op name) -> graph index of each packed op whose weight reader is known."""
+        return {(self.info.nodes[i].op.type, self.info.nodes[i].op.name): i for i in self.readers
+                if i in self.pipeline.executions}
+
+    def _share_from(self, base: "Session | None", index: int | None, i: int) -> bool:
+        """Give op `i` a clone of the base's Execution of op `index` when their weights are the same."""
+        same_as = getattr(self.info.nodes[i].op.weights, "same_as", None)
+        theirs = base.readers.get(index) if base is not None and index is not None else None
+        if same_as is None or theirs is None or not same_as(theirs):
+            return False
+        owner, execution = base.pipeline.executions[index]
+        on_main = owner is base.pipeline.backend
+        target = self.pipeline.backend if on_main else self.pipeline.backup
+        twin = execution.on_clone(target, self.info.nodes[i].op)
+        if twin is None:
+            return False
+        self.pipeline.executions[i] = (target, twin)
+        if not on_main and index in base.pipeline.fallback_reasons:
+            self.pipeline.fallback_reasons[i] = base.pipeline.fallback_reasons[index]
+        self.from_base.add(i)
+        return True
 
     def resize_key(self, feeds: dict[str, np.ndarray]) -> tuple:
         """What decides the encoding: every input's shape, and the content of shape inputs."""
@@ -109,4 +141,6 @@ class Session:
         twin = Session(self.info, backend, backup, self.pipeline.allow_fallback, executions,
                        self.pipeline.fallback_reasons)
         twin.packed = set(self.packed)
+        twin.readers = self.readers
+        twin.from_base = set(self.from_base)
         return twin

@@ -17,6 +17,8 @@ from mnnllm_core.progress import Progress
 from . import gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
 from .decoder import DecoderGraph
 from .folder import check_destination, replace_folder, staging_folder
+from .lora import LoraAdapter, MergedSource
+from .lora_split import LORA_GRAPH, split_lora_graph
 from .sources import Source, TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
 from .weights import QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding
@@ -64,18 +66,35 @@ class ExportReport:
 
 def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
                  tokenizer: str = "mtok", force: bool = False,
-                 runtime_config: Mapping[str, Any] | None = None) -> ExportReport:
+                 runtime_config: Mapping[str, Any] | None = None, lora: str | None = None,
+                 lora_split: bool = False) -> ExportReport:
     """Export `src` (HF folder or .gguf) into the folder `dst`; returns what was written.
 
     The model is written beside `dst` and renamed into place when complete (see folder.py):
     a `dst` that holds anything is refused unless `force`, and then replaced whole.
     `runtime_config` overrides keys of the config.json written (e.g. the sampler).
+    `lora`: a PEFT adapter folder, merged into the weights (W + scale * B @ A); with `lora_split`
+    the base is exported unchanged and the adapter goes into MNN's split `lora.mnn` beside it.
     """
     source = open_source(src)
+    adapter = LoraAdapter(lora) if lora is not None else None
+    if lora_split and adapter is None:
+        raise ConfigError("lora_split needs a LoRA adapter folder (--lora)", field="lora_split")
+    if adapter is not None:
+        adapter.check_base(source)
     target = Path(dst)
     check_destination(target, force)
     with staging_folder(target) as out:
-        report = write_model(source, out, quant_bit, quant_block, separate_embed, tokenizer, runtime_config)
+        merged = MergedSource(source, adapter) if adapter is not None and not lora_split else None
+        report = write_model(merged or source, out, quant_bit, quant_block, separate_embed, tokenizer,
+                             runtime_config)
+        if merged is not None:
+            merged.check_all_merged()
+        if lora_split:
+            graph = split_lora_graph((out / "llm.mnn").read_bytes(), adapter,
+                                     f"{source.path}|{quant_bit}|{quant_block}")
+            (out / LORA_GRAPH).write_bytes(graph)
+            report.files[LORA_GRAPH] = len(graph)
         replace_folder(out, target)
     report.dst = str(target)
     logger.info("%s", report.summary())

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..core.session import Session
 from ..errors import UnsupportedError
 from ..schema.reader import read_net_file
 from .pipeline_module import NetInfo, build_schedule
@@ -73,21 +74,36 @@ class Module:
     @staticmethod
     def load(inputs: Sequence[str], outputs: Sequence[str], path: str | os.PathLike,
              runtime_manager: RuntimeManager | None = None, config: Config | None = None) -> NetModule:
-        """Load `path` (an llm.mnn); empty `inputs`/`outputs` are inferred from the graph."""
+        """Load `path` (an llm.mnn); empty `inputs`/`outputs` are inferred from the graph.
+
+        `config.base` (a loaded NetModule, MNN's Module::Config.base): every weighted op whose
+        name, type and weights equal one of the base's shares the base's packed Execution; only
+        ops that differ (a LoRA's changed or added linears) pack weights of their own, and each
+        Attention keeps a KV cache of its own. The base must run on the same runtimes."""
         path = str(path)
         config = config or Config()
         net = read_net_file(path)
         runtime_manager = runtime_manager or RuntimeManager.create()
         weight_path = runtime_manager.external_file or path + ".weight"
         weight_file = ExternalWeightFile(weight_path) if os.path.exists(weight_path) else None
-        if config.base is not None:
-            base: NetModule = config.base
-            uuid = net.mnnUuid.decode() if isinstance(net.mnnUuid, bytes) else (net.mnnUuid or "")
-            if not uuid or uuid != base.info.uuid:
-                raise UnsupportedError("Config.base shares packed weights only between loads of the same graph "
-                                       f"(uuid {uuid or '-'} vs {base.info.uuid or '-'})", file=path, field="base")
-            log.info("loaded %s sharing the weights of an already loaded module", path)
-            return base.clone()
+        base = _base_session(config.base, runtime_manager, path)
         info, net_info = build_schedule(net, path, weight_file, inputs, outputs)
-        module = StaticModule(info, runtime_manager, config)
+        module = StaticModule(info, runtime_manager, config, base=base)
         return NetModule(PipelineModule([module]), net_info, weight_file)
+
+
+def _base_session(base: NetModule | None, runtime_manager: RuntimeManager, path: str) -> Session | None:
+    """The session whose packed executions a load over `base` may share (None without a base)."""
+    if base is None:
+        return None
+    if not isinstance(base, NetModule):
+        raise UnsupportedError(f"Config.base must be a loaded module, got {type(base).__name__}", file=path,
+                               field="base")
+    theirs = base.static_module.runtime_manager
+    if (theirs.runtime, theirs.backup_runtime) != (runtime_manager.runtime, runtime_manager.backup_runtime):
+        raise UnsupportedError("Config.base shares packed weights only on the base's runtimes: load with the "
+                               "base's RuntimeManager or one made by its derive()", file=path, field="base")
+    session = base.static_module.session
+    if not session.readers:
+        log.warning("%s: the base module was loaded without rearrange, so it has no packed weights to share", path)
+    return session

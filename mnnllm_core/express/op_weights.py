@@ -38,6 +38,10 @@ class OpWeights:
         if self.file is not None and external is not None and len(external) > 1:
             self.file.release(int(external[0]), int(sum(int(v) for v in external[1:])))
 
+    def same_as(self, other: object) -> bool:
+        """Whether `other` (another op's reader) packs to the same Execution (see `same_weights`)."""
+        return isinstance(other, OpWeights) and same_weights(self, other)
+
     def convolution(self) -> ConvolutionWeights:
         p = self.param
         common = p.common
@@ -83,3 +87,58 @@ class OpWeights:
         gamma = np.asarray(p.gamma, np.float32) if p.gamma is not None and len(p.gamma) else None
         beta = np.asarray(p.beta, np.float32) if p.beta is not None and len(p.beta) else None
         return gamma, beta
+
+
+def same_weights(a: OpWeights, b: OpWeights) -> bool:
+    """Whether two ops' weights pack to the same Execution: the same parameters (shape, quantization,
+    norm options) and the same bytes, read from the same file and offsets or compared in place."""
+    pa, pb = a.param, b.param
+    if _parameters(pa) != _parameters(pb):
+        return False
+    ext_a, ext_b = _external_of(pa), _external_of(pb)
+    if (ext_a is None) != (ext_b is None):
+        return False
+    if ext_a is None:
+        return all(np.array_equal(_inline(pa, f), _inline(pb, f)) for f in _INLINE_FIELDS)
+    if len(ext_a) != len(ext_b) or ext_a[1:] != ext_b[1:] or a.file is None or b.file is None:
+        return False
+    if ext_a[0] == ext_b[0] and a.file.path.resolve() == b.file.path.resolve():
+        return True
+    size = int(sum(ext_a[1:]))
+    ours = a.file.read(ext_a[0], size, op_name=a.op_name, field="external")
+    theirs = b.file.read(ext_b[0], size, op_name=b.op_name, field="external")
+    equal = bool(np.array_equal(ours, theirs))
+    a.file.release(ext_a[0], size)  # the compare faulted the pages in: they leave the resident set again
+    b.file.release(ext_b[0], size)
+    return equal
+
+
+_INLINE_FIELDS = ("weight", "bias", "gamma", "beta")
+_QUANT_FIELDS = ("type", "aMaxOrBits", "shapeInt32", "scaleStorage", "aMin", "readType", "quantScale")
+_COMMON_FIELDS = ("outputCount", "inputCount", "kernelX", "kernelY", "group", "relu", "relu6")
+_NORM_FIELDS = ("epsilon", "group", "useRmsnorm")
+
+
+def _external_of(param) -> list[int] | None:
+    external = getattr(param, "external", None)
+    return [int(v) for v in external] if external is not None and len(external) > 0 else None
+
+
+def _inline(param, name: str) -> np.ndarray:
+    value = getattr(param, name, None)
+    return np.zeros(0, np.float32) if value is None else np.asarray(value)
+
+
+def _parameters(param) -> tuple:
+    """Everything but the weight bytes that decides how an op's weights pack."""
+    common = getattr(param, "common", None)
+    quan = getattr(param, "quanParameter", None)
+    inline_quant = None
+    if quan is not None and quan.buffer is not None and len(quan.buffer):
+        inline_quant = (np.asarray(quan.buffer).tobytes(), np.asarray(quan.alpha).tobytes()
+                        if quan.alpha is not None else b"")
+    return (type(param).__name__,
+            tuple(getattr(common, f, None) for f in _COMMON_FIELDS) if common is not None else None,
+            tuple(getattr(quan, f, None) for f in _QUANT_FIELDS) if quan is not None else None, inline_quant,
+            tuple(getattr(param, f, None) for f in _NORM_FIELDS if hasattr(param, f)),
+            tuple(int(v) for v in param.axis) if getattr(param, "axis", None) is not None else None)

@@ -21,7 +21,8 @@ _REPORTED: set[tuple[str, str, str]] = set()  # (backend, setting, value) alread
 
 
 class RuntimeManager:
-    def __init__(self, config: ScheduleConfig, runtime: Runtime, backup: Runtime, static_shapes: bool = False):
+    def __init__(self, config: ScheduleConfig, runtime: Runtime, backup: Runtime, static_shapes: bool = False,
+                 owns_runtimes: bool = True):
         self.config = config
         self.runtime = runtime
         self.backup_runtime = backup
@@ -29,8 +30,17 @@ class RuntimeManager:
         self.external_file: str | None = None
         self.allow_fallback = True
         self.kv_meta = KVMeta()
-        for each in {runtime, backup}:
-            each.kv_meta = self.kv_meta
+        self.owns_runtimes = owns_runtimes
+        if owns_runtimes:
+            for each in {runtime, backup}:
+                each.kv_meta = self.kv_meta
+
+    def derive(self) -> "RuntimeManager":
+        """A manager on the same runtimes (device state, packed weights a module over a base
+        shares) with a KV meta of its own: a second model, e.g. a LoRA, with its own conversation."""
+        twin = RuntimeManager(self.config, self.runtime, self.backup_runtime, self.static_shapes, owns_runtimes=False)
+        twin.allow_fallback = self.allow_fallback
+        return twin
 
     @classmethod
     def create(cls, config: ScheduleConfig | None = None, hints: dict[str, Any] | None = None) -> "RuntimeManager":
@@ -51,6 +61,9 @@ class RuntimeManager:
         backend = self.runtime.create_backend(self.config.backend_config)
         backup = backend if self.backup_runtime is self.runtime else self.backup_runtime.create_backend(
             self.config.backend_config)
+        if not self.owns_runtimes:
+            for each in (backend, backup):
+                each.own_kv_meta = self.kv_meta
         return backend, backup
 
 

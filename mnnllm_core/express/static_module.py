@@ -22,12 +22,12 @@ class Config:
     dynamic: bool = False
     shape_mutable: bool = True
     rearrange: bool = False
-    base: object | None = None  # a loaded Module whose packed weights this one shares
+    base: object | None = None  # a loaded NetModule whose packed executions this one shares where weights agree
 
 
 class StaticModule:
     def __init__(self, info: ScheduleInfo, runtime_manager: RuntimeManager, config: Config,
-                 session: Session | None = None):
+                 session: Session | None = None, base: Session | None = None):
         self.info = info
         self.runtime_manager = runtime_manager
         self.config = config
@@ -40,8 +40,8 @@ class StaticModule:
             backend, backup = runtime_manager.create_backends()
             session = Session(info, backend, backup, runtime_manager.allow_fallback)
             if config.rearrange:
-                packed = session.prepare_executions()
-                log.debug("packed the weights of %d ops", packed)
+                packed = session.prepare_executions(base)
+                log.debug("packed the weights of %d ops (%d shared with the base)", packed, len(session.from_base))
         self.session = session
 
     @property

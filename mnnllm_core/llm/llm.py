@@ -7,6 +7,7 @@ Names follow pymnn's `MNN.llm` so an MNN user finds their way: `create`, `load`,
 """
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import threading
@@ -16,7 +17,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError, shorten
+from ..core.backend import SETTINGS
+from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError,
+                      UnsupportedError, shorten)
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -29,7 +32,7 @@ from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
 from .prefix_cache import PrefixCache
 from .prompt import Prompt
-from .runtime import init_runtime
+from .runtime import backend_choices, init_runtime, schedule_config
 from .sampler import Sampler, SamplerConfig
 from .tokenizer import create_tokenizer
 
@@ -46,8 +49,9 @@ class Llm:
     resumed after something else moved the conversation on, raises ConcurrentUseError and
     leaves the state as it was. Use one Llm per thread (clones of a model share nothing)."""
 
-    def __init__(self, config: LlmConfig):
+    def __init__(self, config: LlmConfig, base: "Llm | None" = None):
         self.config = config
+        self.base = base  # a loaded Llm whose packed weights this one shares where they agree (LoRA)
         self.context = LlmContext()
         self.runtime_manager: RuntimeManager | None = None
         self.module: NetModule | None = None
@@ -71,7 +75,7 @@ class Llm:
         self._check_model_files()
         check_attention_type(cfg.attention_type, cfg.sliding_window,
                              cfg.origin("attention_type") or cfg.origin("sliding_window"))
-        self.runtime_manager = init_runtime(cfg)
+        self.runtime_manager = self._runtime_over_base() if self.base is not None else init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
         self.prompt = Prompt(cfg)
         self.embedding = DiskEmbedding(cfg)
@@ -79,7 +83,9 @@ class Llm:
         self.generation = create_generation(self)
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
-        self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager, Config(rearrange=True))
+        base = self.base.module if self.base is not None else None
+        self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
+                                  Config(rearrange=True, base=base))
         if cfg.attention_mask == "float":
             check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
                              cfg.origin("attention_type"))
@@ -90,6 +96,30 @@ class Llm:
         log.info("loaded %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
                  self.runtime_manager.config.backend_type)
         return self
+
+    def _runtime_over_base(self) -> RuntimeManager:
+        """The base's runtimes with a KV meta of this Llm's own; the runtime keys must agree with the base's."""
+        if self.base.module is None:
+            raise ConfigError("the base Llm is not loaded: call load() on it first", field="base")
+        theirs = self.base.runtime_manager
+        if theirs.config.backend_type not in backend_choices(self.config):
+            raise ConfigError(f"backend_type {self.config.runtime_options().backend_type!r} differs from the base's "
+                              f"{theirs.config.backend_type!r}", file=self.config.origin("backend_type"),
+                              field="backend_type")
+        wanted = schedule_config(self.config, theirs.config.backend_type)
+        for key in SETTINGS:
+            if wanted.setting(key) != theirs.config.setting(key):
+                raise ConfigError(f"{key} {wanted.setting(key)!r} differs from the base's "
+                                  f"{theirs.config.setting(key)!r}: a model over a base shares its runtime",
+                                  file=self.config.origin(key), field=key)
+        return theirs.derive()
+
+    def create_lora(self, lora_path: str) -> "Llm":
+        """MNN's Llm::create_lora: a loaded Llm running `lora_path` (a graph in this model's folder, e.g.
+        the `lora.mnn` of `mnnllm export --lora-split`) over this model's weight file and packed weights."""
+        config = copy.deepcopy(self.config)
+        config.set_config({"llm_model": lora_path}, "create_lora")
+        return Llm(config, base=self).load()
 
     def _check_model_files(self) -> None:
         """A file the config names that is not there: the key and the config file at fault."""
@@ -356,13 +386,18 @@ class Llm:
         return modules[-1].placement()
 
 
-def create(config_path: str | os.PathLike) -> Llm:
+def create(config_path: str | os.PathLike, base: Llm | None = None) -> Llm:
     """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet).
 
     `config_path` is a config.json, or a model folder (its config.json, else llm_config.json).
+    `base`: a loaded Llm (same architecture, same runtime keys) whose packed weights this model
+    shares for every op whose weights are the same (e.g. an export merged with a LoRA adapter);
+    each Llm keeps its own KV cache and conversation.
     """
     config = LlmConfig.from_file(resolve_config_path(config_path))
     if config.is_visual or config.is_audio or config.has_talker:
+        if base is not None:
+            raise UnsupportedError("a base is supported for text models only", file=config.source, field="base")
         from .omni import Omni  # Omni builds on Llm
         return Omni(config)
-    return Llm(config)
+    return Llm(config, base=base)
