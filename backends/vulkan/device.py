@@ -170,6 +170,11 @@ class VulkanDevice:
     def fits(self, nbytes: int) -> bool:
         return int(nbytes) <= self.max_range
 
+    def fits_floats(self, nbytes: int) -> bool:
+        """Whether a tensor of `nbytes` can be bound both ways: a storage buffer and a view of
+        float texels (the shaders read most inputs as texels)."""
+        return self.fits_texels(nbytes, "float")
+
     def fits_texels(self, nbytes: int, kind: str) -> bool:
         """Whether a buffer of `nbytes` fits one storage binding and one texel view of `kind`."""
         return self.fits(nbytes) and int(nbytes) // TEXEL_BYTES[kind] <= self.max_texels

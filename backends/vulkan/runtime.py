@@ -48,8 +48,9 @@ class VulkanBackend(Backend):
         self.recorder.flush()
 
     def fits(self, *tensors: Tensor) -> bool:
-        """Whether every tensor (with a known shape) fits one storage buffer binding."""
-        return all(self.device.fits(t.size * t.dtype.itemsize) for t in tensors)
+        """Whether every tensor (with a known shape) fits one storage buffer binding and one
+        texel view (maxStorageBufferRange, maxTexelBufferElements)."""
+        return all(self.device.fits_floats(t.size * t.dtype.itemsize) for t in tensors)
 
     # -- memory ------------------------------------------------------------------
     def buffer_key(self, tensor: Tensor) -> int:

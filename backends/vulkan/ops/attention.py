@@ -2,7 +2,7 @@
 three dispatches per run, scores (+ mask), softmax in place, context; scores live in a scratch
 buffer of [seq, heads, capacity]. With the cache, k and v are first appended to the device cache
 by a shader at the row the step buffer names (token-major rows, shared by the clones; a cache
-doubled past maxStorageBufferRange grows only to what it needs). Nothing recorded depends on
+doubled past maxStorageBufferRange or maxTexelBufferElements grows only to what it needs). Nothing recorded depends on
 the token: past and total live in the step buffer, so the dispatches replay unchanged."""
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ class AttentionExecution(Execution):
         super().__init__(backend)
         self.params = params
         self.cache = cache if cache is not None else DeviceKVCache(backend.device.alloc, backend.recorder.copy,
-                                                                   backend.device.fits)
+                                                                   backend.device.fits_floats)
         self.shape = None
         self.kv_seq = 0
         self.mask = (0, 1, 1)
@@ -63,8 +63,9 @@ class AttentionExecution(Execution):
             past, total = 0, self.kv_seq
             keys, values, stride = self.inputs[1].storage, self.inputs[2].storage, self.kv_seq
         seq, heads = self.shape[:2]
-        if not self.backend.device.fits(seq * heads * stride * 4):
-            raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange",
+        if not self.backend.device.fits_floats(seq * heads * stride * 4):
+            raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange "
+                                   "or maxTexelBufferElements",
                                    field="attention")
         self.step.write(np.array([past, total], np.int32))
         if self.bound == (keys, values, self.scratch, stride):

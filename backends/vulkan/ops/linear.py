@@ -118,8 +118,9 @@ def create_linear(backend, inputs, outputs, op):
         return weights
     packed = pack_linear(backend, weights)
     if packed is None:
-        log.debug("vulkan refused %s: a weight buffer exceeds maxStorageBufferRange", op.name)
-        return Refused("a weight buffer exceeds maxStorageBufferRange")
+        log.debug("vulkan refused %s: a weight buffer exceeds maxStorageBufferRange or maxTexelBufferElements",
+                  op.name)
+        return Refused("a weight buffer exceeds maxStorageBufferRange or maxTexelBufferElements")
     return LinearExecution(backend, packed, op.param.activation)
 
 

@@ -37,7 +37,7 @@ def create_layernorm(backend, inputs, outputs, op):
     if any(t.dtype != FLOAT32 for t in (*inputs, *outputs)):
         return Refused("float32 only")
     if not backend.fits(*inputs, *outputs):
-        return Refused("a tensor exceeds maxStorageBufferRange")
+        return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
     return LayerNormExecution(backend, op.param, norm_tables(backend.device.constant, gamma, beta))
 
