@@ -4,10 +4,11 @@ from .errors import MnnllmError
 __version__ = "0.1.0"
 
 
-def create(config_path, base=None):
-    """MNN's Llm::createLLM (see mnnllm_core.llm.llm.create; `base`: a loaded Llm to share weights with)."""
+def create(config_path, embedding_model=False, base=None):
+    """MNN's Llm::createLLM, or with `embedding_model` its Embedding (see mnnllm_core.llm.llm.create;
+    `base`: a loaded Llm to share weights with)."""
     from .llm.llm import create as _create
-    return _create(config_path, base=base)
+    return _create(config_path, embedding_model, base=base)
 
 
 __all__ = ["create", "MnnllmError", "__version__"]

@@ -1,4 +1,4 @@
-"""The `mnnllm` command: run, chat, serve, inspect, backends, test-backend, export, bench.
+"""The `mnnllm` command: run, embed, chat, serve, inspect, backends, test-backend, export, bench.
 
 Every error is one line on stderr naming the file (or option) and the field at fault, exit
 status 2; `--debug` adds the traceback. Ctrl-C ends `run` with status 130; in `chat` it stops
@@ -105,10 +105,10 @@ def _config_path(path: str | None) -> str:
     return ensure_default_model()
 
 
-def _load_llm(args):
+def _load_llm(args, embedding_model: bool = False):
     from .llm.config import LlmConfig
     from .llm.llm import create
-    llm = create(_config_path(args.config))
+    llm = create(_config_path(args.config), embedding_model)
     updates = _parse_set(args.set)
     _check_keys(updates, LlmConfig.key_names() | set(llm.config.to_dict()))
     if updates:
@@ -158,6 +158,26 @@ def cmd_run(args) -> int:
                 print(piece, end="", flush=True)
             print()
         _note_context_full(llm)
+    return 0
+
+
+def cmd_embed(args) -> int:
+    """One line per text: its embedding (pooled, L2-normalized) as space-separated floats, or with
+    --json an object of text, ids, dim and embedding."""
+    if not args.config:
+        raise ConfigError("embed needs an embedding model's config.json or folder", field="config")
+    model = _load_llm(args, embedding_model=True)
+    texts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    if not texts:
+        raise ConfigError("no text: pass -p TEXT, or texts as lines on stdin", field="--prompt")
+    for text in texts:
+        vector = model.txt_embedding(text)[0]
+        if args.json:
+            ids = model.tokenizer_encode(model.apply_chat_template(text))
+            print(json.dumps({"text": text, "ids": ids, "dim": int(vector.size),
+                              "embedding": [float(v) for v in vector]}, ensure_ascii=False), flush=True)
+        else:
+            print(" ".join(f"{v:.7g}" for v in vector), flush=True)
     return 0
 
 
@@ -399,6 +419,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--image", action="append", default=[], metavar="PATH",
                      help="an image before each prompt (vision-language models); repeat for several")
     run.set_defaults(func=cmd_run)
+
+    embed = sub.add_parser("embed", help="text embeddings from an embedding model (one line per text)")
+    embed.add_argument("config", help="an embedding model's config.json or its folder")
+    embed.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
+    embed.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config key (value parsed as JSON when it parses); repeat for several")
+    embed.add_argument("-p", "--prompt", action="append", type=_prompt, metavar="TEXT",
+                       help="a text; repeat for several (default: lines on stdin)")
+    embed.add_argument("--json", action="store_true", help="one JSON object per text: text, ids, dim, embedding")
+    embed.set_defaults(func=cmd_embed)
 
     chat = sub.add_parser("chat", help="interactive, streamed, multi-turn chat")
     model_args(chat)

@@ -163,8 +163,8 @@ def test_every_option_of_every_command_has_help_text():
     commands = {"mnnllm": parser, **subparsers.choices}
     missing = [f"{name} {action.dest}" for name, command in commands.items() for action in command._actions
                if not isinstance(action, argparse._SubParsersAction) and not action.help]
-    assert set(subparsers.choices) == {"run", "chat", "serve", "inspect", "backends", "test-backend", "export",
-                                       "bench"}
+    assert set(subparsers.choices) == {"run", "embed", "chat", "serve", "inspect", "backends", "test-backend",
+                                       "export", "bench"}
     assert missing == []
 
 

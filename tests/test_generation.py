@@ -1,4 +1,5 @@
-"""Generation strategies: lookahead (n-gram speculative) decoding is exact under greedy."""
+"""Generation strategies: lookahead (n-gram speculative) decoding is exact under greedy (the n-gram
+cache and the other strategies: test_speculative.py)."""
 import json
 
 import numpy as np
@@ -7,25 +8,9 @@ import pytest
 import mnnllm_core
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.llm.generation import ARGeneration, LookaheadGeneration, create_generation
-from mnnllm_core.llm.generation.lookahead import propose
 from paths import CONFIG, REFERENCE
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
-
-
-def test_propose_copies_what_followed_the_latest_matching_ngram():
-    assert propose([1, 2, 3, 9, 1, 2], max_match=4, length=3) == [3, 9, 1]
-    assert propose([5, 6, 7], max_match=4, length=3) == []
-
-
-def test_propose_prefers_the_longest_match_then_the_most_frequent_continuation():
-    tokens = [7, 1, 2, 8, 3, 2, 4, 3, 2, 4, 1, 2]
-    assert propose(tokens, max_match=2, length=1) == [8]  # "1 2" matched before "2"
-    assert propose([3, 2, 4, 3, 2, 4, 5, 2], max_match=1, length=1) == [4]  # "2 4" twice beats "2 ..." once
-
-
-def test_propose_never_reads_past_the_end():
-    assert propose([4, 4, 4], max_match=2, length=5) == [4]
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +32,16 @@ def test_lookahead_gives_exactly_the_greedy_tokens(lookahead, index):
 
 
 def test_lookahead_accepts_guesses_on_repetitive_text(lookahead):
-    lookahead.reset()
-    before = lookahead.generation.accepted
-    lookahead.generate(PROMPTS[1]["prompt_ids"], 48)
-    assert lookahead.generation.accepted > before
+    """The answer repeats itself: with MNN's ngram_update its own n-grams become guesses
+    (without it, as in MNN, only the history before the answer and lookup_file are searched)."""
+    lookahead.set_config({"ngram_update": True})
+    try:
+        lookahead.reset()
+        before = lookahead.generation.accepted
+        lookahead.generate(PROMPTS[1]["prompt_ids"], 48)
+        assert lookahead.generation.accepted > before
+    finally:
+        lookahead.set_config({"ngram_update": False})
 
 
 def test_lookahead_respects_max_new_tokens_and_the_cache_stays_consistent(lookahead):

@@ -253,43 +253,18 @@ class DecoderGraph:
 
     def _linear(self, name: str, x: str, weight: LazyTensor, bias: LazyTensor | None = None,
                 output: str | None = None, g: GraphBuilder | None = None) -> tuple[str, LinearInfo]:
-        g = g or self.g
-        info = self.weights.linear(weight, bias)
-        common = Convolution2DCommonT()
-        common.outputCount, common.inputCount = info.oc, info.ic
-        quant = IDSTQuanT()
-        if info.bits == 16:
-            quant.type = 3
-        else:
-            quant.type = 1
-            quant.quantScale = 1.0
-            quant.aMaxOrBits = info.bits
-            quant.aMin = 1
-            quant.readType = info.oc * (info.ic // info.block_size)
-            quant.shapeInt32 = info.shape_int32
-            quant.scaleStorage = _SCALE_FP16
-        conv = Convolution2DT()
-        conv.common = common
-        conv.quanParameter = quant
-        conv.external = info.external
-        out = g.op(OpType.Convolution, name, [x], [output or name], OpParameter.Convolution2D, conv)
-        return out, info
+        return linear(g or self.g, self.weights, name, x, weight, bias, output)
 
     def _conv(self, name: str, x: str, weight: LazyTensor, bias: LazyTensor | None = None,
               g: GraphBuilder | None = None) -> str:
         return self._linear(name, x, weight, bias, g=g)[0]
 
     def _to_c4(self, name: str, x: str, ic: int, g: GraphBuilder | None = None) -> str:
-        g = g or self.g
-        x = g.reshape(f"{name}/pre_reshape", [x], [-1, ic, 1, 1], NHWC)
-        return g.convert(f"{name}/pre_convert", x, NCHW, NC4HW4, NHWC)
+        return to_c4(g or self.g, name, x, ic)
 
     def _from_c4(self, name: str, x: str, oc: int, rows: int = 1, g: GraphBuilder | None = None,
                  output: str | None = None) -> str:
-        """Back to NCHW [1,-1,oc] (rows 1) or [-1,oc] (rows 0, inside an expert)."""
-        g = g or self.g
-        x = g.convert(f"{name}/post_convert", x, NC4HW4, NCHW, NHWC)
-        return g.reshape(f"{name}/post_reshape", [x], [1, -1, oc] if rows else [-1, oc], NHWC, output)
+        return from_c4(g or self.g, name, x, oc, rows, output)
 
     def _attention(self, i: int, h: str) -> str:
         """q, k, v from the NC4HW4 `h` -> RoPE -> Attention -> o_proj (its NC4HW4 output)."""
@@ -403,3 +378,41 @@ class DecoderGraph:
         down = self._conv(lin, self._to_c4(lin, y, ffn, g), m.expert_weight(self.source, i, e, "down"), g=g)
         out = self._from_c4(lin, down, a.hidden_size, rows=0, g=g, output="hidden_states")
         return g.subgraph(name, [x], [out])
+
+
+def linear(g: GraphBuilder, weights: WeightWriter, name: str, x: str, weight: LazyTensor,
+           bias: LazyTensor | None = None, output: str | None = None) -> tuple[str, LinearInfo]:
+    """A Linear as MNN writes it: a 1x1 Convolution on NC4HW4 [rows, ic, 1, 1], its weight
+    quantized into the weight file at the writer's bits."""
+    info = weights.linear(weight, bias)
+    common = Convolution2DCommonT()
+    common.outputCount, common.inputCount = info.oc, info.ic
+    quant = IDSTQuanT()
+    if info.bits == 16:
+        quant.type = 3
+    else:
+        quant.type = 1
+        quant.quantScale = 1.0
+        quant.aMaxOrBits = info.bits
+        quant.aMin = 1
+        quant.readType = info.oc * (info.ic // info.block_size)
+        quant.shapeInt32 = info.shape_int32
+        quant.scaleStorage = _SCALE_FP16
+    conv = Convolution2DT()
+    conv.common = common
+    conv.quanParameter = quant
+    conv.external = info.external
+    out = g.op(OpType.Convolution, name, [x], [output or name], OpParameter.Convolution2D, conv)
+    return out, info
+
+
+def to_c4(g: GraphBuilder, name: str, x: str, ic: int) -> str:
+    """[..., ic] -> NC4HW4 [rows, ic, 1, 1], a Linear's input."""
+    x = g.reshape(f"{name}/pre_reshape", [x], [-1, ic, 1, 1], NHWC)
+    return g.convert(f"{name}/pre_convert", x, NCHW, NC4HW4, NHWC)
+
+
+def from_c4(g: GraphBuilder, name: str, x: str, oc: int, rows: int = 1, output: str | None = None) -> str:
+    """Back to NCHW [1,-1,oc] (rows 1) or [-1,oc] (rows 0, inside an expert)."""
+    x = g.convert(f"{name}/post_convert", x, NC4HW4, NCHW, NHWC)
+    return g.reshape(f"{name}/post_reshape", [x], [1, -1, oc] if rows else [-1, oc], NHWC, output)

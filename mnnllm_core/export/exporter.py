@@ -1,6 +1,7 @@
 """`export_model`: a HF folder or GGUF file -> an MNN-LLM model directory, streaming tensor by tensor."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import resource
@@ -14,8 +15,9 @@ from typing import Any
 from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.progress import Progress
 
-from . import gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
+from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
 from .decoder import DecoderGraph
+from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
 from .lora import LoraAdapter, MergedSource
 from .lora_split import LORA_GRAPH, split_lora_graph
@@ -29,6 +31,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma2": gemma2,
     "gemma3_text": gemma3_text, "mistral": mistral, "phi3": phi3, "smollm3": smollm3,
 }
+ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")
 
 # config.json as MNN's exporter writes it (the runtime defaults a user edits).
@@ -114,10 +117,13 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
         raise ConfigError(f"tokenizer format {tokenizer!r} is not one of {TOKENIZER_FORMATS}", field="tokenizer")
     source = src if isinstance(src, Source) else open_source(src)
     model_type = source.config.get("model_type")
+    if model_type in ENCODERS:
+        return _write_encoder(source, out, quant_bit, quant_block, tokenizer, runtime_config, start)
     arch = ARCHITECTURES.get(model_type)
     if arch is None:
         raise UnsupportedError(f"architecture {model_type!r} is not supported (supported: "
-                               f"{', '.join(sorted(ARCHITECTURES))})", file=source.path, field="model_type")
+                               f"{', '.join(sorted({**ARCHITECTURES, **ENCODERS}))})", file=source.path,
+                               field="model_type")
     args = arch.ModelArgs.from_dict(source.config, file=source.path)
     model = arch.Model(args)
     spec = source.tokenizer()
@@ -139,12 +145,50 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
             write_bf16_embedding(f, source.tensor(model.embedding()), progress.update)
     progress.close()
 
-    tokenizer_file = f"tokenizer.{tokenizer}"
-    with open(out / tokenizer_file, "wb") as f:
-        (write_mtok if tokenizer == "mtok" else write_txt)(f, spec)
+    tokenizer_file = _write_tokenizer(out, tokenizer, spec)
     _write_json(out / "llm_config.json", _llm_config(model, spec, lm_head if tied else None, quant_block))
     _write_json(out / "config.json", {**_RUNTIME_CONFIG, **(runtime_config or {}), "tokenizer_file": tokenizer_file})
+    return _finish(report, out, start)
 
+
+def _write_encoder(source: Source, out: Path, quant_bit: int, quant_block: int, tokenizer: str,
+                   runtime_config: Mapping[str, Any] | None, start: float) -> ExportReport:
+    """An embedding model: llm.mnn ending in `sentence_embeddings`, its word embeddings in
+    embeddings_bf16.bin, and llm_config.json as MNN's llmexport writes it for `Embedding`
+    (`attention_mask` "int", a template wrapping the text in the tokenizer's special tokens)."""
+    arch = ENCODERS[source.config["model_type"]]
+    args = arch.ModelArgs.from_dict(source.config, file=source.path, pooling=arch.pooling_of(source.path))
+    model = arch.Model(args, source)
+    spec = dataclasses.replace(source.tokenizer(), prefix_ids=[])  # the template places [CLS] itself
+    report = ExportReport(str(out), args.model_type, quant_bit, quant_block, model.parameter_count(source))
+    logger.info("exporting the %s encoder (%d layers, %s pooling) from %s: %d-bit, block %d", args.model_type,
+                args.num_hidden_layers, args.pooling, source.path, quant_bit, quant_block)
+    table = source.tensor(model.embedding())
+    progress = Progress(report.parameters + table.shape[0] * args.hidden_size, "export", unit="M params", scale=1e6)
+    with open(out / "llm.mnn.weight", "wb") as f:
+        writer = WeightWriter(f, quant_bit, quant_block, progress.update)
+        graph_bytes = EncoderGraph(model, source, writer).build(f"{source.path}|{quant_bit}|{quant_block}")
+    (out / "llm.mnn").write_bytes(graph_bytes)
+    with open(out / "embeddings_bf16.bin", "wb") as f:
+        write_bf16_embedding(f, table, progress.update)
+    progress.close()
+    tokenizer_file = _write_tokenizer(out, tokenizer, spec)
+    _write_json(out / "llm_config.json", {
+        "model_type": args.model_type, "hidden_size": args.hidden_size, "attention_mask": "int",
+        "jinja": {"chat_template": arch.chat_template(spec.tokenizer_json)}, "is_visual": False,
+        "max_all_tokens": args.max_position_embeddings})
+    _write_json(out / "config.json", {**_RUNTIME_CONFIG, **(runtime_config or {}), "tokenizer_file": tokenizer_file})
+    return _finish(report, out, start)
+
+
+def _write_tokenizer(out: Path, kind: str, spec: TokenizerSpec) -> str:
+    name = f"tokenizer.{kind}"
+    with open(out / name, "wb") as f:
+        (write_mtok if kind == "mtok" else write_txt)(f, spec)
+    return name
+
+
+def _finish(report: ExportReport, out: Path, start: float) -> ExportReport:
     report.files = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
     report.seconds = time.perf_counter() - start
     report.peak_rss_bytes = peak_rss_bytes()

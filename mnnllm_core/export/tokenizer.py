@@ -10,7 +10,9 @@ template (the template lives in llm_config.json), eos, flags, bos.
 """
 from __future__ import annotations
 
+import functools
 import struct
+import unicodedata
 from typing import Any, BinaryIO
 
 from mnnllm_core.errors import UnsupportedError
@@ -113,12 +115,30 @@ def _normalizer(n: dict[str, Any] | None) -> bytes:
         return _u8(4) + _u32(len(children)) + b"".join(_normalizer(c) for c in children)
     if kind == "Strip":
         return _u8(8) + _u8(bool(n.get("strip_left", True))) + _u8(bool(n.get("strip_right", True)))
-    if kind == "BertNormalizer" and not n.get("strip_accents"):
-        return _u8(5) + bytes([bool(n.get("clean_text", True)), bool(n.get("handle_chinese_chars", True)), 0,
-                               bool(n.get("lowercase", True))])
+    if kind == "BertNormalizer":
+        lowercase = bool(n.get("lowercase", True))
+        strip = n.get("strip_accents")  # HF: None follows lowercase (every uncased BERT strips accents)
+        strip = lowercase if strip is None else bool(strip)
+        flags = bytes([bool(n.get("clean_text", True)), bool(n.get("handle_chinese_chars", True)), strip, lowercase])
+        # Stripping accents is kind 7: MNN's runtime decomposes with the NFD table that follows.
+        return _u8(7) + flags + _nfd_table() if strip else _u8(5) + flags
     if kind == "Lowercase":
         return _u8(5) + bytes([0, 0, 0, 1])
     raise UnsupportedError(f"tokenizer normalizer {kind!r}", field="normalizer")
+
+
+@functools.lru_cache(maxsize=1)
+def _nfd_table() -> bytes:
+    """u32 count, then (u32 code point, u16 length, UTF-8) of every code point NFD changes."""
+    entries = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        decomposed = unicodedata.normalize("NFD", chr(cp))
+        if decomposed != chr(cp):
+            raw = decomposed.encode("utf-8")
+            entries.append(struct.pack("<IH", cp, len(raw)) + raw)
+    return _u32(len(entries)) + b"".join(entries)
 
 
 def _pattern(p: Any, key: str) -> str:

@@ -114,14 +114,17 @@ class WeightWriter:
         self.out.write(raw)
         return len(raw)
 
-    def layernorm(self, gamma: LazyTensor, offset: float = 0.0) -> list[int]:
-        """`offset` 1 for Gemma, whose RMSNorm multiplies by (1 + w)."""
+    def layernorm(self, gamma: LazyTensor, offset: float = 0.0, beta: LazyTensor | None = None) -> list[int]:
+        """`offset` 1 for Gemma, whose RMSNorm multiplies by (1 + w); `beta` None writes zeros (RMSNorm)."""
         g = gamma.load().astype(np.float32).reshape(-1) + np.float32(offset)
+        b = np.zeros_like(g) if beta is None else beta.load().astype(np.float32).reshape(-1)
+        if b.size != g.size:
+            raise UnsupportedError(f"tensor {beta.name!r}: {b.size} values for a norm of {g.size}", field=beta.name)
         start = self.offset
         g_len = self._write(g.astype("<f4"))
-        b_len = self._write(np.zeros_like(g, dtype="<f4"))
+        b_len = self._write(b.astype("<f4"))
         self.offset += g_len + b_len
-        self.on_progress(g.size)
+        self.on_progress(g.size + (0 if beta is None else b.size))
         return [start, g_len, b_len]
 
     def linear(self, weight: LazyTensor, bias: LazyTensor | None) -> LinearInfo:

@@ -207,10 +207,10 @@ class LlmConfig:
     banned_tokens = _Key(INT_LIST, [])
     # < speculative decoding
     speculative_type = _Key(STR, "")
-    draft_predict_length = _Key(INT, 3)
-    draft_match_strictness = _Key(STR, "low")
-    draft_selection_rule = _Key(STR, "freqxlen")
-    ngram_match_maxlen = _Key(INT, 4)
+    draft_predict_length = _Key(INT, 3, minimum=1)
+    draft_match_strictness = _Key(STR, "low", choices=("low", "medium", "high"))
+    draft_selection_rule = _Key(STR, "freqxlen", choices=("freqxlen", "fcfs"))
+    ngram_match_maxlen = _Key(INT, 4, minimum=1)
     lookup_file = _Key(PATH, "lookup_file.txt")
     ngram_update = _Key(BOOL, False)
     draft_model = _Key(PATH, "")
@@ -218,8 +218,8 @@ class LlmConfig:
     eagle_model = _Key(PATH, "eagle.mnn")
     eagle_fc = _Key(PATH, "eagle_fc.mnn")
     eagle_d2t = _Key(PATH, "eagle_d2t.mnn")
-    eagle_depth = _Key(INT, 3)
-    eagle_topk = _Key(INT, 1)
+    eagle_depth = _Key(INT, 3, minimum=1)
+    eagle_topk = _Key(INT, 1, minimum=1)
 
     def __init__(self, data: Mapping[str, Any] | None = None, base_dir: str = "./",
                  *, source: str | None = None) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from ..core.backend import SETTINGS
-from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, KVStateError, MnnllmError,
+from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, FormatError, KVStateError, MnnllmError,
                       UnsupportedError, shorten)
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
@@ -27,7 +27,7 @@ from .attention_mask import check_attention_type, check_mask_input, float_attent
 from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
-from .generation import ARGeneration, create_generation
+from .generation import ARGeneration, create_generation, needs_hidden_states
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
 from .prefix_cache import PrefixCache
@@ -61,6 +61,8 @@ class Llm:
         self.embedding: DiskEmbedding | None = None
         self.sampler: Sampler | None = None
         self.prefix_cache: PrefixCache | None = None
+        self.drafts = None  # the draft modules of speculative_type mtp/eagle, loaded on first use
+        self.hidden_states: np.ndarray | None = None  # [rows, hidden] of the last step, when loaded
         self.generation = ARGeneration(self)
         self._decode_mask: np.ndarray | None = None
         self._decode_position = np.zeros((1, 1), np.int32)
@@ -80,9 +82,8 @@ class Llm:
         self.prompt = Prompt(cfg)
         self.embedding = DiskEmbedding(cfg)
         self._init_sampler()
-        self.generation = create_generation(self)
         self.runtime_manager.set_external_file(cfg.llm_weight)
-        outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states else [])
+        outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states or needs_hidden_states(cfg) else [])
         base = self.base.module if self.base is not None else None
         self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
                                   Config(rearrange=True, base=base))
@@ -92,6 +93,7 @@ class Llm:
         self.pool = ModulePool(self.module)
         self.prefix_cache = PrefixCache.for_llm(self)
         self._decode_mask = self._attention_mask(1)
+        self.generation = create_generation(self)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
         log.info("loaded %s in %.2f s on %s", cfg.llm_model, self.context.load_us / 1e6,
                  self.runtime_manager.config.backend_type)
@@ -245,8 +247,18 @@ class Llm:
                                f"{past + seq}: the conversation was reset", field="kv_meta")
         if self.prefix_cache is not None:
             self.prefix_cache.saved_after(self.context.history_tokens)
+        if len(outputs) > 1:
+            self._keep_hidden_states(outputs[1])
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1]) if all_logits else logits.reshape(-1)
+
+    def _keep_hidden_states(self, hidden: np.ndarray) -> None:
+        """The step's `hidden_states` output as [rows, hidden_size] (the drafts of mtp/eagle read it)."""
+        width = self.config.hidden_size
+        if hidden.size == 0 or hidden.size % width:
+            raise FormatError(f"the hidden_states output has shape {list(hidden.shape)}, not rows of hidden_size "
+                              f"{width}", file=self.config.llm_model, field="hidden_states")
+        self.hidden_states = np.array(hidden, np.float32).reshape(-1, width)
 
     # -- generation --------------------------------------------------------------------
     def _budget(self, max_new_tokens: int | None) -> int:
@@ -386,8 +398,9 @@ class Llm:
         return modules[-1].placement()
 
 
-def create(config_path: str | os.PathLike, base: Llm | None = None) -> Llm:
-    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet).
+def create(config_path: str | os.PathLike, embedding_model: bool = False, base: Llm | None = None) -> Llm:
+    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet); with
+    `embedding_model`, pymnn's flag, Embedding::createEmbedding's text encoder (text_embedding.py).
 
     `config_path` is a config.json, or a model folder (its config.json, else llm_config.json).
     `base`: a loaded Llm (same architecture, same runtime keys) whose packed weights this model
@@ -395,9 +408,14 @@ def create(config_path: str | os.PathLike, base: Llm | None = None) -> Llm:
     each Llm keeps its own KV cache and conversation.
     """
     config = LlmConfig.from_file(resolve_config_path(config_path))
-    if config.is_visual or config.is_audio or config.has_talker:
-        if base is not None:
-            raise UnsupportedError("a base is supported for text models only", file=config.source, field="base")
+    multimodal = config.is_visual or config.is_audio or config.has_talker
+    if base is not None and (embedding_model or multimodal):
+        raise UnsupportedError("a base is supported for text LLMs only (not embedding or multimodal models)",
+                               file=config.source, field="base")
+    if embedding_model:
+        from .text_embedding import Embedding  # Embedding builds on Llm
+        return Embedding(config)
+    if multimodal:
         from .omni import Omni  # Omni builds on Llm
         return Omni(config)
     return Llm(config, base=base)

@@ -52,8 +52,12 @@ UNARY = {
 
 
 def _erf(x):
-    from math import erf
-    return np.vectorize(erf, otypes=[x.dtype])(x)
+    """Abramowitz and Stegun 7.1.26 in float64, |error| <= 1.5e-7 (about an fp32 ulp): math.erf
+    element by element is a Python call each, seconds for one BERT layer's GELU."""
+    a = np.abs(x.astype(np.float64))
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return (np.sign(x) * (1.0 - poly * np.exp(-a * a))).astype(x.dtype)
 
 
 ACTIVATIONS = {0: None, RELU: lambda x: np.maximum(x, 0), RELU6: lambda x: np.clip(x, 0, 6)}

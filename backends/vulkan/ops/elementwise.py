@@ -1,5 +1,5 @@
 """Float BinaryOp (broadcasting, fused relu/relu6, MUL_SILU = a * silu(b)), float UnaryOp (the
-ops in UNARY) and Cast int32 <-> float32: one shader over every element each."""
+ops in UNARY) and Cast int32 <-> float32 (and float32 -> float32, a copy): one shader over every element each."""
 from __future__ import annotations
 
 from mnnllm_core.backend_api import FLOAT32, INT32, Refused, broadcast_strides
@@ -12,7 +12,7 @@ BINARY = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3, "MUL_SILU": 4, "
           "MINIMUM": 6, "MIN_TEMP": 6}
 UNARY = {"ABS": 0, "NEG": 1, "FLOOR": 2, "CEIL": 3, "SQUARE": 4, "SQRT": 5, "RSQRT": 6, "EXP": 7, "LOG": 8,
          "SIN": 9, "COS": 10, "TAN": 11, "ATAN": 12, "RECIPROCAL": 13, "SIGN": 14, "SIGMOID": 15, "TANH": 16,
-         "HARDSWISH": 17, "SILU": 18, "GELU": 19}
+         "HARDSWISH": 17, "SILU": 18, "GELU": 19, "GELU_STANDARD": 20, "ERF": 21}
 
 
 class BinaryExecution(DispatchExecution):
@@ -83,7 +83,7 @@ def create_unary(backend, inputs, outputs, op):
 
 def create_cast(backend, inputs, outputs, op):
     pair = (inputs[0].dtype, outputs[0].dtype)
-    mode = {(FLOAT32, INT32): 0, (INT32, FLOAT32): 1}.get(pair)
+    mode = {(FLOAT32, INT32): 0, (INT32, FLOAT32): 1, (FLOAT32, FLOAT32): 2}.get(pair)
     if mode is None:
         return Refused(f"no {pair[0]} -> {pair[1]} kernel")
     if not backend.fits(inputs[0], outputs[0]):

@@ -9,6 +9,13 @@ float tanh_safe(float v) {
     float t = exp(-2.0 * abs(v));
     return sign(v) * (1.0 - t) / (1.0 + t);
 }
+// erf by Abramowitz and Stegun 7.1.26 (absolute error <= 1.5e-7), odd in v.
+float erf_as(float v) {
+    float a = abs(v);
+    float t = 1.0 / (1.0 + 0.3275911 * a);
+    float poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
+    return sign(v) * (1.0 - poly * exp(-a * a));
+}
 void main() {
     int i = int(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * p.row);
     if (i >= p.total) return;
@@ -33,7 +40,9 @@ void main() {
     case 16: r = tanh_safe(v); break;
     case 17: r = v * clamp(v + 3.0, 0.0, 6.0) / 6.0; break;
     case 18: r = v / (1.0 + exp(-v)); break;
-    default: r = 0.5 * v * (1.0 + tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v))); break;
+    case 19: r = 0.5 * v * (1.0 + tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v))); break;
+    case 20: r = 0.5 * v * (1.0 + erf_as(v * 0.70710678118)); break;
+    default: r = erf_as(v); break;
     }
     y[i] = r;
 }

@@ -6,30 +6,44 @@ from typing import TYPE_CHECKING
 
 from ...errors import ConfigError
 from .ar import ARGeneration
+from .drafts import load_drafts
+from .eagle import EagleGeneration
 from .lookahead import LookaheadGeneration
+from .mtp import MtpGeneration
 
 if TYPE_CHECKING:
+    from ..config import LlmConfig
     from ..llm import Llm
     from ..sampler import Sampler
 
-__all__ = ["ARGeneration", "LookaheadGeneration", "create_generation"]
+__all__ = ["ARGeneration", "EagleGeneration", "LookaheadGeneration", "MtpGeneration", "create_generation", "needs_hidden_states"]
+
+SPECULATIVE = ("lookahead", "mtp", "eagle")
+DRAFTED = ("mtp", "eagle")  # strategies whose draft reads the main model's hidden_states
+
+
+def needs_hidden_states(config: "LlmConfig") -> bool:
+    return str(config.speculative_type or "") in DRAFTED
 
 
 def create_generation(llm: "Llm", sampler: "Sampler | None" = None):
-    """"" -> autoregressive; "lookahead" -> n-gram speculative decoding (greedy sampler only,
-    where it is exact; with another sampler it falls back to autoregressive, logged).
-    `sampler` replaces the model's own sampler (a per-request one)."""
+    """"" -> autoregressive; "lookahead" (n-gram guesses), "mtp", "eagle" (draft modules) ->
+    speculative decoding, greedy sampler only, where it is exact; with another sampler it falls
+    back to autoregressive, logged. `sampler` replaces the model's own sampler (a per-request one)."""
     kind = str(llm.config.speculative_type or "")
     if kind == "":
         return ARGeneration(llm, sampler)
+    if kind not in SPECULATIVE:
+        raise ConfigError(f"speculative_type {kind!r} is not supported (supported: '', "
+                          f"{', '.join(repr(k) for k in SPECULATIVE)})", file=llm.config.origin("speculative_type"),
+                          field="speculative_type")
+    config = llm.config if sampler is None else sampler.config
+    if config.sampler_type != "greedy" or (sampler is not None and sampler.config.stage_order):
+        logging.getLogger(__name__).warning(
+            "speculative_type %s needs a plain greedy sampler (got %s): decoding token by token", kind,
+            config.sampler_type)
+        return ARGeneration(llm, sampler)
     if kind == "lookahead":
-        config = llm.config if sampler is None else sampler.config
-        if config.sampler_type != "greedy" or (sampler is not None and sampler.config.stage_order):
-            logging.getLogger(__name__).warning(
-                "speculative_type lookahead needs a plain greedy sampler (got %s): decoding token by token",
-                config.sampler_type)
-            return ARGeneration(llm, sampler)
         return LookaheadGeneration(llm)
-    raise ConfigError(f"speculative_type {kind!r} is not supported (supported: '', 'lookahead'); mtp and eagle "
-                      f"need their draft modules", file=llm.config.origin("speculative_type"),
-                      field="speculative_type")
+    draft = load_drafts(llm, kind)
+    return MtpGeneration(llm, draft) if kind == "mtp" else EagleGeneration(llm, draft)

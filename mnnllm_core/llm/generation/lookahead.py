@@ -1,104 +1,61 @@
 """MNN's lookahead (prompt n-gram) speculative decoding, greedy and exact.
 
-Decode is memory-bound: one forward over a few tokens costs about what one token costs.
-So: guess the next tokens by finding the latest n-gram of the context earlier in the
-context and copying what followed it, run the pending token plus the guess through the
-model at once (all logits), keep the guessed tokens the model agrees with, and drop the
-rest from the KV cache (KV meta `remove`). With the greedy sampler the output is exactly
-what token-by-token decoding gives.
+Guesses come from the n-gram cache (ngram.py) of the history at the start of the generation
+and of `lookup_file` (a text the user expects the answer to quote); with `ngram_update` the
+accepted tokens join the cache. Up to `draft_predict_length` guesses are verified per step.
 """
 from __future__ import annotations
 
 import logging
-import time
-from collections import Counter
-from typing import TYPE_CHECKING, Iterator, Sequence
+import os
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..context import RUNNING, end_status
+from ...errors import ConfigError
+from .ngram import CONFUSING, MAX_KEY, NgramCache, build_cache
+from .speculative import SpeculativeGeneration
 
 if TYPE_CHECKING:
     from ..llm import Llm
 
 log = logging.getLogger(__name__)
 
-
-def propose(tokens: Sequence[int], max_match: int, length: int) -> list[int]:
-    """Up to `length` tokens that followed the longest recent n-gram (n <= max_match) ending
-    `tokens` earlier in `tokens`; among several continuations the most frequent wins,
-    then the latest."""
-    n_tokens = len(tokens)
-    for n in range(min(max_match, n_tokens - 1), 0, -1):
-        suffix = list(tokens[n_tokens - n:])
-        continuations: Counter = Counter()
-        latest: dict[tuple, int] = {}
-        for start in range(n_tokens - n - 1, -1, -1):
-            if list(tokens[start:start + n]) == suffix:
-                follow = tuple(tokens[start + n:start + n + length])
-                if follow:
-                    continuations[follow] += 1
-                    latest.setdefault(follow, start)
-        if continuations:
-            best = max(continuations, key=lambda f: (continuations[f] * len(f), latest[f]))
-            return list(best)
-    return []
+LOOKUP_LIMIT = 1 << 20  # bytes of lookup_file read (a prior text, not a corpus)
 
 
-class LookaheadGeneration:
+class LookaheadGeneration(SpeculativeGeneration):
     def __init__(self, llm: "Llm"):
-        self.llm = llm
-        self.proposed = 0
-        self.accepted = 0
-
-    def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
-        llm, ctx = self.llm, self.llm.context
+        super().__init__(llm)
         cfg = llm.config
-        ctx.status = RUNNING
-        start = time.perf_counter()
-        logits = llm.forward(new_ids)
-        ctx.prefill_us += int((time.perf_counter() - start) * 1e6)
-        budget = min(max_new_tokens, cfg.max_all_tokens - len(ctx.history_tokens))
-        token = int(np.argmax(logits))
-        emitted = 0
-        while True:
-            emitted += 1
-            ctx.output_tokens.append(token)
-            ctx.current_token = token
-            ctx.gen_seq_len += 1
-            stop = llm.tokenizer.is_stop(token)
-            if stop or emitted >= budget:
-                ctx.status = end_status(stop, max_new_tokens, budget)
-                yield token
-                return
-            yield token
-            room = min(cfg.draft_predict_length, budget - emitted - 1,
-                       cfg.max_all_tokens - len(ctx.history_tokens) - 1)
-            draft = propose(ctx.history_tokens + [token], cfg.ngram_match_maxlen, room) if room > 0 else []
-            start = time.perf_counter()
-            rows = llm.forward([token] + draft, all_logits=True).reshape(len(draft) + 1, -1)
-            ctx.decode_us += int((time.perf_counter() - start) * 1e6)
-            predictions = rows.argmax(axis=-1)
-            accepted = 0
-            while accepted < len(draft) and predictions[accepted] == draft[accepted]:
-                accepted += 1
-            self.proposed += len(draft)
-            self.accepted += accepted
-            rejected = len(draft) - accepted
-            if rejected:  # the next forward cuts the KV cache back to the history
-                del ctx.history_tokens[len(ctx.history_tokens) - rejected:]
-            for position, guess in enumerate(draft[:accepted]):
-                emitted += 1
-                ctx.output_tokens.append(guess)
-                ctx.current_token = guess
-                ctx.gen_seq_len += 1
-                if llm.tokenizer.is_stop(guess) or emitted >= budget:
-                    # the model has seen tokens after this one: forget them
-                    extra = accepted - position - 1
-                    if extra:
-                        del ctx.history_tokens[len(ctx.history_tokens) - extra:]
-                    ctx.status = end_status(llm.tokenizer.is_stop(guess), max_new_tokens, budget)
-                    yield guess
-                    return
-                yield guess
-            token = int(predictions[accepted])
+        if cfg.ngram_match_maxlen > MAX_KEY:
+            raise ConfigError(f"ngram_match_maxlen must be at most {MAX_KEY} (MNN's longest n-gram key), got "
+                              f"{cfg.ngram_match_maxlen}", file=cfg.origin("ngram_match_maxlen"),
+                              field="ngram_match_maxlen")
+        self.strictness = cfg.draft_match_strictness
+        self.update = cfg.ngram_update
+        self.cache = NgramCache(cfg.ngram_match_maxlen, cfg.draft_selection_rule)
+        self._lookup: list[int] | None = None
+
+    def _lookup_ids(self) -> list[int]:
+        """lookup_file's tokens (read once; a missing file means none, as in MNN)."""
+        if self._lookup is None:
+            path = self.llm.config.lookup_file
+            self._lookup = []
+            if os.path.isfile(path):
+                with open(path, "rb") as f:
+                    text = f.read(LOOKUP_LIMIT).decode("utf-8", errors="replace")
+                self._lookup = self.llm.tokenizer.encode(text)
+                log.info("lookahead: %d tokens of n-grams from %s", len(self._lookup), path)
+        return self._lookup
+
+    def start(self, new_ids: list[int]) -> None:
+        cfg = self.llm.config
+        self.cache = build_cache(self.llm.context.history_tokens, cfg.ngram_match_maxlen, cfg.draft_selection_rule,
+                                 self._lookup_ids())
+
+    def draft(self, token: int, room: int) -> list[int]:
+        strictness = "high" if self.llm.tokenizer_decode(token) in CONFUSING else self.strictness
+        return self.cache.draft(self.llm.context.history_tokens + [token], room, strictness)
+
+    def verified(self, tokens: list[int], accepted: int) -> None:
+        if self.update:
+            self.cache.update(self.llm.context.history_tokens, accepted + 1)

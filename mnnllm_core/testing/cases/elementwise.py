@@ -99,9 +99,9 @@ def unary_input(rng, domain: str, shape: tuple) -> np.ndarray:
 
 WIDE_DOMAIN = {"SQRT": "positive", "RSQRT": "positive", "LOG": "positive", "LOG1P": "positive", "ACOSH": "above1",
                "ASIN": "unit", "ACOS": "unit", "ATANH": "unit", "RECIPROCAL": "nonzero"}
-SATURATING = ("SIN", "COS", "TANH", "SIGMOID", "SILU", "GELU", "HARDSWISH")
+SATURATING = ("SIN", "COS", "TANH", "SIGMOID", "SILU", "GELU", "GELU_STANDARD", "ERF", "HARDSWISH")
 SPECIAL_OPS = ("ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TAN", "ATAN",
-               "RECIPROCAL", "SIGN", "SIGMOID", "TANH", "HARDSWISH", "SILU", "GELU")
+               "RECIPROCAL", "SIGN", "SIGMOID", "TANH", "HARDSWISH", "SILU", "GELU", "GELU_STANDARD", "ERF")
 
 
 def wide_input(rng, operation: str) -> np.ndarray:
@@ -249,6 +249,8 @@ def _other_cases() -> list[Case]:
         Case("Cast", "int32 -> float32 rounds past 2^24",
              _cast(np.concatenate([np.arange(-3, 40), [16777217]]).astype(np.int32).reshape(1, -1), np.float32), tol=0,
              dtype="int32"),
+        Case("Cast", "float32 -> float32 copies (a mask cast to float)",
+             _cast(np.array([[1.0, -0.0, 2.5, -1e30, 3.4e38, 1e-40]], np.float32), np.float32), tol=0),
         Case("Select", "by condition with broadcasting", _select, tol=0),
     ]
     found += [Case("Softmax", f"axis={axis}", _softmax(axis)) for axis in (-1, 0, 1)]

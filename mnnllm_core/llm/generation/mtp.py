@@ -1,0 +1,34 @@
+"""MNN's MtpGeneration: multi-token-prediction heads guess the next tokens, greedy and exact.
+
+The draft (`mtp.mnn`) sees the main model's hidden state at the last kept position and the
+embedding of the token the model chose there (the pending token) and guesses, head by head,
+the tokens after it; the main model verifies them in one forward (speculative.py).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .drafts import MtpDraft, draft_feeds
+from .speculative import SpeculativeGeneration
+
+if TYPE_CHECKING:
+    from ..llm import Llm
+
+
+class MtpGeneration(SpeculativeGeneration):
+    def __init__(self, llm: "Llm", draft: MtpDraft):
+        super().__init__(llm)
+        self.mtp = draft
+        self.hidden = None  # [1, hidden]: the main model's hidden state before the pending token
+
+    def start(self, new_ids: list[int]) -> None:
+        self.hidden = self.llm.hidden_states[-1:]
+
+    def draft(self, token: int, room: int) -> list[int]:
+        llm = self.llm
+        logits, = self.mtp.module.run(draft_feeds(llm.embedding.embedding([token]), self.hidden),
+                                      {"logits": llm.embedding.vocab})
+        return [int(t) for t in logits.argmax(axis=-1)[:room]]
+
+    def verified(self, tokens: list[int], accepted: int) -> None:
+        self.hidden = self.llm.hidden_states[accepted:accepted + 1]
