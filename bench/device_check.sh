@@ -4,7 +4,8 @@
 #      OpenCL loaders with apt when they are missing; the GPU's own driver must be there)
 #   2. lists the devices (mnnllm backends --json)
 #   3. per available backend: the conformance suite (mnnllm test-backend NAME --json) and its
-#      kernel tests (tests/test_NAME.py, tests/test_replay.py)
+#      kernel tests (tests/test_NAME.py, tests/test_replay.py; for the torch plugin, when it is
+#      installed with torch: tests/test_torch_replay.py, whose CUDA test captures a graph)
 #   4. the host-time benchmark (bench/host_time.py, replay off and on)
 #   5. mnnllm bench on each backend: the shared model, then the 1.7B shape of bench/model_scale.py
 # and writes every result (JSON, logs) and summary.md into one folder.
@@ -64,6 +65,9 @@ for name in $LIST; do
     opencl|vulkan)
       GPU_LIST="$GPU_LIST,$name"
       step "replay-tests-$name" 300 $PY -m pytest -x -q -p no:cacheprovider tests/test_replay.py -k "$name";;
+    torch)  # the plugin's tests and its replay tests: on CUDA, the decode step captured as a CUDA graph
+      step "replay-tests-torch" 300 $PY -m pytest -x -q -p no:cacheprovider tests/test_torch_replay.py \
+        plugins/mnnllm-torch/tests;;
   esac
 done
 GPU_LIST=${GPU_LIST#,}

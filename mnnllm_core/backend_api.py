@@ -25,7 +25,9 @@ into the dataclasses below (ConvolutionParams for "Convolution", RasterParam for
 Shared machinery: `KVCache` (one Attention layer's cache bookkeeping; `DeviceKVCache` for a
 device cache of token-major rows), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
 the weights a backend packs at load, written once and memory-mapped by later loads),
-`file_backed_zeros` (arrays paged to a file, for `kvcache_mmap`), `broadcast_strides` and
+`file_backed_zeros` (arrays paged to a file, for `kvcache_mmap`), `TuningCache` (kernel variants
+timed once per device on the real shapes and kept in a file, MNN's mnn_cachefile.bin; the
+runtime hint "gpu_tuning" turns it on), `broadcast_strides` and
 `walks_contiguously` (views device kernels walk), `norm_tables` / `layernorm_launch` /
 `head_norm_tables` (norm tables as device kernels take them), the weights' `scale_zero()`,
 `offset_codes()` and `dequantize()` (packing).
@@ -49,6 +51,7 @@ from .core.op_params import (NO_ACTIVATION, RELU, RELU6, AttentionMask, Attentio
                              MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams,
                              SoftmaxParams, TopKParams, UnaryParams, attention_mask)
 from .core.tensor import Tensor
+from .core.tuning_cache import TUNING_HINT, TuningCache
 from .core.weight_cache import WeightCache
 from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
                            WeightReader, linear_weights)
@@ -71,6 +74,8 @@ __all__ = [
     "MoEExpert",
     # the KV cache; packed weights kept on disk (use_mmap)
     "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
+    # kernel variants tuned once per device (gpu_tuning)
+    "TuningCache", "TUNING_HINT",
     # shared machinery
     "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
     "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",

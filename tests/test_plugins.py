@@ -121,8 +121,9 @@ MODEL_RUN = """
 import json, time
 import mnnllm_core
 from mnnllm_core.errors import BackendError
-from paths import CONFIG, REFERENCE
+from paths import CONFIG, REFERENCE, SHARED
 
+MOE_CONFIG = SHARED / "models" / "arch" / "tiny-qwen3_moe-mnn-q4" / "config.json"
 prompts = json.loads(REFERENCE.read_text())["prompts"]
 report = {}
 for backend in ("torch", "cpu"):
@@ -138,13 +139,20 @@ for backend in ("torch", "cpu"):
                      "decode_us": ctx.decode_us, "gen_seq_len": ctx.gen_seq_len})
     report[backend] = {"rows": rows, "placement": llm.placement(),
                        "device": llm.runtime_manager.runtime.device_name()}
-strict = mnnllm_core.create(CONFIG)
-strict.set_config({"backend_type": "torch", "allow_fallback": False})
-try:
-    strict.load()
-    report["strict_error"] = None
-except BackendError as err:
-    report["strict_error"] = str(err)
+for name, config in (("smollm2", CONFIG), ("moe", MOE_CONFIG)):
+    strict = mnnllm_core.create(config)
+    strict.set_config({"backend_type": "torch", "allow_fallback": False})
+    try:
+        strict.load()
+        report[name + "_strict_error"] = None
+    except BackendError as err:
+        report[name + "_strict_error"] = str(err)
+moe = mnnllm_core.create(MOE_CONFIG)  # MoE and Qwen3's q/k norms: a model torch runs only partly
+moe.set_config({"backend_type": "torch", "thread_num": 2})
+moe.load()
+moe.forward([1, 2, 3])
+moe.forward([4])
+report["moe_placement"] = moe.placement()
 print(json.dumps(report))
 """
 
@@ -166,17 +174,26 @@ def test_torch_gives_the_greedy_tokens_of_cpu_and_mnn_for_64_tokens(torch_run, i
 
 @needs_torch
 @pytest.mark.slow
-def test_torch_placement_uses_both_backends_and_says_why_each_op_fell_back(torch_run):
+def test_torch_runs_every_op_of_the_shared_model_and_loads_it_with_allow_fallback_false(torch_run):
     placement = torch_run["torch"]["placement"]
+    assert placement["ops_per_backend"] == {"torch": 382} and placement["copies"] == 0
+    on_torch = placement["op_types_per_backend"]["torch"]
+    assert on_torch["Convolution"] == 211 and on_torch["Attention"] == 30 and on_torch["RoPE"] == 30
+    assert torch_run["smollm2_strict_error"] is None
+
+
+@needs_torch
+@pytest.mark.slow
+def test_torch_placement_uses_both_backends_and_says_why_each_op_fell_back(torch_run):
+    placement = torch_run["moe_placement"]
     assert placement["ops_per_backend"]["torch"] > 0 and placement["ops_per_backend"]["cpu"] > 0
     on_torch = placement["op_types_per_backend"]["torch"]
-    assert {"Convolution", "LayerNorm", "BinaryOp", "Raster"} <= set(on_torch)
-    assert on_torch["Convolution"] == 211
-    assert {"RoPE", "Attention", "UnaryOp"} <= set(placement["op_types_per_backend"]["cpu"])
+    assert {"Convolution", "LayerNorm", "BinaryOp", "Raster", "Attention"} <= set(on_torch)
+    assert {"RoPE", "MoE", "TopKV2"} <= set(placement["op_types_per_backend"]["cpu"])
     assert placement["copies"] > 0
     reasons = {(f["type"], f["to"], f["reason"]) for f in placement["fallbacks"]}
-    assert ("RoPE", "cpu", "torch has no RoPE kernel") in reasons
-    assert ("UnaryOp", "cpu", "torch has no UnaryOp kernel") in reasons
+    assert ("RoPE", "cpu", "torch refused this RoPE: per-head q/k norms stay on cpu") in reasons
+    assert ("MoE", "cpu", "torch has no MoE kernel") in reasons
 
 
 @needs_torch
@@ -184,16 +201,16 @@ def test_torch_placement_uses_both_backends_and_says_why_each_op_fell_back(torch
 def test_placement_lists_a_fallback_reason_for_every_op_type_on_cpu(torch_run):
     """Ops created at load (Attention, weighted ops) fall back then; the summary after a
     resize must still list them."""
-    placement = torch_run["torch"]["placement"]
+    placement = torch_run["moe_placement"]
     assert {f["type"] for f in placement["fallbacks"]} == set(placement["op_types_per_backend"]["cpu"])
 
 
 @needs_torch
 @pytest.mark.slow
 def test_allow_fallback_false_on_torch_is_a_backend_error_naming_the_op(torch_run):
-    message = torch_run["strict_error"]
+    message = torch_run["moe_strict_error"]
     assert message is not None and "allow_fallback is false" in message
-    assert "cannot run on torch" in message and "Attention" in message
+    assert "cannot run on torch" in message and "MoE" in message
 
 
 @needs_torch

@@ -73,6 +73,13 @@ class CLDevice:
         return "cl_khr_fp16" in self.device.extensions.split()
 
     @property
+    def tuning_key(self) -> str:
+        """What a tuned kernel choice holds for: platform, device and driver (TuningCache)."""
+        d = self.device
+        return f"opencl | {d.platform.name.strip()} {d.platform.version.strip()} | {d.name.strip()} | " \
+               f"driver {d.driver_version.strip()}"
+
+    @property
     def description(self) -> str:
         kind = cl.device_type.to_string(self.device.type)
         return f"{self.device.name.strip()} ({kind}, {self.device.platform.name.strip()}, " \

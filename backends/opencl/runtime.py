@@ -12,7 +12,13 @@ Runtime hints (all optional):
   "opencl_linear_split": int          work-items that share one output row of a linear
                                       layer (a power of two); default 1 on a CPU device
                                       (one work-item per row, wide vector loads: fastest
-                                      on pocl) and 64 on a GPU (work-group reduction)
+                                      on pocl) and 64 on a GPU (work-group reduction);
+                                      set, it wins over gpu_tuning
+  "gpu_tuning": str                   MNN's tuning levels: "none" (default: the split by
+                                      device class), "fast" | "normal" | "wide" | "heavy":
+                                      each linear layer's splits (LINEAR_SPLITS) timed once
+                                      per device on its real shapes, the fastest kept in the
+                                      tuning cache file (TuningCache) and read by later runs
   "replay": bool                      default true: a pipeline wholly on opencl is replayed as
                                       one flat list of enqueues bound at resize (OpenCLReplay);
                                       false keeps the per-op loop
@@ -22,15 +28,17 @@ write of each Attention's KV length).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator,
-                                     ScheduleConfig, Tensor)
+                                     ScheduleConfig, Tensor, TuningCache)
 
 if TYPE_CHECKING:
     from .device import Program
+
+LINEAR_SPLITS = (1, 4, 16, 64)  # the splits gpu_tuning times (those the device's work-groups hold)
 
 class OpenCLBackend(Backend):
     """Storage of a tensor is a cl.Buffer; float32 tensors are held as fp16 when `half`."""
@@ -124,6 +132,7 @@ class OpenCLRuntime(Runtime):
         self.allocator = device.Allocator(self.device, self.queue)
         self.compiler = device.Compiler(self.device)
         split = self.hints.get("opencl_linear_split")
+        self.linear_split_forced = split is not None
         if split is None:
             split = 1 if self.device.is_cpu else min(64, self.device.device.max_work_group_size)
         try:
@@ -133,7 +142,16 @@ class OpenCLRuntime(Runtime):
         if self.linear_split < 1 or self.linear_split & (self.linear_split - 1):
             raise ConfigError(f"opencl_linear_split must be a power of two, got {split!r}",
                               field="opencl_linear_split")
+        self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
         self.op_creators.update(CREATORS)
+
+    def linear_split_for(self, problem: str, run: Callable[[int], None]) -> int:
+        """The split of a linear layer: the forced one, else the tuned one (gpu_tuning: `run(split)`
+        runs the layer once with it and waits), else the device class's."""
+        if self.linear_split_forced or self.tuning is None:
+            return self.linear_split
+        splits = [s for s in LINEAR_SPLITS if s <= self.device.device.max_work_group_size]
+        return self.tuning.choose(f"linear {problem}", splits, run)
 
     def create_backend(self, config: BackendConfig) -> OpenCLBackend:
         return OpenCLBackend(self, config)

@@ -162,6 +162,8 @@ class VulkanDevice:
         self.pipelines: dict[str, Pipeline] = {}
         self.pools: list = []
         self.pool_left = 0
+        self.free_sets: dict[Pipeline, list] = {}  # sets of dropped Dispatches, per layout, to reuse
+        self.live_sets = 0  # sets held by a Dispatch now
 
     @property
     def description(self) -> str:
@@ -229,16 +231,10 @@ class VulkanDevice:
         return found
 
     def descriptor_set(self, pipeline: Pipeline, bindings) -> object:
-        """A descriptor set for `pipeline` binding `bindings` (Buffer or Texels, in binding order)."""
-        if self.pool_left == 0:
-            sizes = [vk.VkDescriptorPoolSize(type=kind, descriptorCount=DESCRIPTOR_POOL_SETS * 12)
-                     for kind in (STORAGE, TEXEL)]
-            self.pools.append(vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
-                maxSets=DESCRIPTOR_POOL_SETS, poolSizeCount=len(sizes), pPoolSizes=sizes), None))
-            self.pool_left = DESCRIPTOR_POOL_SETS
-        self.pool_left -= 1
-        dset = vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
-            descriptorPool=self.pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]))[0]
+        """A descriptor set for `pipeline` binding `bindings` (Buffer or Texels, in binding order):
+        one a dropped Dispatch gave back (`release_set`) when there is one, else a new one."""
+        free = self.free_sets.get(pipeline)
+        dset = free.pop() if free else self._new_set(pipeline)
         writes = [vk.VkWriteDescriptorSet(
             dstSet=dset, dstBinding=i, descriptorCount=1, descriptorType=TEXEL, pTexelBufferView=[b.buffer.view(b.kind)])
             if isinstance(b, Texels) else vk.VkWriteDescriptorSet(
@@ -246,7 +242,29 @@ class VulkanDevice:
             pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.buffer, offset=0, range=WHOLE_SIZE)])
             for i, b in enumerate(bindings)]
         vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
+        self.live_sets += 1
         return dset
+
+    def release_set(self, pipeline: Pipeline, dset: object) -> None:
+        """`dset` is no longer bound by any command buffer that may still run: reuse it."""
+        self.free_sets.setdefault(pipeline, []).append(dset)
+        self.live_sets -= 1
+
+    @property
+    def allocated_sets(self) -> int:
+        """Descriptor sets taken from the pools so far (live and free)."""
+        return len(self.pools) * DESCRIPTOR_POOL_SETS - self.pool_left
+
+    def _new_set(self, pipeline: Pipeline) -> object:
+        if self.pool_left == 0:
+            sizes = [vk.VkDescriptorPoolSize(type=kind, descriptorCount=DESCRIPTOR_POOL_SETS * 12)
+                     for kind in (STORAGE, TEXEL)]
+            self.pools.append(vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
+                maxSets=DESCRIPTOR_POOL_SETS, poolSizeCount=len(sizes), pPoolSizes=sizes), None))
+            self.pool_left = DESCRIPTOR_POOL_SETS
+        self.pool_left -= 1
+        return vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
+            descriptorPool=self.pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]))[0]
 
 
 @dataclass(frozen=True)
@@ -261,9 +279,13 @@ class Dispatch:
     """One pipeline with bound buffers and push constants: recorded with `Recorder.dispatch`.
 
     `buffers` (Buffer or Texels) are kept referenced so they outlive every command buffer that
-    uses them."""
+    uses them. A Recorder keeps every Dispatch its command buffer holds, so a Dispatch is dropped
+    only when no command buffer that may run binds it: then its descriptor set goes back to the
+    device for the next Dispatch of the same pipeline (a re-record, a resize or a dropped clone
+    never grows the pools)."""
 
     def __init__(self, device: VulkanDevice, name: str, buffers, push: bytes, groups: tuple[int, int, int]):
+        self.device = device
         self.pipeline = device.pipeline(name, tuple(TEXEL if isinstance(b, Texels) else STORAGE for b in buffers),
                                         len(push))
         self.buffers = list(buffers)
@@ -271,6 +293,11 @@ class Dispatch:
         self.push = vk.ffi.new("char[]", push) if push else None
         self.push_size = len(push)
         self.groups = groups
+
+    def __del__(self) -> None:
+        dset, self.dset = getattr(self, "dset", None), None
+        if dset is not None:
+            self.device.release_set(self.pipeline, dset)
 
 
 def fold(groups: int, local: int) -> tuple[tuple[int, int, int], int]:

@@ -71,17 +71,26 @@ class LinearExecution(KernelExecution):
         self.packed_bytes = sum(getattr(b, "size", 0) for b in (packed.weight, packed.scales, packed.bias))
 
     def on_resize(self, inputs, outputs) -> None:
-        p = self.packed
+        p, backend = self.packed, self.backend
         rows = inputs[0].size // p.ic
-        split = self.backend.runtime.linear_split
         tile = 1 if rows == 1 else PREFILL_TILE
-        defines = {"TILE": tile, "SPLIT": split}
-        if p.weight_half:
-            defines["WEIGHT_HALF"] = 1
-        self.kernel = self.backend.program("linear.cl", f"linear_{p.format}", **defines).bind(
-            (p.oc * split, -(-rows // tile)), (split, 1) if split > 1 else None,
-            inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
-            *(np.int32(v) for v in (p.ic, p.oc, rows, p.block, p.offset, p.has_bias, self.act)))
+
+        def bind(split: int):
+            defines = {"TILE": tile, "SPLIT": split}
+            if p.weight_half:
+                defines["WEIGHT_HALF"] = 1
+            return backend.program("linear.cl", f"linear_{p.format}", **defines).bind(
+                (p.oc * split, -(-rows // tile)), (split, 1) if split > 1 else None,
+                inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
+                *(np.int32(v) for v in (p.ic, p.oc, rows, p.block, p.offset, p.has_bias, self.act)))
+
+        def run(split: int) -> None:  # on this resize's buffers: their values are not live yet
+            bind(split)(backend.queue)
+            backend.queue.finish()
+
+        problem = f"{p.format} ic={p.ic} oc={p.oc} block={p.block} rows={rows}" \
+                  f"{' fp16' if backend.half else ''}{' fp16-weights' if p.weight_half else ''}"
+        self.kernel = bind(backend.runtime.linear_split_for(problem, run))
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)

@@ -2,20 +2,22 @@
 three dispatches per run, scores (+ mask), softmax in place, context; scores live in a scratch
 buffer of [seq, heads, capacity]. With the cache, k and v are first appended to the device cache
 by a shader at the row the step buffer names (token-major rows, shared by the clones; a cache
-doubled past maxStorageBufferRange or maxTexelBufferElements grows only to what it needs). Nothing recorded depends on
-the token: past and total live in the step buffer, so the dispatches replay unchanged."""
+doubled past maxStorageBufferRange or maxTexelBufferElements grows only to what it needs). On a
+device with subgroups, head_dim 64 and 128 run all of it in one dispatch (attn_fused.glsl).
+Nothing recorded depends on the token: past and total live in the step buffer, so the dispatches
+replay unchanged."""
 from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import (FLOAT32, INT32, AttentionParams, DeviceKVCache, Execution, Refused,
+from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, Refused,
                                      UnsupportedError, attention_mask)
 
 from ..device import Dispatch, Texels, fold, pack_push
 
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
-MASK_MODES = {"float": 2, "int": 3}
-FUSED_DIMS = (64, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+FUSED_DIMS = (64, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
 
 
 class AttentionExecution(Execution):
@@ -148,18 +150,8 @@ class AttentionExecution(Execution):
 
 
 def create_attention(backend, inputs, outputs, op):
-    """The core may create Attention before shapes are known (so that clones share its cache):
-    then the op's heads decide, and on_resize checks again."""
-    p = op.param
-    if p.heads is not None and p.heads[0] % p.heads[1]:
-        return Refused("heads not a multiple of kv heads")
-    if any(t.dtype != FLOAT32 for t in (*inputs[:3], outputs[0])):
-        return Refused("float32 only")
-    if len(inputs) > 3 and inputs[3].dtype not in (FLOAT32, INT32):
-        return Refused("a mask neither float32 nor int32")
-    if inputs[0].shape and p.layout(inputs[0].shape, inputs[1].shape) is None:
-        return Refused("the inputs do not say the head layout")
-    return AttentionExecution(backend, p)
+    refusal = op.param.float_kernel_refusal(inputs, outputs)
+    return Refused(refusal) if refusal else AttentionExecution(backend, op.param)
 
 
 CREATORS = {"Attention": create_attention}

@@ -1,5 +1,10 @@
 """TorchRuntimeCreator (probe), TorchRuntime (device, allocator) and TorchBackend (a tensor's
-storage is a torch tensor of its shape and dtype; upload/download through host arrays).
+storage is a torch tensor of its shape and dtype; upload/download through host arrays; a
+pipeline wholly on torch is replayed, see replay.py).
+
+Runtime hint "torch_replay": "graph" (the default on CUDA: the step captured as a CUDA graph),
+"eager" (the recorded step run call by call; any device), "off" (the default elsewhere: the
+per-op loop). The core's "replay": false turns all of it off.
 
 Nothing here imports torch at module level: torch comes with `device` when the backend is
 probed or created, so a cpu user of mnnllm never pays for it.
@@ -10,8 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, BackendError, Runtime, RuntimeCreator, ScheduleConfig,
-                                     Tensor)
+from mnnllm_core.backend_api import (Backend, BackendConfig, BackendError, ConfigError, Runtime, RuntimeCreator,
+                                     ScheduleConfig, Tensor)
+
+REPLAY_HINT = "torch_replay"
+REPLAY_MODES = ("graph", "eager", "off")
 
 
 class TorchBackend(Backend):
@@ -37,6 +45,13 @@ class TorchBackend(Backend):
             return
         super().on_copy_buffer(src, dst)
 
+    def on_record(self, commands):
+        mode = self.runtime.replay_mode
+        if mode == "off":
+            return None
+        from .replay import TorchReplay
+        return TorchReplay(self, commands, graph=mode == "graph")
+
 
 class TorchRuntime(Runtime):
     name = "torch"
@@ -49,6 +64,13 @@ class TorchRuntime(Runtime):
         from .ops import CREATORS
         self.allocator = torch_device.Allocator(torch.device(device))
         self.allocator.set_threads(config.thread_num)
+        self.replay_mode = self.hints.get(REPLAY_HINT) or ("graph" if self.allocator.device.type == "cuda" else "off")
+        if self.replay_mode not in REPLAY_MODES:
+            raise ConfigError(f"{REPLAY_HINT} must be one of {', '.join(REPLAY_MODES)}, got {self.replay_mode!r}",
+                              field=f"backend_hints.{REPLAY_HINT}")
+        if self.replay_mode == "graph" and self.allocator.device.type != "cuda":
+            raise ConfigError(f"{REPLAY_HINT} \"graph\" needs a CUDA device, this runtime is on "
+                              f"{self.allocator.device}", field=f"backend_hints.{REPLAY_HINT}")
         self.op_creators.update(CREATORS)
 
     def create_backend(self, config: BackendConfig) -> TorchBackend:

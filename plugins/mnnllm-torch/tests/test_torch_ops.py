@@ -19,6 +19,8 @@ from mnnllm_torch.runtime import TorchRuntimeCreator  # noqa: E402
 
 CASES = all_cases()
 TORCH_BINARY = {"ADD", "SUB", "MUL", "REALDIV", "MAXIMUM", "MINIMUM", "MAX_TEMP", "MIN_TEMP", "POW", "MUL_SILU"}
+TORCH_UNARY = {"ABS", "NEG", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG", "SIN", "COS", "TANH", "SIGMOID", "SILU",
+               "RECIPROCAL"}
 # Raster cases without negative strides (a StridedSlice that walks backwards is refused)
 TORCH_RASTER = ("Concat", "Permute", "Transpose", "Squeeze", "Unsqueeze", "Reshape", "ExpandDims", "GatherV2",
                 "out-of-range")
@@ -29,7 +31,7 @@ REFUSED = {  # case: what the placement summary says
     "BinaryOp[ATAN2 (7, 17) x (7, 17)]": "torch refused this BinaryOp: no ATAN2 kernel",
     "Raster[StridedSlice (slice(None, None, -1), slice(5, -9, -2), slice(0, 5, 2))]":
         "torch refused this Raster: torch views have no negative strides",
-    "RoPE[heads=9/3 dim=64 tokens=7]": "torch has no RoPE kernel",
+    "RoPE[qwen3 rms q/k norm tokens=7]": "torch refused this RoPE: per-head q/k norms stay on cpu",
 }
 
 
@@ -40,6 +42,12 @@ def required(case: Case) -> bool:
         return "groups" not in case.name
     if case.op_type == "BinaryOp":
         return case.dtype == "float32" and case.operation in TORCH_BINARY
+    if case.op_type == "UnaryOp":
+        return case.dtype == "float32" and case.operation in TORCH_UNARY
+    if case.op_type == "RoPE":
+        return "norm" not in case.name
+    if case.op_type in ("Attention", "Cast"):
+        return "UnsupportedError" not in case.name
     return case.op_type == "Raster" and case.name.startswith(TORCH_RASTER)
 
 
