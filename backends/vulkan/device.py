@@ -166,6 +166,12 @@ class VulkanDevice:
         self.live_sets = 0  # sets held by a Dispatch now
 
     @property
+    def tuning_key(self) -> str:
+        """What a tuned kernel choice holds for: device, driver and API version (TuningCache)."""
+        props = vk.vkGetPhysicalDeviceProperties(self.physical)
+        return f"vulkan | {self.name} | driver {props.driverVersion} | api {props.apiVersion}"
+
+    @property
     def description(self) -> str:
         return f"{self.name} (Vulkan, maxStorageBufferRange {self.max_range >> 20} MiB)"
 

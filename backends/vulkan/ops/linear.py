@@ -17,7 +17,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
 
-from ..device import Dispatch, DispatchExecution, Texels, pack_push
+from ..device import Dispatch, DispatchExecution, Recorder, Texels, pack_push
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ PREFILL_WORDS = ("linear_q4_tile", 64, Q4_TILE)
 class PackedLinear:
     """Device buffers of one linear layer, shared by every clone of its Execution."""
 
-    shader: str  # "linear_q4" (layout "words"), "linear_q4_texel" (layout "texels") | "linear_f"
+    variant: str  # a key of DECODE_Q4 (4-bit weights: "texel" packs texels, the others words) | "float"
     oc: int
     ic: int
     block: int
@@ -50,6 +50,23 @@ class PackedLinear:
     @property
     def nbytes(self) -> int:
         return self.weight.size + self.scales.size + self.bias.size
+
+    def bindings(self, x, y) -> list:
+        """The shader's bindings for input x and output y (device Buffers)."""
+        if self.variant == "texel":
+            return [Texels(x, "vec4"), Texels(self.weight, "uvec4"), Texels(self.scales, "vec2"),
+                    Texels(self.bias, "float"), y]
+        return [x, self.weight, self.scales, self.bias, y]
+
+    def launch(self, rows: int) -> tuple[str, tuple[int, int, int]]:
+        """The shader and work-groups for `rows` tokens."""
+        if self.variant == "float":
+            shader, per_group, tile = "linear_f", 64, 1
+        elif rows > 1:
+            shader, per_group, tile = PREFILL_Q4.get(self.variant, PREFILL_WORDS)
+        else:
+            shader, per_group, tile = (*DECODE_Q4[self.variant], 1)
+        return shader, (-(-self.oc // per_group), -(-rows // tile), 1) if rows else (0, 0, 0)
 
 
 def q4_words(w: QuantizedWeight) -> np.ndarray:
@@ -63,27 +80,46 @@ def q4_words(w: QuantizedWeight) -> np.ndarray:
 
 def pack_linear(backend, weights: ConvolutionWeights) -> PackedLinear | None:
     """The layer's weights in its shader's layout, uploaded once; None when a buffer would
-    exceed maxStorageBufferRange (or maxTexelBufferElements)."""
+    exceed maxStorageBufferRange (or maxTexelBufferElements). A 4-bit weight gets the decode
+    kernel the runtime picks for its shape (forced, tuned or by device class)."""
     device = backend.device
     w, bias = weights.quantized, weights.nonzero_bias
     bias_buffer = device.constant(bias if bias is not None else np.zeros(1, np.float32))
     if isinstance(w, QuantizedWeight) and w.bits == 4 and w.is_linear and w.block_size % 8 == 0 \
             and w.ic % w.block_size == 0:
-        texels = backend.runtime.linear_variant == "texel" and w.block_size % 32 == 0
         if not device.fits_texels(w.oc * w.ic // 2, "uvec4") or not device.fits_texels(w.oc * w.n_blocks * 8, "vec2"):
             return None
         words = q4_words(w)
         scales = device.constant(np.ascontiguousarray(w.scale_zero().transpose(1, 0, 2)))
-        if texels:
-            packed = words.reshape(w.oc, w.ic // 32, 4).transpose(1, 0, 2)
-            return PackedLinear("linear_q4_texel", w.oc, w.ic, w.block_size, device.constant(np.ascontiguousarray(packed)),
-                                scales, bias_buffer, bias is not None)
-        return PackedLinear("linear_q4", w.oc, w.ic, w.block_size, device.constant(np.ascontiguousarray(words.T)),
-                            scales, bias_buffer, bias is not None)
+        layouts: dict[bool, object] = {}  # texels? -> the weight buffer in that layout
+
+        def packed(variant: str) -> PackedLinear:
+            texels = variant == "texel"
+            if texels not in layouts:
+                array = words.reshape(w.oc, w.ic // 32, 4).transpose(1, 0, 2) if texels else words.T
+                layouts[texels] = device.constant(np.ascontiguousarray(array))
+            return PackedLinear(variant, w.oc, w.ic, w.block_size, layouts[texels], scales, bias_buffer,
+                                bias is not None)
+
+        variants = [v for v in DECODE_Q4 if v != "texel" or w.block_size % 32 == 0]
+        variant = backend.runtime.linear_variant_for(f"q4 {w.oc}x{w.ic} block {w.block_size}", variants,
+                                                     lambda v: run_decode(device, packed(v)))
+        return packed(variant)
     if not device.fits(w.oc * w.ic * 4):
         return None
-    return PackedLinear("linear_f", w.oc, w.ic, w.ic, device.constant(weights.dequantize()),
+    return PackedLinear("float", w.oc, w.ic, w.ic, device.constant(weights.dequantize()),
                         device.constant(np.zeros(2, np.float32)), bias_buffer, bias is not None)
+
+
+def run_decode(device, packed: PackedLinear) -> None:
+    """One token through the layer's decode kernel, waited for (what gpu_tuning times)."""
+    x, y = device.alloc(packed.ic * 4), device.alloc(packed.oc * 4)
+    shader, groups = packed.launch(1)
+    recorder = Recorder(device)
+    recorder.dispatch(Dispatch(device, shader, packed.bindings(x, y),
+                               pack_push("6i", packed.ic, packed.oc, 1, packed.block, int(packed.has_bias), 0),
+                               groups))
+    recorder.flush()
 
 
 class LinearExecution(DispatchExecution):
@@ -95,18 +131,10 @@ class LinearExecution(DispatchExecution):
     def on_resize(self, inputs, outputs) -> None:
         p = self.packed
         rows = inputs[0].size // p.ic
-        variant = self.backend.runtime.linear_variant
-        shader, per_group, tile = p.shader, 64, 1
-        bindings = [inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage]
-        if shader == "linear_q4_texel":
-            shader, per_group, tile = PREFILL_Q4[variant] if rows > 1 else (*DECODE_Q4[variant], 1)
-            bindings = [Texels(inputs[0].storage, "vec4"), Texels(p.weight, "uvec4"), Texels(p.scales, "vec2"),
-                        Texels(p.bias, "float"), outputs[0].storage]
-        elif shader == "linear_q4":  # (a "texel" device runs a block size that is no multiple of 32 as "lanes")
-            shader, per_group, tile = PREFILL_WORDS if rows > 1 else (*DECODE_Q4[variant if variant != "texel" else "lanes"], 1)
+        shader, groups = p.launch(rows)
         push = pack_push("6i", p.ic, p.oc, rows, p.block, int(p.has_bias), self.act)
-        groups = (-(-p.oc // per_group), -(-rows // tile), 1) if rows else (0, 0, 0)
-        self.dispatch = Dispatch(self.backend.device, shader, bindings, push, groups)
+        self.dispatch = Dispatch(self.backend.device, shader, p.bindings(inputs[0].storage, outputs[0].storage),
+                                 push, groups)
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
