@@ -292,6 +292,7 @@ class Dispatch:
 
     def __init__(self, device: VulkanDevice, name: str, buffers, push: bytes, groups: tuple[int, int, int]):
         self.device = device
+        self.name = name  # the shader's (bench/vulkan_device_time.py groups by it)
         self.pipeline = device.pipeline(name, tuple(TEXEL if isinstance(b, Texels) else STORAGE for b in buffers),
                                         len(push))
         self.buffers = list(buffers)
