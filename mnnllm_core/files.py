@@ -1,11 +1,15 @@
 """Reading the files a config names: each must be a regular file no larger than its kind can
 be. A config can name anything (`/dev/zero`, a FIFO, a folder, /etc/passwd), so a read never
-blocks, never grows past its bound, and its errors never quote the file's bytes."""
+blocks, never grows past its bound, and its errors never quote the file's bytes. And writing the
+project's own files: beside, then renamed into place (`written_beside`)."""
 from __future__ import annotations
 
 import os
 import stat
-from typing import BinaryIO
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from .errors import MnnllmError
 
@@ -71,3 +75,20 @@ def read_bounded(path: str | os.PathLike[str], limit: int, error: type[MnnllmErr
         raise error(f"the {what} is {max(size, len(data))} bytes, more than a {what} can be ({limit})",
                     file=os.fspath(path), field=field)
     return data
+
+
+@contextmanager
+def written_beside(path: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """A new file beside `path` (its folder made if need be) to write into; renamed over `path`
+    when the block ends, removed if it raises. A reader never sees a half-written file, and a
+    write cut short (an error, Ctrl-C, a full disk) never replaces a good one."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+        os.replace(staging, target)
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise

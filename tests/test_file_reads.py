@@ -87,3 +87,19 @@ def test_a_small_file_costs_its_size_not_the_bound(tmp_path):
         assert tracemalloc.get_traced_memory()[1] < 1 << 20
     finally:
         tracemalloc.stop()
+
+
+def test_written_beside_replaces_whole_or_not_at_all(tmp_path) -> None:
+    """The one write path of the project's own files: renamed into place when the block ends,
+    and on an error the old file stays as it was and nothing is left beside it."""
+    from mnnllm_core.files import written_beside
+    target = tmp_path / "sub" / "cache.bin"
+    with written_beside(target) as f:
+        f.write(b"first")
+    assert target.read_bytes() == b"first"
+    with pytest.raises(KeyboardInterrupt):
+        with written_beside(target) as f:
+            f.write(b"half of the sec")
+            raise KeyboardInterrupt
+    assert target.read_bytes() == b"first"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["cache.bin"]

@@ -142,3 +142,51 @@ def test_opencl_every_split_gives_the_same_outputs(tmp_path, seq: int) -> None:
     for split, out in outputs.items():
         np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-4, err_msg=f"split {split}")
         np.testing.assert_allclose(out, outputs[1], rtol=1e-6, atol=1e-5, err_msg=f"split {split} vs 1")
+
+
+# ------------------------------------------------------------------ vulkan's decode kernel per 4-bit shape
+
+VULKAN = pytest.mark.skipif(not registry().get("vulkan").is_available()[0], reason="vulkan unavailable")
+
+
+def _vulkan_q4_linear(tmp_path, oc: int = 70, ic: int = 128, **hints):
+    """A 4-bit linear layer (block 64) alone on vulkan, its reference, and its module."""
+    from mnnllm_core.backend_api import ConvolutionWeights
+    from mnnllm_core.testing import Weights, one_op_graph
+    from mnnllm_core.testing.cases.linear import linear_op
+    from mnnllm_core.testing.references import linear_reference, quantize
+    rng = np.random.default_rng(5)
+    weight, dense = quantize(rng.standard_normal((oc, ic)).astype(np.float32), 4, 64)
+    x = rng.standard_normal((1, ic, 1, 1)).astype(np.float32)
+    info, inputs = one_op_graph(linear_op(oc, ic, Weights(conv=ConvolutionWeights(weight, None))), [x])
+    runtime = new_runtime("vulkan", hints={"tmp_path": str(tmp_path), **hints})
+    return make_module(info, runtime, shape_mutable=False), inputs, linear_reference(x, dense, None)
+
+
+def _vulkan_variant(module) -> str:
+    [linear] = [c.execution for c in module.session.pipeline.commands if c.op.type == "Convolution"]
+    return linear.packed.variant
+
+
+@VULKAN
+def test_vulkan_tunes_each_4bit_shape_once_on_its_weights_and_a_later_runtime_reads_the_choice(tmp_path) -> None:
+    module, inputs, reference = _vulkan_q4_linear(tmp_path, gpu_tuning="fast")
+    np.testing.assert_allclose(module.forward(inputs)[0].reshape(reference.shape), reference, rtol=1e-5, atol=1e-4)
+    runtime = module.session.pipeline.backend.runtime
+    assert runtime.tuning.tuned == 1
+    [(device, choices)] = json.loads((tmp_path / "tuning.json").read_text())["devices"].items()
+    assert device == runtime.device.tuning_key
+    assert choices == {"linear q4 70x128 block 64": _vulkan_variant(module)}
+    assert _vulkan_variant(module) in ("texel", "group", "lanes")
+    later, _, _ = _vulkan_q4_linear(tmp_path, gpu_tuning="fast")
+    later.forward(inputs)
+    assert later.session.pipeline.backend.runtime.tuning.tuned == 0 and _vulkan_variant(later) == _vulkan_variant(module)
+
+
+@VULKAN
+@pytest.mark.parametrize("variant", ["texel", "group", "lanes"])
+def test_vulkan_a_forced_decode_kernel_wins_over_tuning_and_writes_nothing(tmp_path, variant: str) -> None:
+    module, inputs, reference = _vulkan_q4_linear(tmp_path, gpu_tuning="fast", vulkan_linear=variant)
+    np.testing.assert_allclose(module.forward(inputs)[0].reshape(reference.shape), reference, rtol=1e-5, atol=1e-4)
+    assert _vulkan_variant(module) == variant
+    assert not (tmp_path / "tuning.json").exists()

@@ -140,9 +140,10 @@ def test_attention_decode_grows_the_device_cache_past_its_first_capacity_and_clo
 # ------------------------------------------------------------------ decode kernels per device class
 
 
-@pytest.mark.parametrize("variant", ["rows", "group", "lanes"])
+@pytest.mark.parametrize("variant", ["texel", "group", "lanes"])
 def test_every_decode_linear_kernel_passes_every_linear_case(variant: str) -> None:
-    """rows (a CPU's), group (a GPU's work-group reduction) and lanes, forced by the hint."""
+    """texel (a CPU's), group (a GPU's work-group reduction) and lanes, forced by the hint: decode
+    and prefill (the cases have several token counts)."""
     results = run_suite("vulkan", hints={"vulkan_linear": variant}, cases=select("Convolution"))
     failed = [(r.case.id, r.status, r.reason) for r in results if r.status != "pass"]
     assert not failed, failed
@@ -150,9 +151,27 @@ def test_every_decode_linear_kernel_passes_every_linear_case(variant: str) -> No
 
 def test_the_decode_linear_kernel_follows_the_device_class_and_a_bad_hint_is_a_config_error() -> None:
     runtime = shared_vulkan().runtime
-    assert runtime.linear_variant == ("rows" if runtime.device.is_cpu else "group")
+    assert runtime.linear_variant == ("texel" if runtime.device.is_cpu else "group")
     with pytest.raises(ConfigError, match="vulkan_linear"):
         RuntimeManager.create(ScheduleConfig(backend_type="vulkan", thread_num=2), {"vulkan_linear": "fast"})
+
+
+@pytest.mark.parametrize("op", ["LayerNorm", "Attention"])
+def test_the_kernels_without_subgroups_pass_the_cases_the_subgroup_kernels_pass(op: str) -> None:
+    """norm / attention softmax: the subgroup kernels (the default where the device has subgroup
+    arithmetic, lavapipe included) and the one-invocation-per-row kernels forced by the hint."""
+    for hints in ({}, {"vulkan_subgroups": False}):
+        results = run_suite("vulkan", hints=hints, cases=select(op))
+        failed = [(r.case.id, r.status, r.reason) for r in results if r.status != "pass"]
+        assert results and not failed, (hints, failed)
+
+
+def test_subgroup_kernels_follow_the_device() -> None:
+    runtime = shared_vulkan().runtime
+    device = runtime.device
+    assert runtime.subgroups == (device.subgroup_arithmetic and device.subgroup_size >= 8)
+    off = RuntimeManager.create(ScheduleConfig(backend_type="vulkan", thread_num=2), {"vulkan_subgroups": False})
+    assert off.runtime.subgroups is False
 
 
 # ------------------------------------------------------------------ the shared model
@@ -178,10 +197,18 @@ def test_the_shared_model_gives_the_reference_greedy_tokens_with_vulkan_in_use()
 
 @pytest.mark.skipif(shutil.which("glslangValidator") is None, reason="glslangValidator (glslang-tools) is not installed")
 def test_committed_spirv_matches_the_glsl_sources(tmp_path) -> None:
-    shaders = Path(__file__).resolve().parents[1] / "backends" / "vulkan" / "shaders"
-    copy = tmp_path / "shaders"
+    """The build script, run on a copy of the sources, reproduces every committed .spv."""
+    root = Path(__file__).resolve().parents[1]
+    shaders = root / "backends" / "vulkan" / "shaders"
+    copy = tmp_path / "backends" / "vulkan" / "shaders"
     shutil.copytree(shaders, copy)
-    for source in sorted(copy.glob("*.comp")):
-        subprocess.run(["glslangValidator", "-V", "--quiet", str(source), "-o", str(source.with_suffix(".spv"))],
-                       check=True, cwd=copy, capture_output=True)
+    for built in copy.glob("*.spv"):
+        built.unlink()
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(root / "scripts" / "build_vulkan_shaders.sh", tmp_path / "scripts")
+    subprocess.run(["sh", str(tmp_path / "scripts" / "build_vulkan_shaders.sh")], check=True, capture_output=True)
+    sources = sorted(copy.glob("*.comp"))
+    assert sorted(p.stem for p in copy.glob("*.spv")) == [p.stem for p in sources]
+    assert sorted(p.stem for p in shaders.glob("*.spv")) == [p.stem for p in sources], "a .spv without its source"
+    for source in sources:
         assert source.with_suffix(".spv").read_bytes() == (shaders / source.with_suffix(".spv").name).read_bytes()

@@ -12,6 +12,11 @@ else the first device (lavapipe on a machine without a GPU).
 Memory: every buffer is host-visible and coherent and stays mapped, so upload and download are
 memcpy's (after the recorded work is submitted and waited for). A buffer larger than the
 device's maxStorageBufferRange is never created: callers check `fits()` and fall back to cpu.
+
+Bindings: a Buffer binds as a storage buffer; `Texels(buffer, kind)` binds it as a uniform
+texel buffer (a view of 32-bit float or uint texels of 1, 2 or 4 components). Lavapipe reads a
+texel buffer with vector gathers but a storage buffer one lane at a time, so the kernels for a
+CPU device read their inputs as texels.
 """
 from __future__ import annotations
 
@@ -32,6 +37,13 @@ MAX_GROUPS = 65535  # a dispatch larger than this many groups along x is folded 
 DESCRIPTOR_POOL_SETS = 1024
 
 
+TEXEL_FORMATS = {"float": "VK_FORMAT_R32_SFLOAT", "int": "VK_FORMAT_R32_SINT", "uint": "VK_FORMAT_R32_UINT",
+                 "vec2": "VK_FORMAT_R32G32_SFLOAT", "vec4": "VK_FORMAT_R32G32B32A32_SFLOAT",
+                 "uvec4": "VK_FORMAT_R32G32B32A32_UINT"}
+TEXEL_BYTES = {"float": 4, "int": 4, "uint": 4, "vec2": 8, "vec4": 16, "uvec4": 16}
+STORAGE, TEXEL = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
+
+
 @lru_cache(maxsize=None)
 def spirv(name: str) -> bytes:
     return resources.files("mnnllm_backends.vulkan.shaders").joinpath(f"{name}.spv").read_bytes()
@@ -42,7 +54,7 @@ class Pipeline:
     pipeline: object
     layout: object
     set_layout: object
-    bindings: int
+    kinds: tuple  # descriptor type per binding
     push_size: int
 
 
@@ -55,13 +67,22 @@ class Buffer:
         d = device.device
         self.buffer = vk.vkCreateBuffer(d, vk.VkBufferCreateInfo(
             size=self.size, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE,
-            usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-            | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT), None)
+            usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_UNIFORM_TEXEL_BUFFER_BIT
+            | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT), None)
         need = vk.vkGetBufferMemoryRequirements(d, self.buffer)
         self.memory = vk.vkAllocateMemory(d, vk.VkMemoryAllocateInfo(
             allocationSize=need.size, memoryTypeIndex=device.memory_type(need.memoryTypeBits)), None)
         vk.vkBindBufferMemory(d, self.buffer, self.memory, 0)
         self.host = np.frombuffer(vk.vkMapMemory(d, self.memory, 0, self.size, 0), np.uint8)
+        self.views: dict[str, object] = {}
+
+    def view(self, kind: str):
+        """The buffer's texel view of `kind` (TEXEL_FORMATS), made once."""
+        found = self.views.get(kind)
+        if found is None:
+            found = self.views[kind] = vk.vkCreateBufferView(self.device.device, vk.VkBufferViewCreateInfo(
+                buffer=self.buffer, format=getattr(vk, TEXEL_FORMATS[kind]), offset=0, range=WHOLE_SIZE), None)
+        return found
 
     def write(self, array: np.ndarray, offset: int = 0) -> None:
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
@@ -74,11 +95,24 @@ class Buffer:
         try:
             d = self.device.device
             self.host = None
+            for view in self.views.values():
+                vk.vkDestroyBufferView(d, view, None)
             vk.vkUnmapMemory(d, self.memory)
             vk.vkDestroyBuffer(d, self.buffer, None)
             vk.vkFreeMemory(d, self.memory, None)
         except Exception:  # interpreter shutdown: the driver goes with the process
             pass
+
+
+def subgroup_support(physical) -> tuple[int, bool]:
+    """(subgroup size, whether compute shaders have subgroup arithmetic) of a Vulkan 1.1 device."""
+    try:
+        sub = vk.VkPhysicalDeviceSubgroupProperties()
+        vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=sub))
+    except Exception:  # a Vulkan 1.0 driver: no subgroups
+        return 0, False
+    return int(sub.subgroupSize), bool(sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
+                                        and sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT)
 
 
 def pick_device(physical, spec: str | None):
@@ -108,8 +142,10 @@ class VulkanDevice:
         self.name = vk.ffi.string(props.deviceName).decode() if not isinstance(props.deviceName, str) \
             else props.deviceName
         self.max_range = int(props.limits.maxStorageBufferRange)
+        self.max_texels = int(props.limits.maxTexelBufferElements)
         self.max_push = int(props.limits.maxPushConstantsSize)
         self.is_cpu = props.deviceType == vk.VK_PHYSICAL_DEVICE_TYPE_CPU  # lavapipe: kernels for a CPU
+        self.subgroup_size, self.subgroup_arithmetic = subgroup_support(self.physical)
         families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
         compute = [i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT]
         if not compute:
@@ -130,11 +166,26 @@ class VulkanDevice:
         self.live_sets = 0  # sets held by a Dispatch now
 
     @property
+    def tuning_key(self) -> str:
+        """What a tuned kernel choice holds for: device, driver and API version (TuningCache)."""
+        props = vk.vkGetPhysicalDeviceProperties(self.physical)
+        return f"vulkan | {self.name} | driver {props.driverVersion} | api {props.apiVersion}"
+
+    @property
     def description(self) -> str:
         return f"{self.name} (Vulkan, maxStorageBufferRange {self.max_range >> 20} MiB)"
 
     def fits(self, nbytes: int) -> bool:
         return int(nbytes) <= self.max_range
+
+    def fits_floats(self, nbytes: int) -> bool:
+        """Whether a tensor of `nbytes` can be bound both ways: a storage buffer and a view of
+        float texels (the shaders read most inputs as texels)."""
+        return self.fits_texels(nbytes, "float")
+
+    def fits_texels(self, nbytes: int, kind: str) -> bool:
+        """Whether a buffer of `nbytes` fits one storage binding and one texel view of `kind`."""
+        return self.fits(nbytes) and int(nbytes) // TEXEL_BYTES[kind] <= self.max_texels
 
     def memory_type(self, bits: int) -> int:
         want = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
@@ -162,7 +213,8 @@ class VulkanDevice:
         return buffer
 
     # -- pipelines and descriptor sets ---------------------------------------------
-    def pipeline(self, name: str, bindings: int, push_size: int) -> Pipeline:
+    def pipeline(self, name: str, kinds: tuple, push_size: int) -> Pipeline:
+        """The compute pipeline of shader `name`, with one descriptor of kinds[i] at binding i."""
         found = self.pipelines.get(name)
         if found is not None:
             return found
@@ -170,9 +222,9 @@ class VulkanDevice:
         code = spirv(name)
         module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
         set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(
-            bindingCount=bindings, pBindings=[vk.VkDescriptorSetLayoutBinding(
-                binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
-                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(bindings)]), None)
+            bindingCount=len(kinds), pBindings=[vk.VkDescriptorSetLayoutBinding(
+                binding=i, descriptorType=kind, descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i, kind in enumerate(kinds)]), None)
         ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size)]
         layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(
             setLayoutCount=1, pSetLayouts=[set_layout], pushConstantRangeCount=1 if push_size else 0,
@@ -181,18 +233,20 @@ class VulkanDevice:
         pipeline = vk.vkCreateComputePipelines(d, None, 1, [vk.VkComputePipelineCreateInfo(
             stage=stage, layout=layout)], None)[0]
         vk.vkDestroyShaderModule(d, module, None)
-        found = self.pipelines[name] = Pipeline(pipeline, layout, set_layout, bindings, push_size)
+        found = self.pipelines[name] = Pipeline(pipeline, layout, set_layout, tuple(kinds), push_size)
         return found
 
-    def descriptor_set(self, pipeline: Pipeline, buffers) -> object:
-        """A descriptor set binding `buffers` (Buffer, in binding order) for `pipeline`: one a
-        dropped Dispatch gave back (`release_set`) when there is one, else a new one."""
+    def descriptor_set(self, pipeline: Pipeline, bindings) -> object:
+        """A descriptor set for `pipeline` binding `bindings` (Buffer or Texels, in binding order):
+        one a dropped Dispatch gave back (`release_set`) when there is one, else a new one."""
         free = self.free_sets.get(pipeline)
         dset = free.pop() if free else self._new_set(pipeline)
         writes = [vk.VkWriteDescriptorSet(
-            dstSet=dset, dstBinding=i, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            dstSet=dset, dstBinding=i, descriptorCount=1, descriptorType=TEXEL, pTexelBufferView=[b.buffer.view(b.kind)])
+            if isinstance(b, Texels) else vk.VkWriteDescriptorSet(
+            dstSet=dset, dstBinding=i, descriptorCount=1, descriptorType=STORAGE,
             pBufferInfo=[vk.VkDescriptorBufferInfo(buffer=b.buffer, offset=0, range=WHOLE_SIZE)])
-            for i, b in enumerate(buffers)]
+            for i, b in enumerate(bindings)]
         vk.vkUpdateDescriptorSets(self.device, len(writes), writes, 0, None)
         self.live_sets += 1
         return dset
@@ -209,28 +263,38 @@ class VulkanDevice:
 
     def _new_set(self, pipeline: Pipeline) -> object:
         if self.pool_left == 0:
-            sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                             descriptorCount=DESCRIPTOR_POOL_SETS * 12)]
+            sizes = [vk.VkDescriptorPoolSize(type=kind, descriptorCount=DESCRIPTOR_POOL_SETS * 12)
+                     for kind in (STORAGE, TEXEL)]
             self.pools.append(vk.vkCreateDescriptorPool(self.device, vk.VkDescriptorPoolCreateInfo(
-                maxSets=DESCRIPTOR_POOL_SETS, poolSizeCount=1, pPoolSizes=sizes), None))
+                maxSets=DESCRIPTOR_POOL_SETS, poolSizeCount=len(sizes), pPoolSizes=sizes), None))
             self.pool_left = DESCRIPTOR_POOL_SETS
         self.pool_left -= 1
         return vk.vkAllocateDescriptorSets(self.device, vk.VkDescriptorSetAllocateInfo(
             descriptorPool=self.pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]))[0]
 
 
+@dataclass(frozen=True)
+class Texels:
+    """A Buffer bound as a uniform texel buffer of `kind` texels (TEXEL_FORMATS)."""
+
+    buffer: Buffer
+    kind: str
+
+
 class Dispatch:
     """One pipeline with bound buffers and push constants: recorded with `Recorder.dispatch`.
 
-    `buffers` are kept referenced so they outlive every command buffer that uses them. A
-    Recorder keeps every Dispatch its command buffer holds, so a Dispatch is dropped only when
-    no command buffer that may run binds it: then its descriptor set goes back to the device
-    for the next Dispatch of the same pipeline (a re-record, a resize or a dropped clone never
-    grows the pools)."""
+    `buffers` (Buffer or Texels) are kept referenced so they outlive every command buffer that
+    uses them. A Recorder keeps every Dispatch its command buffer holds, so a Dispatch is dropped
+    only when no command buffer that may run binds it: then its descriptor set goes back to the
+    device for the next Dispatch of the same pipeline (a re-record, a resize or a dropped clone
+    never grows the pools)."""
 
     def __init__(self, device: VulkanDevice, name: str, buffers, push: bytes, groups: tuple[int, int, int]):
         self.device = device
-        self.pipeline = device.pipeline(name, len(buffers), len(push))
+        self.name = name  # the shader's (bench/vulkan_device_time.py groups by it)
+        self.pipeline = device.pipeline(name, tuple(TEXEL if isinstance(b, Texels) else STORAGE for b in buffers),
+                                        len(push))
         self.buffers = list(buffers)
         self.dset = device.descriptor_set(self.pipeline, self.buffers)
         self.push = vk.ffi.new("char[]", push) if push else None

@@ -4,9 +4,17 @@ touches a driver.
 
 Runtime hints (optional): "vulkan_device": an index into vkEnumeratePhysicalDevices (else
 $MNNLLM_VULKAN_DEVICE, else the first discrete GPU, integrated GPU, or any device);
-"vulkan_linear": the decode kernel of 4-bit linear layers, "rows" (8 rows per invocation: the
-default on a CPU device such as lavapipe, where loads cost most), "group" (8 rows per work-group
-with a shared-memory reduction: the default on a GPU) or "lanes" (one invocation per row).
+"vulkan_linear": the kernels of 4-bit linear layers, "texel" (weights in 4-word texels read
+through texel buffers, 16 rows per invocation: the default on a CPU device such as lavapipe,
+where a storage-buffer read costs a loop over the lanes), "group" (8 rows per work-group with a
+shared-memory reduction: the default on a GPU) or "lanes" (one invocation per row); forced for
+every layer. "gpu_tuning" (MNN's levels, TuningCache): unless forced, each 4-bit layer shape's
+decode kernel is timed once per device on its real weights and the fastest kept in the tuning
+file; "none" (the default) keeps the device class's choice.
+
+"vulkan_subgroups" (default: whether the device has subgroup arithmetic in compute shaders,
+with subgroups of at least 8): the norms and the attention softmax with one 8-invocation
+work-group per row joined by subgroup operations; false forces the one-invocation-per-row kernels.
 
 Runtime hint "replay" (default true): a pipeline that runs wholly on vulkan is recorded into
 one command buffer once per resize and replayed: per token the attentions' host bookkeeping,
@@ -18,11 +26,12 @@ recorded, so the host sees and changes memory only when the device is idle.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator, ScheduleConfig, Tensor
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator,
+                                     ScheduleConfig, Tensor, TuningCache)
 
 class VulkanBackend(Backend):
     """Storage of a tensor is a device.Buffer (fp32, int32 as they are on the host)."""
@@ -43,8 +52,9 @@ class VulkanBackend(Backend):
         self.recorder.flush()
 
     def fits(self, *tensors: Tensor) -> bool:
-        """Whether every tensor (with a known shape) fits one storage buffer binding."""
-        return all(self.device.fits(t.size * t.dtype.itemsize) for t in tensors)
+        """Whether every tensor (with a known shape) fits one storage buffer binding and one
+        texel view (maxStorageBufferRange, maxTexelBufferElements)."""
+        return all(self.device.fits_floats(t.size * t.dtype.itemsize) for t in tensors)
 
     # -- memory ------------------------------------------------------------------
     def buffer_key(self, tensor: Tensor) -> int:
@@ -131,11 +141,24 @@ class VulkanRuntime(Runtime):
         from .ops.linear import DECODE_Q4
         self.device = device.open_device(device.device_spec(self.hints))
         self.recorder = device.Recorder(self.device)
-        self.linear_variant = self.hints.get("vulkan_linear") or ("rows" if self.device.is_cpu else "group")
+        self.linear_forced = self.hints.get("vulkan_linear") is not None
+        self.linear_variant = self.hints.get("vulkan_linear") or ("texel" if self.device.is_cpu else "group")
         if self.linear_variant not in DECODE_Q4:
             raise ConfigError(f"vulkan_linear must be one of {sorted(DECODE_Q4)}, got {self.linear_variant!r}",
                               field="vulkan_linear")
+        self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
+        device_can = self.device.subgroup_arithmetic and self.device.subgroup_size >= 8
+        self.subgroups = bool(self.hints.get("vulkan_subgroups", device_can)) and device_can
         self.op_creators.update(CREATORS)
+
+    def linear_variant_for(self, problem: str, variants: list[str], run: Callable[[str], None]) -> str:
+        """The decode kernel of a 4-bit linear layer of this shape, one of `variants` (those its
+        weight allows): the forced one, else the tuned one (gpu_tuning: `run(variant)` runs the
+        layer once with it and waits), else the device class's ("lanes" where that one does not
+        apply)."""
+        if self.linear_forced or self.tuning is None:
+            return self.linear_variant if self.linear_variant in variants else "lanes"
+        return self.tuning.choose(f"linear {problem}", variants, run)
 
     def create_backend(self, config: BackendConfig) -> VulkanBackend:
         return VulkanBackend(self, config)

@@ -22,13 +22,12 @@ import json
 import logging
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
-from ..files import open_regular_file
+from ..files import open_regular_file, written_beside
 from .weight_cache import default_folder
 
 log = logging.getLogger(__name__)
@@ -123,15 +122,8 @@ class TuningCache:
         devices[self.device_key] = dict(self.choices)
         text = json.dumps({"format": FORMAT, "devices": devices}, indent=1, sort_keys=True)
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, staging = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                os.replace(staging, self.path)
-            except BaseException:
-                Path(staging).unlink(missing_ok=True)
-                raise
+            with written_beside(self.path) as f:
+                f.write(text.encode())
         except OSError as err:
             log.warning("tuning cache %s cannot be written (%s): the choice holds for this process only",
                         self.path, err)

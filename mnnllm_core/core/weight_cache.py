@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..files import open_regular_file
+from ..files import open_regular_file, written_beside
 
 log = logging.getLogger(__name__)
 
@@ -101,18 +101,12 @@ def _write(path: Path, name: str, version: str, arrays: dict[str, np.ndarray]) -
         if len(header) <= room:
             break
         room = 2 * len(header)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as f:
-            f.write(_HEADER.pack(MAGIC, len(header)) + header)
-            for entry, array in zip(entries, arrays.values()):
-                f.seek(entry["offset"])
-                f.write(memoryview(array).cast("B") if array.nbytes else b"")
-            f.truncate(size)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with written_beside(path) as f:
+        f.write(_HEADER.pack(MAGIC, len(header)) + header)
+        for entry, array in zip(entries, arrays.values()):
+            f.seek(entry["offset"])
+            f.write(memoryview(array).cast("B") if array.nbytes else b"")
+        f.truncate(size)
 
 
 def _map(path: Path, name: str, version: str) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ import numpy as np
 from mnnllm_core.errors import FormatError
 from mnnllm_core.express.op_weights import OpWeights
 from mnnllm_core.express.weight_file import ExternalWeightFile
+from mnnllm_core.files import written_beside
 from mnnllm_core.schema.MNN.DataType import DataType
 from mnnllm_core.schema.reader import op_type_name, read_net_file
 
@@ -163,10 +164,9 @@ class _DraftFile:
     def finish(self, outputs: list[str]) -> None:
         self._weights.close()
         graph = self.g.finish(outputs, f"mnnllm-draft:{self.path.name}")
-        with open(str(self.path) + ".tmp", "wb") as f:
-            f.write(graph)
         os.replace(str(self.path) + ".weight.tmp", str(self.path) + ".weight")
-        os.replace(str(self.path) + ".tmp", self.path)
+        with written_beside(self.path) as f:
+            f.write(graph)
 
 
 def _draft_inputs(g: GraphBuilder, hidden: int) -> str:
@@ -211,7 +211,6 @@ def write_eagle(folder: str | os.PathLike, weights: EagleWeights) -> dict[str, P
     d2t = GraphBuilder()
     d2t.const_int("d2t", [int(v) for v in weights.d2t], [int(weights.d2t.size)])
     path = folder / "eagle_d2t.mnn"
-    with open(str(path) + ".tmp", "wb") as out:
+    with written_beside(path) as out:
         out.write(d2t.finish(["d2t"], "mnnllm-draft:eagle_d2t"))
-    os.replace(str(path) + ".tmp", path)
     return {"eagle_model": folder / "eagle.mnn", "eagle_fc": folder / "eagle_fc.mnn", "eagle_d2t": path}

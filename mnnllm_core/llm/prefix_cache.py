@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..core.file_identity import file_identity
-from ..files import open_regular_file
+from ..files import open_regular_file, written_beside
 from ..core.kv_cache import KVCache
 
 if TYPE_CHECKING:
@@ -180,18 +180,12 @@ class PrefixCache:
         header = json.dumps({"identity": self.identity, "tokens": tokens,
                              "layers": [{"shape": list(k.shape[1:]), "dtype": k.dtype.str} for k, _ in arrays],
                              "payload_sha256": digest.hexdigest()}).encode()
-        os.makedirs(self.folder, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}.tmp"
-        try:
-            with open(temporary, "wb") as f:
-                f.write(_HEADER.pack(MAGIC, len(header)))
-                f.write(header)
-                for k, v in arrays:
-                    f.write(memoryview(k).cast("B"))
-                    f.write(memoryview(v).cast("B"))
-            os.replace(temporary, path)
-        finally:
-            _remove(temporary)
+        with written_beside(path) as f:
+            f.write(_HEADER.pack(MAGIC, len(header)))
+            f.write(header)
+            for k, v in arrays:
+                f.write(memoryview(k).cast("B"))
+                f.write(memoryview(v).cast("B"))
         log.info("prefix cache: saved %d tokens to %s", len(tokens), path)
 
     def _read(self, path: str, header: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -2,8 +2,10 @@
 three dispatches per run, scores (+ mask), softmax in place, context; scores live in a scratch
 buffer of [seq, heads, capacity]. With the cache, k and v are first appended to the device cache
 by a shader at the row the step buffer names (token-major rows, shared by the clones; a cache
-doubled past maxStorageBufferRange grows only to what it needs). Nothing recorded depends on
-the token: past and total live in the step buffer, so the dispatches replay unchanged."""
+doubled past maxStorageBufferRange or maxTexelBufferElements grows only to what it needs). On a
+device with subgroups, head_dim 64 and 128 run all of it in one dispatch (attn_fused.glsl).
+Nothing recorded depends on the token: past and total live in the step buffer, so the dispatches
+replay unchanged."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,10 +13,11 @@ import numpy as np
 from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, Refused,
                                      UnsupportedError, attention_mask)
 
-from ..device import Dispatch, fold, pack_push
+from ..device import Dispatch, Texels, fold, pack_push
 
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
 MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+FUSED_DIMS = (64, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
 
 
 class AttentionExecution(Execution):
@@ -27,7 +30,7 @@ class AttentionExecution(Execution):
         super().__init__(backend)
         self.params = params
         self.cache = cache if cache is not None else DeviceKVCache(backend.device.alloc, backend.recorder.copy,
-                                                                   backend.device.fits)
+                                                                   backend.device.fits_floats)
         self.shape = None
         self.kv_seq = 0
         self.mask = (0, 1, 1)
@@ -62,8 +65,9 @@ class AttentionExecution(Execution):
             past, total = 0, self.kv_seq
             keys, values, stride = self.inputs[1].storage, self.inputs[2].storage, self.kv_seq
         seq, heads = self.shape[:2]
-        if not self.backend.device.fits(seq * heads * stride * 4):
-            raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange",
+        if not self.backend.device.fits_floats(seq * heads * stride * 4):
+            raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange "
+                                   "or maxTexelBufferElements",
                                    field="attention")
         self.step.write(np.array([past, total], np.int32))
         if self.bound == (keys, values, self.scratch, stride):
@@ -74,6 +78,9 @@ class AttentionExecution(Execution):
     def _dispatches(self, keys, values, stride) -> tuple:
         device, inputs, outputs = self.backend.device, self.inputs, self.outputs
         seq, heads, kv_heads, dim = self.shape
+        if self.backend.runtime.subgroups and dim in FUSED_DIMS:
+            self.bound = (keys, values, self.scratch, stride)
+            return (self._fused(keys, values),) if seq and stride else ()
         if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
             self.scratch = device.alloc(seq * heads * stride * 4)
         self.bound = (keys, values, self.scratch, stride)
@@ -81,24 +88,53 @@ class AttentionExecution(Execution):
             return ()
         mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
         mode, rows, cols = self.mask
+        q, out, step = inputs[0].storage, outputs[0].storage, Texels(self.step, "int")
         scores_groups, scores_row = fold(-(-(seq * heads * stride) // LOCAL), LOCAL)
-        context_groups, context_row = fold(-(-(seq * heads * dim) // LOCAL), LOCAL)
+        lanes = dim // 4 if dim % 4 == 0 else dim  # attn_context: invocations per (token, head)
+        context_groups, context_row = fold(-(-(seq * heads * lanes) // LOCAL), LOCAL)
         found = [
-            Dispatch(device, "attn_scores", [inputs[0].storage, keys, mask, self.scratch, self.step],
+            Dispatch(device, "attn_scores", [Texels(q, "vec4"), Texels(keys, "vec4"), Texels(q, "float"),
+                                             Texels(keys, "float"), Texels(mask, "uint"), self.scratch, step],
                      pack_push("5if3iI", seq, heads, kv_heads, dim, stride,
                                float(np.float32(self.params.scale_for(dim))), mode, rows, cols, scores_row),
                      scores_groups),
-            Dispatch(device, "attn_softmax", [self.scratch, self.step], pack_push("2i", seq * heads, stride),
-                     (-(-(seq * heads) // 64), 1, 1)),
-            Dispatch(device, "attn_context", [self.scratch, values, outputs[0].storage, self.step],
+            self._softmax(seq * heads, stride, step),
+            Dispatch(device, "attn_context", [Texels(self.scratch, "float"), Texels(values, "vec4"),
+                                              Texels(values, "float"), out, out, step],
                      pack_push("5iI", seq, heads, kv_heads, dim, stride, context_row), context_groups)]
         if self.params.kv_cache:
             count = self.kv_seq * kv_heads * dim
             groups, row = fold(-(-count // LOCAL), LOCAL)
-            found.insert(0, Dispatch(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values,
-                                                          self.step], pack_push("2iI", count, kv_heads * dim, row),
-                                     groups))
+            found.insert(0, Dispatch(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values, step],
+                                     pack_push("2iI", count, kv_heads * dim, row), groups))
         return tuple(found)
+
+    def _fused(self, keys, values) -> Dispatch:
+        """attn_fused<dim>: the whole op (cache append included) in one dispatch."""
+        inputs, out = self.inputs, self.outputs[0].storage
+        seq, heads, kv_heads, dim = self.shape
+        mode, rows, cols = self.mask
+        k, v = inputs[1].storage, inputs[2].storage
+        mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
+        cached = self.params.kv_cache
+        groups, groups_x = fold(seq * heads, 1)
+        return Dispatch(self.backend.device, f"attn_fused{dim}",
+                        [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"),
+                         Texels(keys, "vec4"), Texels(values, "vec4"), Texels(mask, "uint"), out,
+                         keys if cached else out, values if cached else out, Texels(self.step, "int")],
+                        pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
+                                  float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
+                                  groups_x), groups)
+
+    def _softmax(self, rows: int, stride: int, step) -> Dispatch:
+        """attn_softmax: an invocation per row, or with subgroups a work-group of 8 per row."""
+        bindings = [Texels(self.scratch, "float"), self.scratch, step]
+        if self.backend.runtime.subgroups:
+            groups, groups_x = fold(rows, 1)
+            return Dispatch(self.backend.device, "attn_softmax_subgroup", bindings,
+                            pack_push("2iI", rows, stride, groups_x), groups)
+        return Dispatch(self.backend.device, "attn_softmax", bindings, pack_push("2i", rows, stride),
+                        (-(-rows // 64), 1, 1))
 
     def record(self) -> None:
         recorder = self.backend.recorder

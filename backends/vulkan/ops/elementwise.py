@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mnnllm_core.backend_api import FLOAT32, INT32, Refused, broadcast_strides
 
-from ..device import Dispatch, DispatchExecution, fold, pack_push
+from ..device import Dispatch, DispatchExecution, Texels, fold, pack_push
 
 LOCAL = 256  # local size of binary.comp, unary.comp and cast.comp
 
@@ -29,7 +29,8 @@ class BinaryExecution(DispatchExecution):
         groups, row = fold(-(-total // LOCAL), LOCAL)
         push = pack_push("4i4i4iiiiI", *dims, *sa, *sb, total, self.code, self.act, row)
         self.dispatch = Dispatch(self.backend.device, "binary",
-                                 [inputs[0].storage, inputs[1].storage, outputs[0].storage], push,
+                                 [Texels(inputs[0].storage, "float"), Texels(inputs[1].storage, "float"),
+                                  outputs[0].storage], push,
                                  groups if total else (0, 0, 0))
 
     def on_clone(self, backend, op):
@@ -46,7 +47,8 @@ class ElementwiseExecution(DispatchExecution):
     def on_resize(self, inputs, outputs) -> None:
         total = outputs[0].size
         groups, row = fold(-(-total // LOCAL), LOCAL)
-        self.dispatch = Dispatch(self.backend.device, self.shader, [inputs[0].storage, outputs[0].storage],
+        source = Texels(inputs[0].storage, "float") if self.shader == "unary" else inputs[0].storage
+        self.dispatch = Dispatch(self.backend.device, self.shader, [source, outputs[0].storage],
                                  pack_push("iiI", total, self.code, row), groups if total else (0, 0, 0))
 
     def on_clone(self, backend, op):
@@ -62,7 +64,7 @@ def create_binary(backend, inputs, outputs, op):
     if any(t.dtype != FLOAT32 for t in (*inputs, outputs[0])):
         return Refused("integer arithmetic stays on cpu")
     if not backend.fits(*inputs, outputs[0]):
-        return Refused("a tensor exceeds maxStorageBufferRange")
+        return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     if broadcast_strides(outputs[0].shape, [t.shape for t in inputs]) is None:
         return Refused("a broadcast of more than 4 dims")
     return BinaryExecution(backend, code, op.param.activation)
@@ -75,7 +77,7 @@ def create_unary(backend, inputs, outputs, op):
     if any(t.dtype != FLOAT32 for t in (*inputs, outputs[0])):
         return Refused("float32 only")
     if not backend.fits(*inputs, outputs[0]):
-        return Refused("a tensor exceeds maxStorageBufferRange")
+        return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     return ElementwiseExecution(backend, "unary", code)
 
 
@@ -85,7 +87,7 @@ def create_cast(backend, inputs, outputs, op):
     if mode is None:
         return Refused(f"no {pair[0]} -> {pair[1]} kernel")
     if not backend.fits(inputs[0], outputs[0]):
-        return Refused("a tensor exceeds maxStorageBufferRange")
+        return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     return ElementwiseExecution(backend, "cast", mode)
 
 

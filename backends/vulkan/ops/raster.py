@@ -55,7 +55,7 @@ def create_raster(backend, inputs, outputs, op):
     if any(t.dtype.itemsize != 4 for t in tensors):
         return Refused("4-byte elements only")
     if not backend.fits(*tensors):
-        return Refused("a tensor exceeds maxStorageBufferRange")
+        return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     return RasterExecution(backend, op.param)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from mnnllm_core.backend_api import FLOAT32, HeadNormTables, Refused, RoPEParams, head_norm_tables
 
-from ..device import Dispatch, DispatchExecution, pack_push
+from ..device import Dispatch, DispatchExecution, Texels, pack_push
 
 
 class RoPEExecution(DispatchExecution):
@@ -18,8 +18,9 @@ class RoPEExecution(DispatchExecution):
                          q.epsilon, k.epsilon, q.flags, k.flags)
         count = seq * (p.num_head + p.kv_num_head)
         self.dispatch = Dispatch(self.backend.device, "rope",
-                                 [*(t.storage for t in inputs[:4]), outputs[0].storage, outputs[1].storage,
-                                  q.gamma, q.beta, k.gamma, k.beta], push,
+                                 [*(Texels(t.storage, "float") for t in inputs[:4]), outputs[0].storage,
+                                  outputs[1].storage, *(Texels(b, "float") for b in (q.gamma, q.beta, k.gamma, k.beta))],
+                                 push,
                                  (-(-count // 64), 1, 1) if count else (0, 0, 0))
 
     def on_clone(self, backend, op):
@@ -34,7 +35,7 @@ def create_rope(backend, inputs, outputs, op):
     if any(t.dtype != FLOAT32 for t in tensors):
         return Refused("float32 only")
     if not backend.fits(*tensors):
-        return Refused("a tensor exceeds maxStorageBufferRange")
+        return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     if any(n is not None and len(n.gamma) != p.head_dim for n in (p.q_norm, p.k_norm)):
         return Refused("a q/k norm of another length than head_dim")
     constant = backend.device.constant

@@ -1,10 +1,11 @@
 #version 450
 // Float BinaryOp with broadcasting over at most 4 dims: each input has its own element strides
 // (0 where it broadcasts). op: 0 ADD, 1 SUB, 2 MUL, 3 REALDIV, 4 MUL_SILU (a * silu(b)),
-// 5 MAXIMUM, 6 MINIMUM. act: 0 none, 1 relu, 2 relu6.
+// 5 MAXIMUM, 6 MINIMUM. act: 0 none, 1 relu, 2 relu6. Inputs read as float texels.
+#extension GL_EXT_samplerless_texture_functions : require
 layout(local_size_x = 256) in;
-layout(std430, binding = 0) readonly buffer A { float a[]; };
-layout(std430, binding = 1) readonly buffer B { float b[]; };
+layout(binding = 0) uniform textureBuffer A;
+layout(binding = 1) uniform textureBuffer B;
 layout(std430, binding = 2) writeonly buffer C { float c[]; };
 layout(push_constant) uniform Params {
     ivec4 dims;
@@ -26,7 +27,7 @@ void main() {
         ia += k * p.sa[d];
         ib += k * p.sb[d];
     }
-    float x = a[ia], y = b[ib], r;
+    float x = texelFetch(A, ia).x, y = texelFetch(B, ib).x, r;
     if (p.op == 0) r = x + y;
     else if (p.op == 1) r = x - y;
     else if (p.op == 2) r = x * y;

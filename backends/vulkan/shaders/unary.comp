@@ -1,7 +1,8 @@
 #version 450
 // Float UnaryOp, one invocation per element. op codes: see UNARY in ops.py.
+#extension GL_EXT_samplerless_texture_functions : require
 layout(local_size_x = 256) in;
-layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(binding = 0) uniform textureBuffer X;  // read as float texels
 layout(std430, binding = 1) writeonly buffer Y { float y[]; };
 layout(push_constant) uniform Params { int total; int op; uint row; } p;
 float tanh_safe(float v) {
@@ -18,7 +19,7 @@ float erf_as(float v) {
 void main() {
     int i = int(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * p.row);
     if (i >= p.total) return;
-    float v = x[i], r;
+    float v = texelFetch(X, i).x, r;
     switch (p.op) {
     case 0: r = abs(v); break;
     case 1: r = -v; break;

@@ -91,9 +91,8 @@ def _float_mask(tokens: int, heads: int = 4, kv_heads: int = 2, dim: int = 8, fl
     return build
 
 
-def _int_mask(heads: int, kv_heads: int, tokens: int):
+def _int_mask(heads: int, kv_heads: int, tokens: int, dim: int = 8):
     def build(rng) -> Trial:
-        dim = 8
         q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
         allowed = (rng.random((tokens, tokens)) < 0.6).astype(np.int32)
         np.fill_diagonal(allowed, 1)
@@ -187,6 +186,14 @@ def cases() -> list[Case]:
                    dtype="int32") for h, kv, t in ((2, 1, 5), (4, 2, 7))]
     found += [Case("Attention", f"sliding window {w} over the cache heads={h}/{kv} prompt={p} decode={n}",
                    _sliding_window(h, kv, 16, p, n, w)) for h, kv, p, n, w in ((4, 2, 9, 4, 4), (3, 1, 5, 3, 16))]
+    # head dims 64 and 128: the sizes of real models (backends may have kernels just for them)
+    found.append(Case("Attention", "decode 4 steps on a 7-token cache heads=4/2 dim=128", _decode(4, 2, 128, 7, 4)))
+    found.append(Case("Attention", "full float mask tokens=7 dim=64", _float_mask(7, dim=64)))
+    found.append(Case("Attention", "int mask blocks where 0 heads=4/2 tokens=7 dim=128", _int_mask(4, 2, 7, 128),
+                      dtype="int32"))
+    found.append(Case("Attention", "sliding window 4 over the cache heads=4/2 prompt=9 decode=4 dim=64",
+                      _sliding_window(4, 2, 64, 9, 4, 4)))
+    found.append(Case("Attention", "no cache heads=4/2 dim=64 runs=(5, 3, 1)", _no_cache(4, 2, 64, (5, 3, 1))))
     found.append(Case("Attention", "attnScale 0.5", _scale))
     found += [Case("Attention", f"no cache heads={h}/{kv} dim={d} runs={runs}", _no_cache(h, kv, d, runs))
               for h, kv, d, runs in ((4, 2, 8, (5, 3)), (4, 2, 16, (5, 3, 1)))]
