@@ -1,6 +1,7 @@
 """The few-token GEMV of the cpu backend's memory "low" path (2..8 token rows, each packed byte
 read once for all of them: a speculative verify step) against the float64 numpy reference on
-odd shapes (int4 and int8 codes, block and per-channel alphas, fp16 and float32 alphas)."""
+odd shapes (int4 and int8 codes, block and per-channel alphas, fp16 and float32 alphas), and the
+shared model's verify-sized forwards against the panel GEMM they replace."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +11,8 @@ pytest.importorskip("numba")
 
 from mnnllm_backends.cpu.kernels import linear  # noqa: E402
 from mnnllm_backends.cpu.kernels.layout import pack  # noqa: E402
-from test_cpu_low_memory import WEIGHTS, assert_product_close, quantized, reference  # noqa: E402
+from mnnllm_backends.cpu.ops import packed_linear  # noqa: E402
+from test_cpu_low_memory import PROMPTS, WEIGHTS, assert_product_close, load, quantized, reference  # noqa: E402
 
 RNG = np.random.default_rng(11)
 TOKENS = [*range(2, linear.FEW_TOKENS_MAX + 1), 3]  # growing buffers, then a smaller count in them
@@ -43,3 +45,23 @@ def test_the_few_token_gemv_refuses_a_row_count_it_has_no_kernel_for():
     for tokens in (1, linear.FEW_TOKENS_MAX + 1):
         with pytest.raises(ValueError, match="2 to"):
             gemv.few(np.zeros((tokens, 48), np.float32), 1)
+
+
+@pytest.mark.slow
+def test_forwards_of_2_to_8_tokens_match_the_panel_gemm_they_replace(monkeypatch):
+    llm = load("low")
+    ids = PROMPTS[0]["prompt_ids"][:16]
+
+    def logits(tokens):
+        llm.reset()
+        llm.forward(ids[:-tokens])
+        return llm.forward(ids[-tokens:], all_logits=True).copy()
+
+    for tokens in (2, 5, 8):
+        few = logits(tokens)
+        with monkeypatch.context() as patch:
+            patch.setattr(packed_linear, "FEW_TOKENS", 1)
+            gemm = logits(tokens)
+        assert few.shape == gemm.shape and few.shape[0] == tokens
+        assert np.array_equal(few.argmax(axis=1), gemm.argmax(axis=1))
+        np.testing.assert_allclose(few, gemm, rtol=0, atol=1e-4 * np.abs(gemm).max())  # seen: 4e-6
