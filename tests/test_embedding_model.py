@@ -272,6 +272,15 @@ def test_an_embedding_model_does_not_generate(models):
             call()
 
 
+def test_loading_an_embedding_model_as_an_llm_says_how_to_load_it(models):
+    _, dst, _, _ = models["cls"]
+    with pytest.raises(UnsupportedError, match="embedding_model=True.*mnnllm embed"):
+        mnnllm_core.create(dst).load()
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "run", str(dst), "-p", "hi"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "mnnllm embed" in done.stderr and "Traceback" not in done.stderr
+
+
 def test_text_longer_than_the_positions_is_refused(models):
     src, dst, _, _ = models["cls"]
     model = mnnllm_core.create(dst, embedding_model=True).load()

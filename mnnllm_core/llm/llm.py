@@ -85,8 +85,12 @@ class Llm:
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states or needs_hidden_states(cfg) else [])
         base = self.base.module if self.base is not None else None
-        self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
-                                  Config(rearrange=True, base=base))
+        try:
+            self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
+                                      Config(rearrange=True, base=base))
+        except UnsupportedError as err:
+            _refuse_text_encoder(cfg.llm_model, err)
+            raise
         if cfg.attention_mask == "float":
             check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
                              cfg.origin("attention_type"))
@@ -396,6 +400,19 @@ class Llm:
         """Where the ops of the most recently used clone ran (empty before the first forward)."""
         modules = self.pool.modules() or [self.module]
         return modules[-1].placement()
+
+
+def _refuse_text_encoder(graph: str, err: UnsupportedError) -> None:
+    """A graph that lacks an LLM's inputs because it is a text encoder (it outputs MNN's
+    `sentence_embeddings`): say how to load it instead."""
+    if err.field != "inputs":
+        return
+    from ..schema.reader import read_net_file
+    if "sentence_embeddings" in [name.decode() if isinstance(name, bytes) else name
+                                 for name in (read_net_file(graph).outputName or [])]:
+        raise UnsupportedError("this is an embedding model (its graph outputs sentence_embeddings, not logits): "
+                               "load it with create(config, embedding_model=True) or run `mnnllm embed`",
+                               file=graph, field="inputs") from err
 
 
 def create(config_path: str | os.PathLike, embedding_model: bool = False, base: Llm | None = None) -> Llm:
