@@ -37,10 +37,11 @@ def sources(folder: str) -> list[Path]:
 
 
 def test_backends_and_plugins_import_only_the_public_module_of_mnnllm() -> None:
-    """Their tests may use the conformance suite too; backends never reach into each other."""
+    """Their tests may use the conformance suite too, and drive a model through the user's API
+    (`mnnllm_core.create`); backends never reach into each other."""
     checked, wrong = 0, []
     for path in sources("backends") + sources("plugins"):
-        allowed = {PUBLIC, "mnnllm_core.testing"} if "tests" in path.parts else {PUBLIC}
+        allowed = {PUBLIC, "mnnllm_core.testing", "mnnllm_core"} if "tests" in path.parts else {PUBLIC}
         for line, name in mnnllm_imports(path):
             checked += 1
             if name not in allowed:

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not importable")
 
 import mnnllm_core  # noqa: E402
-from mnnllm_core.errors import ConfigError  # noqa: E402
+from mnnllm_core.backend_api import ConfigError  # noqa: E402
 from mnnllm_core.testing import make_module, new_runtime  # noqa: E402
 from paths import CONFIG, REFERENCE  # noqa: E402
 from test_replay import _greedy, check_replay_against_loop  # noqa: E402
