@@ -166,6 +166,26 @@ def test_the_kernels_without_subgroups_pass_the_cases_the_subgroup_kernels_pass(
         assert results and not failed, (hints, failed)
 
 
+def test_the_one_dispatch_attention_needs_no_scores_buffer_so_its_size_limit_does_not_apply() -> None:
+    """A 70-token prefill whose [seq, heads, capacity] scores exceed the (lowered) texel limit while
+    q, k, v, the cache and the output fit: the fused kernel runs it, the scores path refuses it."""
+    from mnnllm_core.testing import Case
+    from mnnllm_core.testing.cases.attention import _prefill
+    case = Case("Attention", "causal prefill heads=9/3 dim=64 tokens=70", _prefill(70, 9, 3, 64))
+    device = shared_vulkan().runtime.device
+    saved = device.max_texels
+    device.max_texels = 50_000  # scores 70 x 9 x 128 = 80640 floats; q 40320, the cache 128 x 192
+    try:
+        fused = run_suite("vulkan", cases=[case])[0]
+        scores = run_suite("vulkan", hints={"vulkan_subgroups": False}, cases=[case])[0]
+    finally:
+        device.max_texels = saved
+    if not shared_vulkan().runtime.subgroups:
+        pytest.skip("the device has no subgroup arithmetic: no one-dispatch attention")
+    assert fused.status == "pass", fused.reason
+    assert scores.status != "pass" and "maxTexelBufferElements" in scores.reason
+
+
 def test_subgroup_kernels_follow_the_device() -> None:
     runtime = shared_vulkan().runtime
     device = runtime.device

@@ -32,6 +32,7 @@ class AttentionExecution(Execution):
         self.cache = cache if cache is not None else DeviceKVCache(backend.device.alloc, backend.recorder.copy,
                                                                    backend.device.fits_floats)
         self.shape = None
+        self.fused = False
         self.kv_seq = 0
         self.mask = (0, 1, 1)
         self.scratch = None
@@ -46,6 +47,7 @@ class AttentionExecution(Execution):
                                    field="heads")
         seq, heads, kv_heads, dim = shape
         self.shape = shape
+        self.fused = self.backend.runtime.subgroups and dim in FUSED_DIMS  # one dispatch, no scores buffer
         self.kv_seq = inputs[1].size // (kv_heads * dim)
         self.cache.row_bytes = kv_heads * dim * 4
         mask = attention_mask(inputs[3] if len(inputs) > 3 else None, seq)
@@ -65,7 +67,7 @@ class AttentionExecution(Execution):
             past, total = 0, self.kv_seq
             keys, values, stride = self.inputs[1].storage, self.inputs[2].storage, self.kv_seq
         seq, heads = self.shape[:2]
-        if not self.backend.device.fits_floats(seq * heads * stride * 4):
+        if not self.fused and not self.backend.device.fits_floats(seq * heads * stride * 4):
             raise UnsupportedError(f"vulkan Attention: {seq}x{heads}x{stride} scores exceed maxStorageBufferRange "
                                    "or maxTexelBufferElements",
                                    field="attention")
@@ -78,7 +80,7 @@ class AttentionExecution(Execution):
     def _dispatches(self, keys, values, stride) -> tuple:
         device, inputs, outputs = self.backend.device, self.inputs, self.outputs
         seq, heads, kv_heads, dim = self.shape
-        if self.backend.runtime.subgroups and dim in FUSED_DIMS:
+        if self.fused:
             self.bound = (keys, values, self.scratch, stride)
             return (self._fused(keys, values),) if seq and stride else ()
         if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
