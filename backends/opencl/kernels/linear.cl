@@ -47,6 +47,12 @@ static void finish_rows(float16 *acc, float *tail, __local float *part, int lid,
         if (t0 + t < rows) ST(y, (size_t)(t0 + t) * oc + o, activate(sums[t] + b, act));
 }
 
+/* code - 8 for a 4-bit code: the code as the low mantissa bits of 2^23, minus 2^23 + 8 (exact;
+ * two integer/float ops, where pocl's uchar -> float conversion takes several) */
+static inline float16 nibble_value(uint16 code) {
+    return as_float16(code | 0x4B000000u) - 8388616.0f;
+}
+
 __kernel void linear_q4(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
                         __global const float *bias, __global store_t *y, int ic, int oc, int rows,
                         int block, int offset, int has_bias, int act) {
@@ -58,9 +64,9 @@ __kernel void linear_q4(__global const store_t *x, __global const uchar *w, __gl
         const float2 s = sz[(size_t)o * nb + b];
         const float16 scale = (float16)(s.x), zero = (float16)(s.y);
         for (int j = 0; j < half_block; j += 16) {
-            const uchar16 c = vload16(0, wr + b * half_block + j);
-            const float16 lo = fma(convert_float16(c & (uchar16)(15)) - 8.0f, scale, zero);
-            const float16 hi = fma(convert_float16(c >> (uchar16)(4)) - 8.0f, scale, zero);
+            const uint16 c = convert_uint16(vload16(0, wr + b * half_block + j));
+            const float16 lo = fma(nibble_value(c & 15u), scale, zero);
+            const float16 hi = fma(nibble_value(c >> 4), scale, zero);
             const int base = b * block + j;
             for (int t = 0; t < TILE; ++t) {
                 acc[t] = fma(lo, LD16(xr[t], base), acc[t]);

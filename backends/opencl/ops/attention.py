@@ -60,7 +60,7 @@ class AttentionExecution(Execution):
             step = (past, self.cache.length)
         else:
             step = (0, self.kv_seq)
-        cl.enqueue_copy(queue, self.step, np.array(step, np.int32), is_blocking=False)
+        cl.enqueue_fill_buffer(queue, self.step, np.array(step, np.int32), 0, 8)
         self.kernel(queue)
 
     def on_clone(self, backend, op):
