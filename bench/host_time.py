@@ -7,6 +7,9 @@ For each backend, after a short prefill and a few warm-up steps, every decode st
             replay does on the host before it submits)
   wait      the backend's on_execute_end: opencl clFinish, vulkan submit + wait
   forward   the whole `Llm.forward` of the token (embedding, uploads, logits readback included)
+  held      opencl only, a second pass: the queue is held by a user event while the step is
+            enqueued (the host's cost alone: pocl runs the kernels on the host's own cores, so
+            unheld, "host" also holds kernel time), then released and finished (the device alone)
 and the pipeline's own dispatch cost is measured with every execution replaced by a no-op.
 
     python bench/host_time.py -a opencl,vulkan -n 32          # markdown
@@ -63,6 +66,44 @@ def _noop_execute_s(pipeline, reps: int) -> float:
     return statistics.median(samples)
 
 
+def _held_queue_ms(llm, pipeline, token: int, steps: int) -> dict:
+    """opencl only: each step's commands are enqueued behind a marker that waits on a user event,
+    so the enqueue time is the host's alone (pocl runs kernels on the same cores as the host
+    thread: unheld, an enqueue also waits for them), then the event is set and the finish times
+    the device alone. Empty for a backend without a pyopencl queue."""
+    import numpy as np
+
+    queue = getattr(pipeline.backend, "queue", None)
+    if queue is None or not type(queue).__module__.startswith("pyopencl"):
+        return {}
+    import pyopencl as cl
+
+    execute, finish = pipeline.execute, pipeline.backend.on_execute_end
+    marks: list[list[float]] = []
+
+    def held_execute(*args, **kwargs):
+        gate = cl.UserEvent(queue.context)
+        cl.enqueue_marker(queue, wait_for=[gate])
+        marks.append([time.perf_counter(), gate])
+        return execute(*args, **kwargs)
+
+    def release_then_finish():
+        mark = marks[-1]
+        enqueued = time.perf_counter()
+        mark[1].set_status(cl.command_execution_status.COMPLETE)
+        finish()
+        mark[:] = [enqueued - mark[0], time.perf_counter() - enqueued]
+
+    pipeline.execute, pipeline.backend.on_execute_end = held_execute, release_then_finish
+    try:
+        for _ in range(steps):
+            token = int(np.argmax(llm.forward([token])))
+    finally:
+        del pipeline.execute, pipeline.backend.on_execute_end
+    return {"held_enqueue_ms": statistics.median(m[0] for m in marks) * 1e3,
+            "held_device_ms": statistics.median(m[1] for m in marks) * 1e3}
+
+
 def measure(config: str, backend: str, steps: int, replay: str | None) -> dict:
     import numpy as np
 
@@ -90,6 +131,7 @@ def measure(config: str, backend: str, steps: int, replay: str | None) -> dict:
         token = int(np.argmax(llm.forward([token])))
         rows.append((time.perf_counter() - start, execute[-1], wait[-1]))
     del pipeline.execute, pipeline.backend.on_execute_end
+    held = _held_queue_ms(llm, pipeline, token, steps)
     commands = len(pipeline.commands)
     forward_s = statistics.median(r[0] for r in rows)
     execute_s = statistics.median(r[1] for r in rows)
@@ -100,20 +142,26 @@ def measure(config: str, backend: str, steps: int, replay: str | None) -> dict:
             "forward_ms": forward_s * 1e3, "execute_ms": execute_s * 1e3, "host_ms": host_s * 1e3,
             "wait_ms": wait_s * 1e3, "host_us_per_op": host_s * 1e6 / max(1, commands),
             "noop_pipeline_ms": _noop_execute_s(pipeline, max(5, steps)) * 1e3,
-            "tok_s": 1.0 / forward_s}
+            "tok_s": 1.0 / forward_s, **held}
+
+
+def _ms(row: dict, key: str) -> str:
+    return f"{row[key]:.2f}" if key in row else "-"
 
 
 def render(rows: list[dict]) -> str:
     head = ("| backend | replay | commands | forward (ms) | execute (ms) | host (ms) | wait (ms) | host us/op "
-            "| no-op pipeline (ms) | tok/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+            "| no-op pipeline (ms) | held: enqueue (ms) | held: device (ms) | tok/s |\n"
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     lines = [head]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['backend']} | {r.get('replay_asked', '-')} | error: {r['error']} |||||||")
+            lines.append(f"| {r['backend']} | {r.get('replay_asked', '-')} | error: {r['error']} |||||||||")
             continue
         lines.append(f"| {r['backend']} | {'on' if r['replay'] else 'off'} | {r['commands']} | {r['forward_ms']:.2f} "
                      f"| {r['execute_ms']:.2f} | {r['host_ms']:.2f} | {r['wait_ms']:.2f} | {r['host_us_per_op']:.1f} "
-                     f"| {r['noop_pipeline_ms']:.2f} | {r['tok_s']:.1f} |")
+                     f"| {r['noop_pipeline_ms']:.2f} | {_ms(r, 'held_enqueue_ms')} | {_ms(r, 'held_device_ms')} "
+                     f"| {r['tok_s']:.1f} |")
     return "\n".join(lines)
 
 
