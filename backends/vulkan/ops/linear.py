@@ -30,6 +30,7 @@ Q4_TILE = 8  # tokens per invocation in linear_q4_tile.comp (prefill: a tiled GE
 #   lanes  linear_q4.comp: one invocation per row, 64 per group
 # group and lanes prefill with linear_q4_tile.comp (64 rows x 8 tokens per group).
 DECODE_Q4 = {"texel": ("linear_q4_texel", 16 * 8), "group": ("linear_q4_group", 8), "lanes": ("linear_q4", 64)}
+PAIRED_TEXEL = "linear_q4_texel2"  # two texel layers on one input in one dispatch (VulkanReplay pairs them)
 PREFILL_Q4 = {"texel": ("linear_q4_texel_tile", 8 * 8, 4)}
 PREFILL_WORDS = ("linear_q4_tile", 64, Q4_TILE)
 
@@ -133,8 +134,28 @@ class LinearExecution(DispatchExecution):
         rows = inputs[0].size // p.ic
         shader, groups = p.launch(rows)
         push = pack_push("6i", p.ic, p.oc, rows, p.block, int(p.has_bias), self.act)
+        self.io = (inputs[0].storage, outputs[0].storage, rows)
+        self.pair = None  # (the other layer's own Dispatch, the paired one): made by paired_with
         self.dispatch = Dispatch(self.backend.device, shader, p.bindings(inputs[0].storage, outputs[0].storage),
                                  push, groups)
+
+    def paired_with(self, other) -> Dispatch | None:
+        """One dispatch computing this layer and `other` (the next command), when both are texel
+        decode layers of one input x; None otherwise. Kept until either resizes."""
+        if not isinstance(other, LinearExecution) or self.io[2] != 1 or other.io[2] != 1 \
+                or self.io[0] is not other.io[0] or self.packed.variant != "texel" \
+                or other.packed.variant != "texel" or (self.packed.ic, self.packed.block) != \
+                (other.packed.ic, other.packed.block):
+            return None
+        if self.pair is None or self.pair[0] is not other.dispatch:  # made for what both were resized to
+            a, b = self.packed, other.packed
+            first, second = a.bindings(self.io[0], self.io[1]), b.bindings(other.io[0], other.io[1])
+            groups0 = self.dispatch.groups[0]
+            push = pack_push("10i", a.ic, a.oc, 1, a.block, int(a.has_bias), self.act, b.oc, int(b.has_bias),
+                             other.act, groups0)
+            self.pair = (other.dispatch, Dispatch(self.backend.device, PAIRED_TEXEL, first + second[1:], push,
+                                                  (groups0 + other.dispatch.groups[0], 1, 1)))
+        return self.pair[1]
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
