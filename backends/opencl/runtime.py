@@ -98,17 +98,30 @@ class OpenCLBackend(Backend):
 class OpenCLReplay(Replay):
     """The pipeline's commands as one flat list of enqueue calls, bound at resize: an Execution
     with `enqueues()` gives its bound kernels and copies; any other one (Attention, whose run
-    does the KV bookkeeping) runs its on_execute in place."""
+    does the KV bookkeeping) runs its on_execute in place. Two consecutive linear layers on
+    one input become one kernel where `paired_with` allows it."""
 
     def __init__(self, queue, commands):
         self.queue = queue
         self.steps = []
-        for command in commands:
-            enqueues = getattr(command.execution, "enqueues", None)
+        self.paired = 0  # pairs of linear layers on one input enqueued as one kernel
+        commands = list(commands)
+        at = 0
+        while at < len(commands):
+            execution = commands[at].execution
+            pair = getattr(execution, "paired_with", None)
+            both = pair(commands[at + 1].execution) if pair is not None and at + 1 < len(commands) else None
+            if both is not None:  # q and k, gate and up: one launch (pocl pays per enqueued kernel)
+                self.steps += both
+                self.paired += 1
+                at += 2
+                continue
+            enqueues = getattr(execution, "enqueues", None)
             if enqueues is not None:
                 self.steps += enqueues()
             else:
-                self.steps.append(lambda queue, c=command: c.execution.on_execute(c.inputs, c.outputs))
+                self.steps.append(lambda queue, c=commands[at]: c.execution.on_execute(c.inputs, c.outputs))
+            at += 1
 
     def run(self) -> None:
         queue = self.queue

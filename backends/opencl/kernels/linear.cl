@@ -128,3 +128,44 @@ __kernel void linear_f(__global const store_t *x, __global const weight_t *w, __
     }
     finish_rows(acc, tail, part, lid, o, oc, t0, rows, bias, has_bias, act, y);
 }
+
+/* Two 4-bit layers that read the same x (q and k, gate and up) for one token, in one launch:
+ * work-items [0, oc0) take layer 0's rows, the rest layer 1's (OpenCLReplay pairs them). Built
+ * with TILE 1 and SPLIT 1, each row is summed in exactly linear_q4's order, so the pair gives
+ * the two launches' values bit for bit. */
+static float q4_row_sum(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
+                        int o, int ic, int block) {
+    const int nb = ic / block, half_block = block / 2;
+    __global const uchar *wr = w + (size_t)o * (ic / 2);
+    float16 acc = (float16)(0.0f);
+    for (int b = 0; b < nb; ++b) {
+        const float2 s = sz[(size_t)o * nb + b];
+        const float16 scale = (float16)(s.x), zero = (float16)(s.y);
+        for (int j = 0; j < half_block; j += 16) {
+            const uint16 c = convert_uint16(vload16(0, wr + b * half_block + j));
+            const float16 lo = fma(nibble_value(c & 15u), scale, zero);
+            const float16 hi = fma(nibble_value(c >> 4), scale, zero);
+            const int base = b * block + j;
+            acc = fma(lo, LD16(x, base), acc);
+            acc = fma(hi, LD16(x, base + half_block), acc);
+        }
+    }
+    return sum16(acc) + 0.0f;  /* linear_q4 adds its (empty) tail */
+}
+
+__kernel void linear_q4_pair(__global const store_t *x,
+                             __global const uchar *w0, __global const float2 *sz0, __global const float *bias0,
+                             __global store_t *y0,
+                             __global const uchar *w1, __global const float2 *sz1, __global const float *bias1,
+                             __global store_t *y1,
+                             int ic, int block, int oc0, int oc1, int has_bias0, int has_bias1, int act0, int act1) {
+    const int g = (int)get_global_id(0);
+    if (g < oc0) {
+        const float b = has_bias0 ? bias0[g] : 0.0f;
+        ST(y0, g, activate(q4_row_sum(x, w0, sz0, g, ic, block) + b, act0));
+    } else {
+        const int o = g - oc0;
+        const float b = has_bias1 ? bias1[o] : 0.0f;
+        ST(y1, o, activate(q4_row_sum(x, w1, sz1, o, ic, block) + b, act1));
+    }
+}

@@ -90,7 +90,27 @@ class LinearExecution(KernelExecution):
 
         problem = f"{p.format} ic={p.ic} oc={p.oc} block={p.block} rows={rows}" \
                   f"{' fp16' if backend.half else ''}{' fp16-weights' if p.weight_half else ''}"
-        self.kernel = bind(backend.runtime.linear_split_for(problem, run))
+        split = backend.runtime.linear_split_for(problem, run)
+        self.kernel = bind(split)
+        # what paired_with needs: a one-token q4 GEMV with one work-item per row
+        self.gemv = (inputs[0].storage, outputs[0].storage) if p.format == "q4" and rows == 1 and split == 1 else None
+        self.pair = None
+
+    def paired_with(self, other) -> list | None:
+        """One launch for this layer and `other` (the next command) when both are one-token q4
+        GEMVs (one work-item per row) of the same x, ic and block; None otherwise."""
+        if not isinstance(other, LinearExecution) or self.gemv is None or other.gemv is None \
+                or self.gemv[0] is not other.gemv[0] or (self.packed.ic, self.packed.block) != \
+                (other.packed.ic, other.packed.block):
+            return None
+        if self.pair is None or self.pair[0] is not other.kernel:  # made for what both were resized to
+            a, b = self.packed, other.packed
+            program = self.backend.program("linear.cl", "linear_q4_pair", TILE=1, SPLIT=1).bind(
+                (a.oc + b.oc,), None, self.gemv[0], a.weight, a.scales, a.bias, self.gemv[1],
+                b.weight, b.scales, b.bias, other.gemv[1],
+                *(np.int32(v) for v in (a.ic, a.block, a.oc, b.oc, a.has_bias, b.has_bias, self.act, other.act)))
+            self.pair = (other.kernel, program)
+        return [self.pair[1]]
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
