@@ -16,8 +16,12 @@
  */
 
 #define ROW_SETUP                                                              \
-    const int lid = SPLIT > 1 ? (int)get_local_id(0) : 0;                     \
     const int o = (int)get_global_id(0) / SPLIT;                              \
+    TOKEN_SETUP
+
+/* what a work-item of output row o holds: its tokens' x rows and accumulators */
+#define TOKEN_SETUP                                                            \
+    const int lid = SPLIT > 1 ? (int)get_local_id(0) : 0;                     \
     const int t0 = (int)get_global_id(1) * TILE;                              \
     __global const store_t *xr[TILE];                                         \
     for (int t = 0; t < TILE; ++t)                                            \
@@ -53,11 +57,11 @@ static inline float16 nibble_value(uint16 code) {
     return as_float16(code | 0x4B000000u) - 8388616.0f;
 }
 
-__kernel void linear_q4(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
-                        __global const float *bias, __global store_t *y, int ic, int oc, int rows,
-                        int block, int offset, int has_bias, int act) {
-    ROW_SETUP
-    __local float part[TILE * SPLIT];
+/* Output row o of a 4-bit layer: the body of linear_q4 and of linear_q4_pair. */
+static void q4_rows(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
+                    __global const float *bias, __global store_t *y, int ic, int oc, int rows,
+                    int block, int has_bias, int act, const int o, __local float *part) {
+    TOKEN_SETUP
     const int nb = ic / block, half_block = block / 2;
     __global const uchar *wr = w + (size_t)o * (ic / 2);
     for (int b = lid; b < nb; b += SPLIT) {
@@ -75,6 +79,30 @@ __kernel void linear_q4(__global const store_t *x, __global const uchar *w, __gl
         }
     }
     finish_rows(acc, tail, part, lid, o, oc, t0, rows, bias, has_bias, act, y);
+}
+
+__kernel void linear_q4(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
+                        __global const float *bias, __global store_t *y, int ic, int oc, int rows,
+                        int block, int offset, int has_bias, int act) {
+    __local float part[TILE * SPLIT];
+    q4_rows(x, w, sz, bias, y, ic, oc, rows, block, has_bias, act, (int)get_global_id(0) / SPLIT, part);
+}
+
+/* Two 4-bit layers that read the same x (q and k, gate and up) in one launch, built with TILE 1
+ * and SPLIT 1: work-items [0, oc0) take layer 0's rows, the rest layer 1's (OpenCLReplay pairs
+ * them); the same q4_rows, so the values equal the two launches' bit for bit. */
+__kernel void linear_q4_pair(__global const store_t *x,
+                             __global const uchar *w0, __global const float2 *sz0, __global const float *bias0,
+                             __global store_t *y0,
+                             __global const uchar *w1, __global const float2 *sz1, __global const float *bias1,
+                             __global store_t *y1,
+                             int ic, int block, int oc0, int oc1, int has_bias0, int has_bias1, int act0, int act1) {
+    __local float part[TILE * SPLIT];
+    const int g = (int)get_global_id(0);
+    if (g < oc0)
+        q4_rows(x, w0, sz0, bias0, y0, ic, oc0, 1, block, has_bias0, act0, g, part);
+    else
+        q4_rows(x, w1, sz1, bias1, y1, ic, oc1, 1, block, has_bias1, act1, g - oc0, part);
 }
 
 __kernel void linear_q8(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
@@ -129,43 +157,3 @@ __kernel void linear_f(__global const store_t *x, __global const weight_t *w, __
     finish_rows(acc, tail, part, lid, o, oc, t0, rows, bias, has_bias, act, y);
 }
 
-/* Two 4-bit layers that read the same x (q and k, gate and up) for one token, in one launch:
- * work-items [0, oc0) take layer 0's rows, the rest layer 1's (OpenCLReplay pairs them). Built
- * with TILE 1 and SPLIT 1, each row is summed in exactly linear_q4's order, so the pair gives
- * the two launches' values bit for bit. */
-static float q4_row_sum(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
-                        int o, int ic, int block) {
-    const int nb = ic / block, half_block = block / 2;
-    __global const uchar *wr = w + (size_t)o * (ic / 2);
-    float16 acc = (float16)(0.0f);
-    for (int b = 0; b < nb; ++b) {
-        const float2 s = sz[(size_t)o * nb + b];
-        const float16 scale = (float16)(s.x), zero = (float16)(s.y);
-        for (int j = 0; j < half_block; j += 16) {
-            const uint16 c = convert_uint16(vload16(0, wr + b * half_block + j));
-            const float16 lo = fma(nibble_value(c & 15u), scale, zero);
-            const float16 hi = fma(nibble_value(c >> 4), scale, zero);
-            const int base = b * block + j;
-            acc = fma(lo, LD16(x, base), acc);
-            acc = fma(hi, LD16(x, base + half_block), acc);
-        }
-    }
-    return sum16(acc) + 0.0f;  /* linear_q4 adds its (empty) tail */
-}
-
-__kernel void linear_q4_pair(__global const store_t *x,
-                             __global const uchar *w0, __global const float2 *sz0, __global const float *bias0,
-                             __global store_t *y0,
-                             __global const uchar *w1, __global const float2 *sz1, __global const float *bias1,
-                             __global store_t *y1,
-                             int ic, int block, int oc0, int oc1, int has_bias0, int has_bias1, int act0, int act1) {
-    const int g = (int)get_global_id(0);
-    if (g < oc0) {
-        const float b = has_bias0 ? bias0[g] : 0.0f;
-        ST(y0, g, activate(q4_row_sum(x, w0, sz0, g, ic, block) + b, act0));
-    } else {
-        const int o = g - oc0;
-        const float b = has_bias1 ? bias1[o] : 0.0f;
-        ST(y1, o, activate(q4_row_sum(x, w1, sz1, o, ic, block) + b, act1));
-    }
-}
