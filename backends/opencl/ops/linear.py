@@ -73,6 +73,7 @@ class LinearExecution(KernelExecution):
     def on_resize(self, inputs, outputs) -> None:
         p, backend = self.packed, self.backend
         rows = inputs[0].size // p.ic
+        self.gemv = self.pair = None  # set below for a one-token q4 GEMV (what paired_with pairs)
         tile = 1 if rows == 1 else PREFILL_TILE
 
         def bind(split: int):
@@ -92,9 +93,8 @@ class LinearExecution(KernelExecution):
                   f"{' fp16' if backend.half else ''}{' fp16-weights' if p.weight_half else ''}"
         split = backend.runtime.linear_split_for(problem, run)
         self.kernel = bind(split)
-        # what paired_with needs: a one-token q4 GEMV with one work-item per row
-        self.gemv = (inputs[0].storage, outputs[0].storage) if p.format == "q4" and rows == 1 and split == 1 else None
-        self.pair = None
+        if p.format == "q4" and rows == 1 and split == 1:  # one work-item per row
+            self.gemv = (inputs[0].storage, outputs[0].storage)
 
     def paired_with(self, other) -> list | None:
         """One launch for this layer and `other` (the next command) when both are one-token q4
