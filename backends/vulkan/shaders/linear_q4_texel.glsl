@@ -33,7 +33,11 @@ layout(push_constant) uniform Params {
 layout(push_constant) uniform Params { int ic; int oc; int tokens; int block; int has_bias; int act; } p;
 #endif
 
-// acc[t][r]: rows first + LANES * r (of `oc`) of weights Wt/St for tokens t0 + t.
+// acc[t][r]: rows first + LANES * r (of `oc`) of weights Wt/St for tokens t0 + t. Per 32
+// codes the rows' texels are fetched once, then each word's 8 codes are dequantized once and
+// dotted with the x texels of every token: one scalar partial sum per row and token (lavapipe
+// runs LANES invocations in the lanes of a vector register: every per-invocation value costs a
+// register, and vec4 partial sums per row spilled).
 void dot_rows(utextureBuffer Wt, textureBuffer St, int oc, int first, int t0, out float acc[TOKENS][ROWS]) {
     int row[ROWS];  // past the last row: read the last one again (fixed trip counts keep acc in registers)
     for (int r = 0; r < ROWS; ++r) row[r] = min(first + LANES * r, oc - 1);
@@ -43,39 +47,35 @@ void dot_rows(utextureBuffer Wt, textureBuffer St, int oc, int first, int t0, ou
     int blocks = p.ic / p.block;
     for (int t = 0; t < TOKENS; ++t) for (int r = 0; r < ROWS; ++r) acc[t][r] = 0.0;
     for (int b = 0; b < blocks; ++b) {
-        vec4 part[TOKENS][ROWS];  // four partial sums per row: short dependency chains
-        vec4 xs[TOKENS];
+        float part[TOKENS][ROWS];
+        float xs[TOKENS];
         for (int t = 0; t < TOKENS; ++t) {
-            xs[t] = vec4(0.0);
-            for (int r = 0; r < ROWS; ++r) part[t][r] = vec4(0.0);
+            xs[t] = 0.0;
+            for (int r = 0; r < ROWS; ++r) part[t][r] = 0.0;
         }
         for (int j = 0; j < per_block; ++j) {
             int k4 = b * per_block + j;
-            vec4 xv[TOKENS][8];
-            for (int t = 0; t < TOKENS; ++t) {
-                for (int q = 0; q < 8; ++q) {
-                    xv[t][q] = texelFetch(X, xrow[t] + 8 * k4 + q);
-                    xs[t] += xv[t][q];
-                }
-            }
-            for (int r = 0; r < ROWS; ++r) {
-                uvec4 w = texelFetch(Wt, k4 * oc + row[r]);
-                vec4 c[8];  // the 32 codes, dequantized once for every token
-                for (int q = 0; q < 4; ++q) {
-                    c[2 * q] = vec4(uvec4(w[q], w[q] >> 4, w[q] >> 8, w[q] >> 12) & 15u);
-                    c[2 * q + 1] = vec4(uvec4(w[q] >> 16, w[q] >> 20, w[q] >> 24, w[q] >> 28) & 15u);
-                }
+            uvec4 w[ROWS];
+            for (int r = 0; r < ROWS; ++r) w[r] = texelFetch(Wt, k4 * oc + row[r]);
+            for (int q = 0; q < 4; ++q) {  // word q: codes 8q .. 8q + 7, x texels 2q and 2q + 1
+                vec4 xa[TOKENS], xb[TOKENS];
                 for (int t = 0; t < TOKENS; ++t) {
-                    for (int q = 0; q < 8; ++q) part[t][r] += c[q] * xv[t][q];
+                    xa[t] = texelFetch(X, xrow[t] + 8 * k4 + 2 * q);
+                    xb[t] = texelFetch(X, xrow[t] + 8 * k4 + 2 * q + 1);
+                    xs[t] += dot(xa[t], vec4(1.0)) + dot(xb[t], vec4(1.0));
+                }
+                for (int r = 0; r < ROWS; ++r) {
+                    uint v = w[r][q];
+                    vec4 lo = vec4(uvec4(v, v >> 4, v >> 8, v >> 12) & 15u);
+                    vec4 hi = vec4(uvec4(v >> 16, v >> 20, v >> 24, v >> 28) & 15u);
+                    for (int t = 0; t < TOKENS; ++t) part[t][r] += dot(lo, xa[t]) + dot(hi, xb[t]);
                 }
             }
         }
         for (int r = 0; r < ROWS; ++r) {
             vec2 sz = texelFetch(St, b * oc + row[r]).xy;
-            for (int t = 0; t < TOKENS; ++t) {
-                float sum_x = dot(xs[t], vec4(1.0));
-                acc[t][r] += sz.x * (dot(part[t][r], vec4(1.0)) - 8.0 * sum_x) + sz.y * sum_x;
-            }
+            for (int t = 0; t < TOKENS; ++t)
+                acc[t][r] += sz.x * (part[t][r] - 8.0 * xs[t]) + sz.y * xs[t];
         }
     }
 }
