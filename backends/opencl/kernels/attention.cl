@@ -61,16 +61,19 @@ __kernel void attention(__global const store_t *q, __global const store_t *k, __
     }
 }
 
-/* The same attention for a prefill on a CPU device: one work-item per (QT queries, head), the keys
- * in chunks of KC. Each key row is loaded once for the QT queries, the chunk's scores take one
- * running-softmax update per query (vector exp), and the chunk's values are summed with the
- * output accumulators held in registers for one VW-wide slice of the head at a time.
- * q is scaled once. Keys past a query's causal limit score -inf (their weight is 0); loads are
- * clamped to the last attended key, so the tile never reads outside the cache. */
-#ifdef QT
+/* The same attention for a prefill on a CPU device: one work-item per (8 queries, head), the 8
+ * queries in the lanes of a float8 (q transposed once: qt[d] holds dim d of the 8), so a key's
+ * scores for all 8 are 64 fmas with the key's values broadcast and no horizontal sum; keys in
+ * chunks of KC with a running softmax per lane; the chunk's values summed into the 8 output rows
+ * VW dims at a time (VW 8, or 4 when HEAD_DIM is not a multiple of 8). q is scaled once. Keys
+ * past a query's causal limit score -inf (weight 0); loads are clamped to the last attended
+ * key, so a tile never reads outside the cache. */
+#ifdef QUERY_LANES
 #if HEAD_DIM % 8 == 0
 #define VW 8
 typedef float8 floatv;
+#define LDP(p) vload8(0, (p))
+#define STP(p, x) vstore8((x), 0, (p))
 #ifdef HALF_STORAGE
 #define LDV(p, i) vload_half8(0, (p) + (i))
 #define STV(p, i, x) vstore_half8((x), 0, (p) + (i))
@@ -81,6 +84,8 @@ typedef float8 floatv;
 #else
 #define VW 4
 typedef float4 floatv;
+#define LDP(p) vload4(0, (p))
+#define STP(p, x) vstore4((x), 0, (p))
 #ifdef HALF_STORAGE
 #define LDV(p, i) vload_half4(0, (p) + (i))
 #define STV(p, i, x) vstore_half4((x), 0, (p) + (i))
@@ -89,92 +94,91 @@ typedef float4 floatv;
 #define STV(p, i, x) vstore4((x), 0, (p) + (i))
 #endif
 #endif
-#define NV (HEAD_DIM / VW)
 #define KC 16
-
-static inline float sumv(floatv v) {
-#if VW == 8
-    const float4 a = v.lo + v.hi;
-#else
-    const float4 a = v;
-#endif
-    return (a.x + a.y) + (a.z + a.w);
-}
 
 __kernel void attention_tiled(__global const store_t *q, __global const store_t *k, __global const store_t *v,
                               __global const mask_t *mask, __global store_t *out, __global const int *step,
                               int seq, int heads, int kv_heads, float scale, int mask_mode, int mask_rows,
                               int mask_cols) {
-    const int t0 = get_global_id(0) * QT, h = get_global_id(1);
+    const int t0 = get_global_id(0) * 8, h = get_global_id(1);
     const int past = step[0], total = step[1];
     const int g = h / (heads / kv_heads);
     const int mask_start = total - mask_cols;
-    floatv qv[QT][NV], acc[QT][NV];
-    int limit[QT];
-    float best[QT], norm[QT];
-    size_t mask_row[QT];
-    _Pragma("unroll") for (int t = 0; t < QT; ++t) {
+    float8 qt[HEAD_DIM];
+    float acc[8][HEAD_DIM];
+    int lim[8];
+    for (int t = 0; t < 8; ++t) {
         const int tq = min(t0 + t, seq - 1);
         const size_t q_at = ((size_t)tq * heads + h) * HEAD_DIM;
-        _Pragma("unroll") for (int c = 0; c < NV; ++c) {
-            qv[t][c] = LDV(q, q_at + c * VW) * scale;
-            acc[t][c] = (floatv)(0.0f);
+        for (int d = 0; d < HEAD_DIM; ++d) {
+            qt[d][t] = LD(q, q_at + d) * scale;
+            acc[t][d] = 0.0f;
         }
-        limit[t] = mask_mode == 0 ? min(total, past + tq + 1) : total;
-        mask_row[t] = (size_t)(mask_rows - seq + tq) * mask_cols;
-        best[t] = -INFINITY;
-        norm[t] = 0.0f;
+        lim[t] = mask_mode == 0 ? min(total, past + tq + 1) : total;
     }
-    const int end = limit[QT - 1];
+    const int8 limit = vload8(0, lim);
+    const int end = lim[7];
+    float8 best = (float8)(-INFINITY), norm = (float8)(0.0f);
     for (int j0 = 0; j0 < end; j0 += KC) {
-        float s[QT][KC];
+        float8 s[KC];
+        _Pragma("unroll") for (int jj = 0; jj < KC; jj += 8) {
+            __global const store_t *kr[8];
+            float8 dot[8];
+            _Pragma("unroll") for (int e = 0; e < 8; ++e) {
+                kr[e] = k + ((size_t)min(j0 + jj + e, end - 1) * kv_heads + g) * HEAD_DIM;
+                dot[e] = (float8)(0.0f);
+            }
+            for (int d = 0; d < HEAD_DIM; ++d) {
+                const float8 qd = qt[d];
+                _Pragma("unroll") for (int e = 0; e < 8; ++e) dot[e] = fma(qd, (float8)(LD(kr[e], d)), dot[e]);
+            }
+            _Pragma("unroll") for (int e = 0; e < 8; ++e) s[jj + e] = dot[e];
+        }
+        float8 top = best;
         _Pragma("unroll") for (int jj = 0; jj < KC; ++jj) {
             const int j = j0 + jj;
-            const size_t kv_at = ((size_t)min(j, end - 1) * kv_heads + g) * HEAD_DIM;
-            floatv kk[NV];
-            _Pragma("unroll") for (int c = 0; c < NV; ++c) kk[c] = LDV(k, kv_at + c * VW);
-            _Pragma("unroll") for (int t = 0; t < QT; ++t) {
-                floatv dot = qv[t][0] * kk[0];
-                _Pragma("unroll") for (int c = 1; c < NV; ++c) dot = fma(qv[t][c], kk[c], dot);
-                float score = j < limit[t] ? sumv(dot) : -INFINITY;
-                if (mask_mode == 1 && j >= mask_start && j < limit[t]) {
+            float8 score = select(s[jj], (float8)(-INFINITY), (int8)(j) >= limit);
+            if (mask_mode == 1 && j >= mask_start) {
+                for (int t = 0; t < 8; ++t) {
+                    const size_t at = (size_t)(mask_rows - seq + min(t0 + t, seq - 1)) * mask_cols + j - mask_start;
 #ifdef MASK_INT
-                    if (mask[mask_row[t] + j - mask_start] == 0) score = -INFINITY;
+                    if (j < lim[t] && mask[at] == 0) score[t] = -INFINITY;
 #else
-                    score += LD(mask, mask_row[t] + j - mask_start);
+                    if (j < lim[t]) score[t] += LD(mask, at);
 #endif
                 }
-                s[t][jj] = score;
             }
+            s[jj] = score;
+            top = fmax(top, score);
         }
-        _Pragma("unroll") for (int t = 0; t < QT; ++t) {
-            const float16 sv = vload16(0, s[t]);
-            const float8 m8 = fmax(sv.lo, sv.hi);
-            const float4 m4 = fmax(m8.lo, m8.hi);
-            const float top = fmax(best[t], fmax(fmax(m4.x, m4.y), fmax(m4.z, m4.w)));
-            const float shift = top == -INFINITY ? 0.0f : top;
-            const float16 p = exp(sv - shift);
-            const float fade = exp(best[t] - shift);
-            norm[t] = norm[t] * fade + sum16(p);
-            best[t] = top;
-            vstore16(p, 0, s[t]);
-            _Pragma("unroll") for (int c = 0; c < NV; ++c) acc[t][c] *= fade;
+        const float8 shift = select(top, (float8)(0.0f), top == (float8)(-INFINITY));
+        const float8 fade = exp(best - shift);
+        float p[KC][8], f[8];
+        float8 sum = (float8)(0.0f);
+        _Pragma("unroll") for (int jj = 0; jj < KC; ++jj) {
+            const float8 weight = exp(s[jj] - shift);
+            sum += weight;
+            vstore8(weight, 0, p[jj]);
         }
-        _Pragma("unroll") for (int c = 0; c < NV; ++c) {
-            floatv a[QT];
-            _Pragma("unroll") for (int t = 0; t < QT; ++t) a[t] = acc[t][c];
+        norm = norm * fade + sum;
+        best = top;
+        vstore8(fade, 0, f);
+        for (int c = 0; c < HEAD_DIM; c += VW) {
+            floatv o[8];
+            _Pragma("unroll") for (int t = 0; t < 8; ++t) o[t] = LDP(acc[t] + c) * f[t];
             _Pragma("unroll") for (int jj = 0; jj < KC; ++jj) {
-                const floatv vv = LDV(v, ((size_t)min(j0 + jj, end - 1) * kv_heads + g) * HEAD_DIM + c * VW);
-                _Pragma("unroll") for (int t = 0; t < QT; ++t) a[t] = fma((floatv)(s[t][jj]), vv, a[t]);
+                const floatv vv = LDV(v, ((size_t)min(j0 + jj, end - 1) * kv_heads + g) * HEAD_DIM + c);
+                _Pragma("unroll") for (int t = 0; t < 8; ++t) o[t] = fma((floatv)(p[jj][t]), vv, o[t]);
             }
-            _Pragma("unroll") for (int t = 0; t < QT; ++t) acc[t][c] = a[t];
+            _Pragma("unroll") for (int t = 0; t < 8; ++t) STP(acc[t] + c, o[t]);
         }
     }
-    _Pragma("unroll") for (int t = 0; t < QT; ++t) {
+    float inv[8];
+    vstore8(1.0f / norm, 0, inv);
+    for (int t = 0; t < 8; ++t) {
         if (t0 + t >= seq) break;
-        const float inv = 1.0f / norm[t];
         const size_t q_at = ((size_t)(t0 + t) * heads + h) * HEAD_DIM;
-        _Pragma("unroll") for (int c = 0; c < NV; ++c) STV(out, q_at + c * VW, acc[t][c] * inv);
+        for (int c = 0; c < HEAD_DIM; c += VW) STV(out, q_at + c, LDP(acc[t] + c) * inv[t]);
     }
 }
 #endif
