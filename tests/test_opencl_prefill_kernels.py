@@ -4,7 +4,8 @@ a multiple of 16, the value map's offset 128), fp32 and fp16 weights, with and w
 fused activations, output rows and tokens that are not multiples of the tiles, several token
 groups, fp16 activation storage; attention over several key chunks, a query tile cut short,
 head dims 64 and 12, a second prefill on the cache, a float mask. Each case also checks that the
-kernel it meant to test ran (the shapes the CPU kernels cannot take stay on linear.cl), and the
+kernel it meant to test ran (the shapes the CPU kernels cannot take, and linear layers of fewer
+than 16 tokens, stay on linear.cl), and the
 hint "opencl_cpu_kernels" switches them off. Tolerances, relative to the largest expected
 magnitude: 2e-5 for linear layers and 1e-5 for attention in fp32 storage, FP16_TOL (4e-3) in
 fp16 storage.
@@ -69,16 +70,17 @@ def linear_case(label: str, kernel: str, tokens: int, oc: int, ic: int, weight: 
 LINEAR_CASES = [
     linear_case("q4 block 64 oc 37 tokens 37 bias", "linear_cpu_q4", 37, 37, 576, "q", bias=True),
     linear_case("q4 block 32 oc 200 tokens 390 (two token groups)", "linear_cpu_q4", 390, 200, 96, "q", block=32),
-    linear_case("q4 block 128 oc 16 tokens 2 relu", "linear_cpu_q4", 2, 16, 256, "q", block=128, act=RELU),
-    linear_case("q4 block 256 oc 24 tokens 7", "linear_cpu_q4", 7, 24, 512, "q", block=256, bias=True),
-    linear_case("q4 one block per row ic 576 tokens 7", "linear_cpu_q4", 7, 37, 576, "q", block=576),
-    linear_case("q4 value map as q8 offset 128", "linear_cpu_q8", 11, 9, 64, "q", block=32, value_map=True),
-    linear_case("q8 block 16 oc 33 tokens 13 bias", "linear_cpu_q8", 13, 33, 48, "q", bits=8, block=16, bias=True),
+    linear_case("q4 block 128 oc 16 tokens 16 relu", "linear_cpu_q4", 16, 16, 256, "q", block=128, act=RELU),
+    linear_case("q4 block 256 oc 24 tokens 23", "linear_cpu_q4", 23, 24, 512, "q", block=256, bias=True),
+    linear_case("q4 one block per row ic 576 tokens 17", "linear_cpu_q4", 17, 37, 576, "q", block=576),
+    linear_case("q4 value map as q8 offset 128", "linear_cpu_q8", 21, 9, 64, "q", block=32, value_map=True),
+    linear_case("q8 block 16 oc 33 tokens 19 bias", "linear_cpu_q8", 19, 33, 48, "q", bits=8, block=16, bias=True),
     linear_case("q8 block 64 oc 37 tokens 37 relu6", "linear_cpu_q8", 37, 37, 576, "q", bits=8, act=RELU6),
-    linear_case("fp32 weights oc 70 tokens 9 bias relu", "linear_cpu_f", 9, 70, 64, "f32", bias=True, act=RELU),
-    linear_case("fp16 weights oc 64 ic 576 tokens 5", "linear_cpu_f", 5, 64, 576, "f16"),
-    linear_case("q8 block 8 stays on linear.cl", "linear_q8", 7, 37, 40, "q", bits=8, block=8),
-    linear_case("fp32 weights ic 17 stay on linear.cl", "linear_f", 5, 9, 17, "f32"),
+    linear_case("fp32 weights oc 70 tokens 29 bias relu", "linear_cpu_f", 29, 70, 64, "f32", bias=True, act=RELU),
+    linear_case("fp16 weights oc 64 ic 576 tokens 16", "linear_cpu_f", 16, 64, 576, "f16"),
+    linear_case("q8 block 8 stays on linear.cl", "linear_q8", 37, 37, 40, "q", bits=8, block=8),
+    linear_case("fp32 weights ic 17 stay on linear.cl", "linear_f", 37, 9, 17, "f32"),
+    linear_case("15 tokens stay on linear.cl", "linear_q4", 15, 37, 576, "q", bias=True),
     linear_case("one token stays on linear.cl", "linear_q4", 1, 37, 576, "q", bias=True),
 ]
 

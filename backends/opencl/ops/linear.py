@@ -13,9 +13,9 @@ Packed layouts (kernels/linear.cl reads them; nothing is expanded to fp32 on the
 
 Kernels: decode (one token) runs linear.cl with TILE 1; a prefill on a GPU runs linear.cl with
 TILE tokens per work-item and the split (linear_split_for); a prefill on a CPU device
-(variant.cpu_kernels) runs linear_cpu.cl, which dequantizes each slice of a work-group's rows
-once into local memory and reuses it for every token of the group (shapes it cannot take,
-`cpu_kernel_fits`, stay on linear.cl).
+(variant.cpu_kernels) of at least CPU_MIN_ROWS tokens runs linear_cpu.cl, which dequantizes each
+slice of a work-group's rows once into local memory and reuses it for every token of the group
+(shapes it cannot take, `cpu_kernel_fits`, stay on linear.cl).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ CPU_ROWS = 16  # linear_cpu.cl: output rows per work-group (a multiple of 8)
 CPU_TOKENS = 6  # linear_cpu.cl: tokens per work-item (6 x 2 float8 accumulators fit AVX2's 16 registers)
 CPU_GROUP = 64  # linear_cpu.cl: most work-items per work-group
 CPU_SLICE = 128  # linear_cpu.cl: ic per dequantized slice (rounded up to a multiple of the q4 block)
+CPU_MIN_ROWS = 16  # fewer tokens than this: dequantizing a slice per group costs more than it saves (pocl)
 
 
 @dataclass(eq=False)
@@ -91,7 +92,7 @@ class LinearExecution(KernelExecution):
     def on_resize(self, inputs, outputs) -> None:
         p, backend = self.packed, self.backend
         rows = inputs[0].size // p.ic
-        if rows > 1 and cpu_kernels(backend) and cpu_kernel_fits(p):
+        if rows >= CPU_MIN_ROWS and cpu_kernels(backend) and cpu_kernel_fits(p):
             self.kernel = self.bind_cpu(inputs, outputs, rows)
             return
         tile = 1 if rows == 1 else PREFILL_TILE
