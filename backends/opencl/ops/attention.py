@@ -50,11 +50,12 @@ class AttentionExecution(Execution):
         self.cache.row_bytes = kv_heads * dim * self.backend.storage_dtype(inputs[1]).itemsize
         self.kv_seq, self.bound = kv_seq, None
         mask_buffer = mask.storage if mask is not None else inputs[0].storage
-        name, items = "attention", seq
-        if seq > 1 and cpu_kernels(self.backend):
-            name, items, defines["QUERY_LANES"] = "attention_tiled", -(-seq // QUERY_LANES), QUERY_LANES
+        name, items, local = "attention", seq, None
+        if seq > 1 and cpu_kernels(self.backend):  # one work-item per group: pocl's own choice leaves a core idle
+            name, items, local = "attention_tiled", -(-seq // QUERY_LANES), (1, 1)
+            defines["QUERY_LANES"] = QUERY_LANES
         self.kernel = self.backend.program("attention.cl", name, **defines).bind(
-            (items, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
+            (items, heads), local, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
             outputs[0].storage, self.step, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.float32(self.params.scale_for(dim)), np.int32(kind.kind != "causal"), np.int32(kind.rows),
             np.int32(kind.cols))
 
