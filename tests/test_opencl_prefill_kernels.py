@@ -4,8 +4,9 @@ a multiple of 16, the value map's offset 128), fp32 and fp16 weights, with and w
 fused activations, output rows and tokens that are not multiples of the tiles, several token
 groups, fp16 activation storage; attention over several key chunks, a query tile cut short,
 head dims 64 and 12, a second prefill on the cache, a float mask. Each case also checks that the
-kernel it meant to test ran (the shapes the CPU kernels cannot take, and linear layers of fewer
-than 16 tokens, stay on linear.cl), and the
+kernel it meant to test ran (the shapes the CPU kernels cannot take, a q4 block whose slice
+outgrows the device's local memory, and linear layers of fewer than 16 tokens stay on
+linear.cl), and the
 hint "opencl_cpu_kernels" switches them off. Tolerances, relative to the largest expected
 magnitude: 2e-5 for linear layers and 1e-5 for attention in fp32 storage, FP16_TOL (4e-3) in
 fp16 storage.
@@ -18,7 +19,7 @@ import pytest
 from mnnllm_core.core.weights import ConvolutionWeights, FloatWeight
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.plugins.manager import registry
-from mnnllm_core.testing import FP16_TOL, Case, run_suite
+from mnnllm_core.testing import FP16_TOL, Case, new_runtime, run_suite
 from mnnllm_core.testing.cases import Step, Trial, randn, single
 from mnnllm_core.testing.cases.attention import attention_op, feeds, steps_trial
 from mnnllm_core.testing.cases.linear import linear_op
@@ -138,6 +139,13 @@ def test_cpu_prefill_kernels_keep_fp16_storage_within_fp16_tolerance() -> None:
     results = run_suite("opencl", hints={"opencl_fp16": True}, half=True, cases=cases)
     assert all(r.tolerance == FP16_TOL for r in results)
     assert not failures(results)
+
+
+def test_a_q4_block_whose_slice_outgrows_local_memory_stays_on_linear_cl() -> None:
+    local_bytes = new_runtime("opencl").runtime.device.device.local_mem_size
+    ic = local_bytes // (16 * 4) // 32 * 32 + 32  # one block per row, 16 rows of it: over the limit
+    case = linear_case(f"q4 one block per row ic {ic} tokens 16", "linear_q4", 16, 16, ic, "q", block=ic)
+    assert not failures(run_suite("opencl", cases=[case]))
 
 
 def test_the_hint_turns_the_cpu_prefill_kernels_off() -> None:

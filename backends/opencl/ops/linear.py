@@ -76,8 +76,16 @@ def pack(backend, weights: ConvolutionWeights) -> PackedLinear:
                         alloc.constant(np.zeros(2, np.float32)), bias_buffer, bias is not None, half)
 
 
-def cpu_kernel_fits(p: PackedLinear) -> bool:
-    """linear_cpu.cl dequantizes runs of 16 weights (q8, f) or whole blocks (q4)."""
+def cpu_slice(p: PackedLinear) -> int:
+    """ic per slice linear_cpu.cl dequantizes: whole q4 blocks, else runs of 16."""
+    return -(-CPU_SLICE // p.block) * p.block if p.format == "q4" else CPU_SLICE
+
+
+def cpu_kernel_fits(p: PackedLinear, local_bytes: int) -> bool:
+    """linear_cpu.cl dequantizes runs of 16 weights (q8, f) or whole blocks (q4), into a local
+    slice of cpu_slice(p) x CPU_ROWS floats that the device's local memory must hold."""
+    if cpu_slice(p) * CPU_ROWS * 4 > local_bytes:
+        return False
     if p.format == "q8":
         return p.block % 16 == 0 and p.ic % p.block == 0
     return p.format == "q4" or p.ic % 16 == 0
@@ -92,7 +100,7 @@ class LinearExecution(KernelExecution):
     def on_resize(self, inputs, outputs) -> None:
         p, backend = self.packed, self.backend
         rows = inputs[0].size // p.ic
-        if rows >= CPU_MIN_ROWS and cpu_kernels(backend) and cpu_kernel_fits(p):
+        if rows >= CPU_MIN_ROWS and cpu_kernels(backend) and cpu_kernel_fits(p, backend.runtime.device.device.local_mem_size):
             self.kernel = self.bind_cpu(inputs, outputs, rows)
             return
         tile = 1 if rows == 1 else PREFILL_TILE
@@ -117,8 +125,7 @@ class LinearExecution(KernelExecution):
     def bind_cpu(self, inputs, outputs, rows: int):
         """linear_cpu.cl: ceil(rows / CPU_TOKENS) work-items in balanced groups of at most CPU_GROUP."""
         p, backend = self.packed, self.backend
-        slice_ = -(-CPU_SLICE // p.block) * p.block if p.format == "q4" else CPU_SLICE
-        defines = {"T": CPU_TOKENS, "OB": CPU_ROWS, "KB": slice_}
+        defines = {"T": CPU_TOKENS, "OB": CPU_ROWS, "KB": cpu_slice(p)}
         if p.weight_half:
             defines["WEIGHT_HALF"] = 1
         items = -(-rows // CPU_TOKENS)
