@@ -60,3 +60,125 @@ __kernel void attention(__global const store_t *q, __global const store_t *k, __
         ST(out, q_at + 4 * d + 3, o.w);
     }
 }
+
+/* The same attention for a prefill on a CPU device: one work-item per (8 queries, head), the 8
+ * queries in the lanes of a float8 (q transposed once: qt[d] holds dim d of the 8), so a key's
+ * scores for all 8 are 64 fmas with the key's values broadcast and no horizontal sum; keys in
+ * chunks of KC with a running softmax per lane; the chunk's values summed into the 8 output rows
+ * VW dims at a time (VW 8, or 4 when HEAD_DIM is not a multiple of 8). q is scaled once. Keys
+ * past a query's causal limit score -inf (weight 0); loads are clamped to the last attended
+ * key, so a tile never reads outside the cache. */
+#ifdef QUERY_LANES
+#if HEAD_DIM % 8 == 0
+#define VW 8
+typedef float8 floatv;
+#define LDP(p) vload8(0, (p))
+#define STP(p, x) vstore8((x), 0, (p))
+#ifdef HALF_STORAGE
+#define LDV(p, i) vload_half8(0, (p) + (i))
+#define STV(p, i, x) vstore_half8((x), 0, (p) + (i))
+#else
+#define LDV(p, i) vload8(0, (p) + (i))
+#define STV(p, i, x) vstore8((x), 0, (p) + (i))
+#endif
+#else
+#define VW 4
+typedef float4 floatv;
+#define LDP(p) vload4(0, (p))
+#define STP(p, x) vstore4((x), 0, (p))
+#ifdef HALF_STORAGE
+#define LDV(p, i) vload_half4(0, (p) + (i))
+#define STV(p, i, x) vstore_half4((x), 0, (p) + (i))
+#else
+#define LDV(p, i) vload4(0, (p) + (i))
+#define STV(p, i, x) vstore4((x), 0, (p) + (i))
+#endif
+#endif
+#define KC 16
+
+__kernel void attention_tiled(__global const store_t *q, __global const store_t *k, __global const store_t *v,
+                              __global const mask_t *mask, __global store_t *out, __global const int *step,
+                              int seq, int heads, int kv_heads, float scale, int mask_mode, int mask_rows,
+                              int mask_cols) {
+    const int t0 = get_global_id(0) * 8, h = get_global_id(1);
+    const int past = step[0], total = step[1];
+    const int g = h / (heads / kv_heads);
+    const int mask_start = total - mask_cols;
+    float8 qt[HEAD_DIM];
+    float acc[8][HEAD_DIM];
+    int lim[8];
+    for (int t = 0; t < 8; ++t) {
+        const int tq = min(t0 + t, seq - 1);
+        const size_t q_at = ((size_t)tq * heads + h) * HEAD_DIM;
+        for (int d = 0; d < HEAD_DIM; ++d) {
+            qt[d][t] = LD(q, q_at + d) * scale;
+            acc[t][d] = 0.0f;
+        }
+        lim[t] = mask_mode == 0 ? min(total, past + tq + 1) : total;
+    }
+    const int8 limit = vload8(0, lim);
+    const int end = lim[7];
+    float8 best = (float8)(-INFINITY), norm = (float8)(0.0f);
+    for (int j0 = 0; j0 < end; j0 += KC) {
+        float8 s[KC];
+        _Pragma("unroll") for (int jj = 0; jj < KC; jj += 8) {
+            __global const store_t *kr[8];
+            float8 dot[8];
+            _Pragma("unroll") for (int e = 0; e < 8; ++e) {
+                kr[e] = k + ((size_t)min(j0 + jj + e, end - 1) * kv_heads + g) * HEAD_DIM;
+                dot[e] = (float8)(0.0f);
+            }
+            for (int d = 0; d < HEAD_DIM; ++d) {
+                const float8 qd = qt[d];
+                _Pragma("unroll") for (int e = 0; e < 8; ++e) dot[e] = fma(qd, (float8)(LD(kr[e], d)), dot[e]);
+            }
+            _Pragma("unroll") for (int e = 0; e < 8; ++e) s[jj + e] = dot[e];
+        }
+        float8 top = best;
+        _Pragma("unroll") for (int jj = 0; jj < KC; ++jj) {
+            const int j = j0 + jj;
+            float8 score = select(s[jj], (float8)(-INFINITY), (int8)(j) >= limit);
+            if (mask_mode == 1 && j >= mask_start) {
+                for (int t = 0; t < 8; ++t) {
+                    const size_t at = (size_t)(mask_rows - seq + min(t0 + t, seq - 1)) * mask_cols + j - mask_start;
+#ifdef MASK_INT
+                    if (j < lim[t] && mask[at] == 0) score[t] = -INFINITY;
+#else
+                    if (j < lim[t]) score[t] += LD(mask, at);
+#endif
+                }
+            }
+            s[jj] = score;
+            top = fmax(top, score);
+        }
+        const float8 shift = select(top, (float8)(0.0f), top == (float8)(-INFINITY));
+        const float8 fade = exp(best - shift);
+        float p[KC][8], f[8];
+        float8 sum = (float8)(0.0f);
+        _Pragma("unroll") for (int jj = 0; jj < KC; ++jj) {
+            const float8 weight = exp(s[jj] - shift);
+            sum += weight;
+            vstore8(weight, 0, p[jj]);
+        }
+        norm = norm * fade + sum;
+        best = top;
+        vstore8(fade, 0, f);
+        for (int c = 0; c < HEAD_DIM; c += VW) {
+            floatv o[8];
+            _Pragma("unroll") for (int t = 0; t < 8; ++t) o[t] = LDP(acc[t] + c) * f[t];
+            _Pragma("unroll") for (int jj = 0; jj < KC; ++jj) {
+                const floatv vv = LDV(v, ((size_t)min(j0 + jj, end - 1) * kv_heads + g) * HEAD_DIM + c);
+                _Pragma("unroll") for (int t = 0; t < 8; ++t) o[t] = fma((floatv)(p[jj][t]), vv, o[t]);
+            }
+            _Pragma("unroll") for (int t = 0; t < 8; ++t) STP(acc[t] + c, o[t]);
+        }
+    }
+    float inv[8];
+    vstore8(1.0f / norm, 0, inv);
+    for (int t = 0; t < 8; ++t) {
+        if (t0 + t >= seq) break;
+        const size_t q_at = ((size_t)(t0 + t) * heads + h) * HEAD_DIM;
+        for (int c = 0; c < HEAD_DIM; c += VW) STV(out, q_at + c, LDP(acc[t] + c) * inv[t]);
+    }
+}
+#endif

@@ -5,6 +5,9 @@ are token-major [seq, heads, dim] in memory, as the cache (`DeviceKVCache`) keep
 appends with one device-side copy per tensor and nothing goes back to the host. The step's
 past and total go to the kernel through a small device buffer (one 8-byte write per run), so
 its arguments are bound once and set again only when the cache moves to a larger buffer.
+A prefill on a CPU device (variant.cpu_kernels) runs `attention_tiled`: 8 queries per work-item
+in the lanes of a float8, keys in chunks with a running softmax; decode and GPU devices run
+`attention`.
 """
 from __future__ import annotations
 
@@ -12,6 +15,10 @@ import numpy as np
 import pyopencl as cl
 
 from mnnllm_core.backend_api import AttentionParams, DeviceKVCache, Execution, Refused, UnsupportedError, attention_mask
+
+from .variant import cpu_kernels
+
+QUERY_LANES = 8  # queries per work-item of attention_tiled (a float8's lanes)
 
 
 class AttentionExecution(Execution):
@@ -43,8 +50,12 @@ class AttentionExecution(Execution):
         self.cache.row_bytes = kv_heads * dim * self.backend.storage_dtype(inputs[1]).itemsize
         self.kv_seq, self.bound = kv_seq, None
         mask_buffer = mask.storage if mask is not None else inputs[0].storage
-        self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
-            (seq, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
+        name, items, local = "attention", seq, None
+        if seq > 1 and cpu_kernels(self.backend):  # one work-item per group: pocl's own choice leaves a core idle
+            name, items, local = "attention_tiled", -(-seq // QUERY_LANES), (1, 1)
+            defines["QUERY_LANES"] = QUERY_LANES
+        self.kernel = self.backend.program("attention.cl", name, **defines).bind(
+            (items, heads), local, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
             outputs[0].storage, self.step, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.float32(self.params.scale_for(dim)), np.int32(kind.kind != "causal"), np.int32(kind.rows),
             np.int32(kind.cols))
 

@@ -10,6 +10,12 @@ Packed layouts (kernels/linear.cl reads them; nothing is expanded to fp32 on the
   scales for q4/q8: float2 (scale, zero) per (row, block), row-major; w = value*scale + zero.
   f   unquantized weights: [oc, ic] fp16 when the file holds fp16 or precision is "low",
       else fp32.
+
+Kernels: decode (one token) runs linear.cl with TILE 1; a prefill on a GPU runs linear.cl with
+TILE tokens per work-item and the split (linear_split_for); a prefill on a CPU device
+(variant.cpu_kernels) of at least CPU_MIN_ROWS tokens runs linear_cpu.cl, which dequantizes each
+slice of a work-group's rows once into local memory and reuses it for every token of the group
+(shapes it cannot take, `cpu_kernel_fits`, stay on linear.cl).
 """
 from __future__ import annotations
 
@@ -21,10 +27,16 @@ import numpy as np
 from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
 
 from ..device import KernelExecution
+from .variant import cpu_kernels
 
 log = logging.getLogger(__name__)
 
-PREFILL_TILE = 8  # tokens per work-item in the prefill GEMM
+PREFILL_TILE = 8  # tokens per work-item in the prefill GEMM of linear.cl
+CPU_ROWS = 16  # linear_cpu.cl: output rows per work-group (a multiple of 8)
+CPU_TOKENS = 6  # linear_cpu.cl: tokens per work-item (6 x 2 float8 accumulators fit AVX2's 16 registers)
+CPU_GROUP = 64  # linear_cpu.cl: most work-items per work-group
+CPU_SLICE = 128  # linear_cpu.cl: ic per dequantized slice (rounded up to a multiple of the q4 block)
+CPU_MIN_ROWS = 16  # fewer tokens than this: dequantizing a slice per group costs more than it saves (pocl)
 
 
 @dataclass(eq=False)
@@ -64,6 +76,21 @@ def pack(backend, weights: ConvolutionWeights) -> PackedLinear:
                         alloc.constant(np.zeros(2, np.float32)), bias_buffer, bias is not None, half)
 
 
+def cpu_slice(p: PackedLinear) -> int:
+    """ic per slice linear_cpu.cl dequantizes: whole q4 blocks, else runs of 16."""
+    return -(-CPU_SLICE // p.block) * p.block if p.format == "q4" else CPU_SLICE
+
+
+def cpu_kernel_fits(p: PackedLinear, local_bytes: int) -> bool:
+    """linear_cpu.cl dequantizes runs of 16 weights (q8, f) or whole blocks (q4), into a local
+    slice of cpu_slice(p) x CPU_ROWS floats that the device's local memory must hold."""
+    if cpu_slice(p) * CPU_ROWS * 4 > local_bytes:
+        return False
+    if p.format == "q8":
+        return p.block % 16 == 0 and p.ic % p.block == 0
+    return p.format == "q4" or p.ic % 16 == 0
+
+
 class LinearExecution(KernelExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
@@ -74,6 +101,9 @@ class LinearExecution(KernelExecution):
         p, backend = self.packed, self.backend
         rows = inputs[0].size // p.ic
         self.gemv = self.pair = None  # set below for a one-token q4 GEMV (what paired_with pairs)
+        if rows >= CPU_MIN_ROWS and cpu_kernels(backend) and cpu_kernel_fits(p, backend.runtime.device.device.local_mem_size):
+            self.kernel = self.bind_cpu(inputs, outputs, rows)
+            return
         tile = 1 if rows == 1 else PREFILL_TILE
 
         def bind(split: int):
@@ -111,6 +141,19 @@ class LinearExecution(KernelExecution):
                 *(np.int32(v) for v in (a.ic, a.block, a.oc, b.oc, a.has_bias, b.has_bias, self.act, other.act)))
             self.pair = (other.kernel, program)
         return [self.pair[1]]
+
+    def bind_cpu(self, inputs, outputs, rows: int):
+        """linear_cpu.cl: ceil(rows / CPU_TOKENS) work-items in balanced groups of at most CPU_GROUP."""
+        p, backend = self.packed, self.backend
+        defines = {"T": CPU_TOKENS, "OB": CPU_ROWS, "KB": cpu_slice(p)}
+        if p.weight_half:
+            defines["WEIGHT_HALF"] = 1
+        items = -(-rows // CPU_TOKENS)
+        group = -(-items // -(-items // CPU_GROUP))
+        return backend.program("linear_cpu.cl", f"linear_cpu_{p.format}", **defines).bind(
+            (-(-items // group) * group, -(-p.oc // CPU_ROWS)), (group, 1),
+            inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
+            *(np.int32(v) for v in (p.ic, p.oc, rows, p.block, p.offset, p.has_bias, self.act)))
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
