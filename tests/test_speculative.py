@@ -87,11 +87,11 @@ def checked_generate(llm, ids, n):
     strategy = llm.generation
     verified = strategy.verified
 
-    def spy(tokens, accepted, last):
+    def spy(tokens, accepted, rows):
         meta, history = llm.kv_meta, llm.context.history_tokens
         assert meta.kept == len(history)
         steps.append((meta.previous - meta.kept, len(tokens) - 1 - accepted))
-        verified(tokens, accepted, last)
+        verified(tokens, accepted, rows)
     strategy.verified = spy
     try:
         out = llm.generate(ids, n)

@@ -268,10 +268,10 @@ def tree_generate(llm, ids: list[int], n: int) -> list[int]:
     strategy = llm.generation
     verified = strategy.verified
 
-    def spy(tokens, accepted, last):
+    def spy(tokens, accepted, rows):
         assert llm.kv_meta.kept == len(llm.context.history_tokens)
         assert llm.kv_meta.previous - llm.kv_meta.kept == len(tokens) - 1 - accepted
-        verified(tokens, accepted, last)
+        verified(tokens, accepted, rows)
     strategy.verified = spy
     try:
         llm.reset()

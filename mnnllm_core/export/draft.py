@@ -7,7 +7,10 @@ hidden state h_t and the embedding e_{t+1} of the token it chose are concatenate
   lm_head gives each head's logits;
 * Eagle: `eagle_fc` is a Linear [H -> H] (the identity when fitted); one `eagle` step is a
   Linear [2H -> H] guessing h_{t+1} (`out_hidden_states`) and an lm_head over a draft
-  vocabulary (the most frequent tokens), mapped back by `eagle_d2t`.
+  vocabulary (the most frequent tokens), mapped back by `eagle_d2t`. With `attention` the step
+  is a small decoder layer, as a real Eagle export has: after the Linear x, out = x +
+  o(Attention(RoPE(q(x), k(x)), v(x), attention_mask)) over the draft's own KV cache, the
+  rotary angles from `position_ids` (what llm/generation/draft_kv.py feeds it).
 
 `random_*` drafts have random weights (they guess badly, which speculative decoding must
 survive); `fit_drafts` solves for the Linears by ridge least squares on hidden states the
@@ -24,6 +27,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from mnnllm_core.errors import FormatError
+from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
+from mnnllm_core.schema.MNN.BinaryOpOperation import BinaryOpOperation
+from mnnllm_core.schema.MNN.CastParam import CastParamT
+from mnnllm_core.schema.MNN.OpParameter import OpParameter
+from mnnllm_core.schema.MNN.OpType import OpType
+from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
+from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
 from mnnllm_core.express.op_weights import OpWeights
 from mnnllm_core.express.weight_file import ExternalWeightFile
 from mnnllm_core.files import written_beside
@@ -54,11 +64,29 @@ class MtpWeights:
 
 
 @dataclass
+class DraftAttention:
+    """The Eagle step's attention layer: q [heads*dim, H], k and v [kv_heads*dim, H], o [H, heads*dim]."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    o: np.ndarray
+    heads: int
+    kv_heads: int
+    theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[0] // self.heads
+
+
+@dataclass
 class EagleWeights:
     fc: np.ndarray  # [H, H]
     step: np.ndarray  # [H, 2H]: [hidden, e] -> the next draft hidden state
     lm_head: np.ndarray  # [draft vocab, H]
     d2t: np.ndarray  # [draft vocab] int: target token = i + d2t[i]
+    attention: DraftAttention | None = None  # a decoder layer after `step` (the draft has a KV cache)
 
 
 def main_lm_head(config: "LlmConfig") -> np.ndarray:
@@ -87,6 +115,17 @@ def random_eagle(hidden: int, vocab: int, draft_vocab: int, seed: int = 0) -> Ea
                         rng.normal(0, 1.0 / np.sqrt(2 * hidden), (hidden, 2 * hidden)).astype(np.float32),
                         rng.normal(0, 1.0 / np.sqrt(hidden), (tokens.size, hidden)).astype(np.float32),
                         tokens - np.arange(tokens.size))
+
+
+def random_attention(hidden: int, heads: int, kv_heads: int, head_dim: int, seed: int = 0,
+                     gain: float = 1.0) -> DraftAttention:
+    """Random q/k/v/o (o scaled by `gain`: a small gain keeps a fitted step's guesses mostly its own)."""
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.normal(0, scale / np.sqrt(cols), (rows, cols))).astype(np.float32)
+    return DraftAttention(weight(heads * head_dim, hidden), weight(kv_heads * head_dim, hidden),
+                          weight(kv_heads * head_dim, hidden), weight(hidden, heads * head_dim, gain), heads, kv_heads)
 
 
 def collect(llm: "Llm", sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -161,6 +200,11 @@ class _DraftFile:
         out, _ = linear(self.g, self.writer, name, to_c4(self.g, name, x, ic), _tensor(name, weight))
         return from_c4(self.g, name, out, oc, rows=0, output=output)
 
+    def conv(self, name: str, x: str, weight: np.ndarray) -> str:
+        """A Linear on NC4HW4 `x` [rows, ic, 1, 1] to NC4HW4 [rows, oc, 1, 1] (8 bit)."""
+        self.writer.bits, self.writer.block = PROJECTION_BITS, 0
+        return linear(self.g, self.writer, name, x, _tensor(name, weight))[0]
+
     def finish(self, outputs: list[str]) -> None:
         self._weights.close()
         graph = self.g.finish(outputs, f"mnnllm-draft:{self.path.name}")
@@ -203,8 +247,12 @@ def write_eagle(folder: str | os.PathLike, weights: EagleWeights) -> dict[str, P
     fc.finish(["hidden_states"])
     step = _DraftFile(folder / "eagle.mnn")
     features = _draft_inputs(step.g, hidden)
-    out_hidden = step.linear("/eagle/step/Linear", features, weights.step, PROJECTION_BITS, 0,
-                             output="out_hidden_states")
+    if weights.attention is None:
+        out_hidden = step.linear("/eagle/step/Linear", features, weights.step, PROJECTION_BITS, 0,
+                                 output="out_hidden_states")
+    else:
+        x = step.linear("/eagle/step/Linear", features, weights.step, PROJECTION_BITS, 0)
+        out_hidden = _attention_layer(step, to_c4(step.g, "/eagle/layer", x, hidden), x, weights.attention)
     logits = step.linear("/eagle/lm_head/Linear", out_hidden, weights.lm_head, HEAD_BITS, HEAD_BLOCK)
     step.g.reshape("logits", [logits], [1, -1, weights.lm_head.shape[0]], NHWC)
     step.finish(["logits", "out_hidden_states"])
@@ -214,3 +262,37 @@ def write_eagle(folder: str | os.PathLike, weights: EagleWeights) -> dict[str, P
     with written_beside(path) as out:
         out.write(d2t.finish(["d2t"], "mnnllm-draft:eagle_d2t"))
     return {"eagle_model": folder / "eagle.mnn", "eagle_fc": folder / "eagle_fc.mnn", "eagle_d2t": path}
+
+
+def _rotary(g: GraphBuilder, head_dim: int, theta: float) -> tuple[str, str]:
+    """cos and sin [rows, head_dim] of position_ids (rotate-half layout: the angles twice)."""
+    cast = CastParamT()
+    cast.srcT, cast.dstT = DataType.DT_VARIANT, DataType.DT_FLOAT
+    positions = g.op(OpType.Cast, "/eagle/rotary/positions", ["position_ids"], ["/eagle/rotary/positions"],
+                     OpParameter.CastParam, cast)
+    column = g.reshape("/eagle/rotary/column", [positions], [-1, 1], NHWC)
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    half = g.binary("/eagle/rotary/angles", BinaryOpOperation.MUL, column,
+                    g.const_float("/eagle/rotary/inv_freq", inv_freq.astype(np.float32)))
+    angles = g.concat("/eagle/rotary/angles_twice", [half, half], 1)
+    return (g.unary("/eagle/rotary/cos", UnaryOpOperation.COS, angles),
+            g.unary("/eagle/rotary/sin", UnaryOpOperation.SIN, angles))
+
+
+def _attention_layer(f: _DraftFile, x_c4: str, x: str, a: DraftAttention) -> str:
+    """x + o(Attention(RoPE(q, k), v)) as `out_hidden_states` [rows, H]; the Attention keeps its KV cache."""
+    g = f.g
+    q, k, v = (f.conv(f"/eagle/layer/{p}_proj/Linear", x_c4, w) for p, w in (("q", a.q), ("k", a.k), ("v", a.v)))
+    cos, sin = _rotary(g, a.head_dim, a.theta)
+    rope = RoPEParamT()
+    rope.ropeCutHeadDim = rope.headDim = a.head_dim
+    rope.numHead, rope.kvNumHead = a.heads, a.kv_heads
+    q_rot, k_rot = "/eagle/layer/rope_q", "/eagle/layer/rope_k"
+    g.op(OpType.RoPE, "/eagle/layer/FusedRoPE", [q, k, cos, sin], [q_rot, k_rot], OpParameter.RoPEParam, rope)
+    param = AttentionParamT()
+    param.kvCache, param.layerIndex, param.kvSharedLayerIndex, param.outputC4 = True, 0, -1, True
+    context = g.op(OpType.Attention, "/eagle/layer/FusedAttention", [q_rot, k_rot, v, "attention_mask"],
+                   ["/eagle/layer/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, param)
+    attended = from_c4(g, "/eagle/layer/o_proj/Linear", f.conv("/eagle/layer/o_proj/Linear", context, a.o),
+                       a.o.shape[0], rows=0)
+    return g.binary("out_hidden_states", BinaryOpOperation.ADD, x, attended)

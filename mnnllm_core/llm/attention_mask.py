@@ -111,3 +111,19 @@ def float_attention_mask(attention_type: str, sliding_window: int, past: int, se
     if attention_type == "sliding":
         return sliding_plane(past, seq, sliding_window).reshape(1, 1, seq, past + seq)
     return np.zeros((1, 1, 1, 1), np.float32)
+
+
+def step_mask(kind: str, attention_type: str, sliding_window: int, past: int, seq: int) -> np.ndarray:
+    """The attention_mask input of a causal step, for the graph's mask `kind` ("float", or
+    "int": 1 where a query sees a key, over the whole KV length)."""
+    if kind == "float":
+        return float_attention_mask(attention_type, sliding_window, past, seq)
+    keys = np.arange(past + seq)[None, :]
+    return (keys <= (past + np.arange(seq))[:, None]).astype(np.int32).reshape(1, 1, seq, -1)
+
+
+def tree_mask(kind: str, attention_type: str, sliding_window: int, past: int, parents: list[int]) -> np.ndarray:
+    """The attention_mask input of a token tree's step (see tree_attention_mask)."""
+    if kind == "float":
+        return tree_attention_mask(attention_type, sliding_window, past, parents)
+    return tree_allowed(parents, past).astype(np.int32).reshape(1, 1, len(parents), -1)

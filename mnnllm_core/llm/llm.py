@@ -23,8 +23,7 @@ from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, Forma
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
-from .attention_mask import (check_attention_type, check_mask_input, float_attention_mask, tree_allowed,
-                             tree_attention_mask, tree_depths)
+from .attention_mask import check_attention_type, check_mask_input, step_mask, tree_depths, tree_mask
 from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
@@ -185,11 +184,10 @@ class Llm:
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
-        past = len(self.context.history_tokens)
-        if self.config.attention_mask == "float":  # "full": a scalar, the causal mask is Attention's
-            return float_attention_mask(self.config.attention_type, self.config.sliding_window, past, seq_len)
-        keys = np.arange(past + seq_len)[None, :]
-        return (keys <= (past + np.arange(seq_len))[:, None]).astype(np.int32).reshape(1, 1, seq_len, -1)
+        """("full" float: a scalar, the causal mask is Attention's.)"""
+        cfg = self.config
+        return step_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, len(self.context.history_tokens),
+                         seq_len)
 
     def _position_ids(self, seq_len: int) -> np.ndarray:
         past = len(self.context.history_tokens)
@@ -202,10 +200,7 @@ class Llm:
     def _tree_inputs(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """attention_mask and position_ids for a token tree after the cached history."""
         past, cfg = len(self.context.history_tokens), self.config
-        if cfg.attention_mask == "float":
-            mask = tree_attention_mask(cfg.attention_type, cfg.sliding_window, past, parents)
-        else:
-            mask = tree_allowed(parents, past).astype(np.int32).reshape(1, 1, len(parents), -1)
+        mask = tree_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, past, parents)
         positions = (past + tree_depths(parents)).astype(np.int32).reshape(1, -1)
         return mask, np.repeat(positions, 3, axis=0) if cfg.is_mrope else positions
 

@@ -9,7 +9,9 @@ probability, each expanded by its `eagle_topk` best tokens; the best `draft_pred
 nodes are the draft) and the whole tree is verified in one forward with a tree attention mask;
 the accepted path's KV rows stay (KV meta reserve). A model whose cache cannot keep reserved
 rows (a linear-attention layer: its state runs in token order, not as a tree) verifies the
-tree's best path instead, as a chain.
+tree's best path instead, as a chain. An `eagle` step with its own KV cache (Attention ops)
+runs through draft_kv.py: it first takes in the rows the last verify step kept, then each
+level's guesses see their ancestors by a tree mask.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..prefix_cache import model_caches
+from .draft_kv import DraftKV
 from .drafts import EagleDraft, draft_feeds
 from .speculative import SpeculativeGeneration
 from .token_tree import DraftTree, TreeBuilder
@@ -50,12 +53,22 @@ class EagleGeneration(SpeculativeGeneration):
         if self.topk > 1 and not self.tree:
             log.info("eagle_topk %d: the model's KV cache cannot keep a tree's path; verifying the best path only",
                      self.topk)
+        self.kv = DraftKV(llm, draft.step, draft.d2t.size) if draft.step.attends else None
+        self.kept_hidden: list[np.ndarray] = []  # with self.kv: the main model's rows the draft has not taken in
+        self.kept_tokens: list[int] = []  # and the tokens at their positions
 
     def start(self, new_ids: list[int]) -> None:
+        history = self.llm.context.history_tokens
         self.hidden = self.llm.hidden_states[-1:]
+        if self.kv is not None:
+            self.kv.start(len(history) - 1)
+            self.kept_hidden, self.kept_tokens = [self.hidden], [history[-1]]
 
-    def verified(self, tokens: list[int], accepted: int, last: int) -> None:
-        self.hidden = self.llm.hidden_states[last:last + 1]
+    def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
+        self.hidden = self.llm.hidden_states[rows[-1]:rows[-1] + 1]
+        if self.kv is not None:
+            self.kept_hidden.append(self.llm.hidden_states[rows])
+            self.kept_tokens += [tokens[row] for row in rows]
 
     def _step(self, tokens: list[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One draft step for each (token, draft state) row: log probabilities over the draft
@@ -65,27 +78,46 @@ class EagleGeneration(SpeculativeGeneration):
                                         {"logits": eagle.d2t.size, "out_hidden_states": llm.config.hidden_size})
         return log_softmax(logits), hidden
 
+    def _first(self, token: int) -> tuple[np.ndarray, np.ndarray]:
+        """The step at the pending token (for a draft with a KV cache, after the rows kept since)."""
+        width = self.llm.config.hidden_size
+        if self.kv is None:
+            hidden, = self.eagle.fc.run({"fc_hidden": self.hidden}, {"hidden_states": width})
+            return self._step([token], hidden)
+        hidden, = self.eagle.fc.run({"fc_hidden": np.concatenate(self.kept_hidden)}, {"hidden_states": width})
+        logits, out = self.kv.catch_up(self.kept_tokens[1:] + [token], hidden)
+        self.kept_hidden, self.kept_tokens = [], []
+        return log_softmax(logits), out
+
+    def _next(self, tokens: list[int], hidden: np.ndarray, continues: list[int], level: int):
+        """A step for each guess of `level`; row i's guess continues grown row continues[i]."""
+        if self.kv is None:
+            return self._step(tokens, hidden)
+        logits, out = self.kv.grow(tokens, hidden, continues, level)
+        return log_softmax(logits), out
+
     def _targets(self, picks: np.ndarray) -> list[int]:
         return [int(p + self.eagle.d2t[p]) for p in picks]
 
     def draft(self, token: int, room: int) -> "list[int] | DraftTree":
-        hidden, = self.eagle.fc.run({"fc_hidden": self.hidden}, {"hidden_states": self.llm.config.hidden_size})
+        log_probs, hidden = self._first(token)
         levels = min(self.depth, room)
         if self.topk == 1:
             guesses = []
-            for _ in range(levels):
-                log_probs, hidden = self._step([token], hidden)
-                token = self._targets([int(np.argmax(log_probs[0]))])[0]
-                guesses.append(token)
+            for level in range(levels):
+                if level:
+                    log_probs, hidden = self._next(guesses[-1:], hidden, [level - 2], level - 1)
+                guesses.append(self._targets([int(np.argmax(log_probs[0]))])[0])
             return guesses
-        log_probs, hidden = self._step([token], hidden)
         best = top(log_probs, self.topk)[0]
         tree = TreeBuilder(self.topk)
         tree.init(self._targets(best), log_probs[0, best])
         hidden = np.repeat(hidden, len(best), axis=0)
-        for _ in range(levels - 1):
-            log_probs, hidden = self._step([tree.tokens[n] for n in tree.actives], hidden)
+        continues, grown = [-1] * len(best), 0
+        for level in range(levels - 1):
+            log_probs, hidden = self._next([tree.tokens[n] for n in tree.actives], hidden, continues, level)
             picks = top(log_probs, self.topk)
             rows = tree.grow([self._targets(p) for p in picks], np.take_along_axis(log_probs, picks, axis=-1))
+            continues, grown = [grown + row for row in rows], grown + len(hidden)
             hidden = hidden[rows]
         return tree.finalize(self.room_for_nodes()) if self.tree else tree.best_path()

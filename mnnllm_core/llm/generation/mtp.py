@@ -30,5 +30,5 @@ class MtpGeneration(SpeculativeGeneration):
                                       {"logits": llm.embedding.vocab})
         return [int(t) for t in logits.argmax(axis=-1)[:room]]
 
-    def verified(self, tokens: list[int], accepted: int, last: int) -> None:
-        self.hidden = self.llm.hidden_states[last:last + 1]
+    def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
+        self.hidden = self.llm.hidden_states[rows[-1]:rows[-1] + 1]

@@ -49,9 +49,9 @@ class SpeculativeGeneration:
         cfg = self.llm.config
         return min(cfg.draft_predict_length, cfg.max_all_tokens - len(self.llm.context.history_tokens) - 1)
 
-    def verified(self, tokens: list[int], accepted: int, last: int) -> None:
+    def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
         """`tokens` (pending + guesses) ran; the pending one and `accepted` guesses stay in the
-        history, the last of them at row `last` of the forward's outputs."""
+        history: the forward's output `rows` (0, then the accepted path's)."""
 
     def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
         llm, ctx = self.llm, self.llm.context
@@ -100,7 +100,7 @@ class SpeculativeGeneration:
                 self.proposed += len(tokens) - 1
                 self.accepted += accepted
                 self.verify_steps += 1
-            self.verified(tokens, accepted, kept[-1])
+            self.verified(tokens, accepted, kept)
             ctx.decode_us += int((time.perf_counter() - start) * 1e6)
             for position, guess in enumerate(guesses):
                 emitted += 1
