@@ -331,3 +331,27 @@ def test_a_second_architecture_verifies_token_trees_exactly(tmp_path) -> None:
             for ids, expected in zip(prompts, want):
                 assert tree_generate(llm, ids, N) == expected, (files, topk, depth)
     assert llm.generation.accepted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,tree", [("tiny-gemma2-mnn-fp16", True), ("tiny-gemma3_text-mnn-fp16", True),
+                                       ("tiny-hunyuan-mnn-fp16", True), ("tiny-lfm2-mnn-fp16", False)])
+def test_other_attention_kinds_verify_trees_as_ar_decodes(tmp_path, name, tree) -> None:
+    """Gemma's "mix" attention (a sliding window of 16, passed within the 40 tokens: the tree's
+    window plane counts positions), Hunyuan; LFM2's short convolution cannot keep a tree's path,
+    so Eagle verifies its best path as a chain. Fitted drafts, so that paths are accepted."""
+    arch = SHARED / "models" / "arch"
+    prompts = [p["prompt_ids"] for p in json.loads((arch / "reference.json").read_text())[name]["prompts"]]
+    config = linked(tmp_path / "m", arch / name)
+    llm = model(config, memory="normal")
+    ar = []
+    for ids in prompts:
+        llm.reset()
+        ar.append(llm.generate(ids, 40))
+    write_eagle(config.parent, fit_drafts(llm, [i + o for i, o in zip(prompts, ar)], heads=2, draft_vocab=256,
+                                          ridge=1e-2)[1])
+    llm.set_config({"speculative_type": "eagle", "eagle_topk": 3, "eagle_depth": 3, "draft_predict_length": 6})
+    assert llm.generation.tree == tree
+    for ids, expected in zip(prompts, ar):
+        assert tree_generate(llm, ids, 40) == expected
+    assert llm.generation.accepted > 10
