@@ -317,8 +317,9 @@ def test_a_draft_of_the_wrong_vocabulary_fails_naming_its_output(folder, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_draft_with_its_own_kv_cache_is_refused_naming_it(folder, tmp_path):
-    llm, model = draft_llm(folder, tmp_path, "mtp", mtp_model="attending.mnn")
+def test_an_attention_where_no_draft_keeps_a_kv_cache_is_refused_naming_it(folder, tmp_path):
+    """(eagle_fc maps hidden states; Eagle steps and MTP modules with Attention: test_draft_kv.py.)"""
+    llm, model = draft_llm(folder, tmp_path, "eagle", eagle_fc="attending.mnn")
     g = GraphBuilder()
     for name in ("q", "k", "v", "mask"):
         g.input(name, [1, 1, 8], DataType.DT_FLOAT)

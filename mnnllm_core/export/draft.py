@@ -4,7 +4,9 @@ No trained draft exists for the models here, so these are linear: the main model
 hidden state h_t and the embedding e_{t+1} of the token it chose are concatenated, and
 
 * MTP: one Linear [2H -> heads * H] guesses h_{t+1+k} for each head k, then the main model's
-  lm_head gives each head's logits;
+  lm_head gives each head's logits; with `attention` the features first pass a decoder layer
+  at width 2H (f + o(Attention(...)) over its own KV cache) and only the rows from
+  `logits_index` on (-1: the last, as MNN feeds it) go to the heads;
 * Eagle: `eagle_fc` is a Linear [H -> H] (the identity when fitted); one `eagle` step is a
   Linear [2H -> H] guessing h_{t+1} (`out_hidden_states`) and an lm_head over a draft
   vocabulary (the most frequent tokens), mapped back by `eagle_d2t`. With `attention` the step
@@ -54,18 +56,9 @@ HEAD_BITS, HEAD_BLOCK = 4, 64  # lm_heads are large and read every draft step
 
 
 @dataclass
-class MtpWeights:
-    heads: np.ndarray  # [heads * H, 2H]: rows k*H .. (k+1)*H guess h_{t+1+k} from [h_t, e_{t+1}]
-    lm_head: np.ndarray  # [vocab, H]
-
-    @property
-    def count(self) -> int:
-        return self.heads.shape[0] // self.lm_head.shape[1]
-
-
-@dataclass
 class DraftAttention:
-    """The Eagle step's attention layer: q [heads*dim, H], k and v [kv_heads*dim, H], o [H, heads*dim]."""
+    """A draft's attention layer at width W (Eagle: H, MTP: 2H): q [heads*dim, W], k and v
+    [kv_heads*dim, W], o [W, heads*dim]."""
 
     q: np.ndarray
     k: np.ndarray
@@ -78,6 +71,17 @@ class DraftAttention:
     @property
     def head_dim(self) -> int:
         return self.q.shape[0] // self.heads
+
+
+@dataclass
+class MtpWeights:
+    heads: np.ndarray  # [heads * H, 2H]: rows k*H .. (k+1)*H guess h_{t+1+k} from [h_t, e_{t+1}]
+    lm_head: np.ndarray  # [vocab, H]
+    attention: DraftAttention | None = None  # a decoder layer over the features (width 2H)
+
+    @property
+    def count(self) -> int:
+        return self.heads.shape[0] // self.lm_head.shape[1]
 
 
 @dataclass
@@ -229,6 +233,12 @@ def write_mtp(folder: str | os.PathLike, weights: MtpWeights, name: str = "mtp.m
     hidden = weights.lm_head.shape[1]
     f = _DraftFile(path)
     features = _draft_inputs(f.g, hidden)
+    if weights.attention is not None:
+        attended = _attention_layer(f, to_c4(f.g, "/mtp/layer", features, 2 * hidden), features, weights.attention,
+                                    "/mtp/layer/out", "/mtp/layer")
+        end = f.g.const_int("/mtp/rows_end", [1 << 30], [1])
+        axis, stride = f.g.const_int("/mtp/rows_axis", [0], [1]), f.g.const_int("/mtp/rows_stride", [1], [1])
+        features = f.g.strided_slice("/mtp/rows", [attended, "logits_index", end, axis, stride], DataType.DT_INVALID, 1)
     guesses = f.linear("/mtp/heads/Linear", features, weights.heads, PROJECTION_BITS, 0)
     rows = f.g.reshape("/mtp/head_rows", [guesses], [-1, hidden], NHWC)
     logits = f.linear("/mtp/lm_head/Linear", rows, weights.lm_head, HEAD_BITS, HEAD_BLOCK)
@@ -252,7 +262,8 @@ def write_eagle(folder: str | os.PathLike, weights: EagleWeights) -> dict[str, P
                                  output="out_hidden_states")
     else:
         x = step.linear("/eagle/step/Linear", features, weights.step, PROJECTION_BITS, 0)
-        out_hidden = _attention_layer(step, to_c4(step.g, "/eagle/layer", x, hidden), x, weights.attention)
+        out_hidden = _attention_layer(step, to_c4(step.g, "/eagle/layer", x, hidden), x, weights.attention,
+                                      "out_hidden_states", "/eagle/layer")
     logits = step.linear("/eagle/lm_head/Linear", out_hidden, weights.lm_head, HEAD_BITS, HEAD_BLOCK)
     step.g.reshape("logits", [logits], [1, -1, weights.lm_head.shape[0]], NHWC)
     step.finish(["logits", "out_hidden_states"])
@@ -264,35 +275,35 @@ def write_eagle(folder: str | os.PathLike, weights: EagleWeights) -> dict[str, P
     return {"eagle_model": folder / "eagle.mnn", "eagle_fc": folder / "eagle_fc.mnn", "eagle_d2t": path}
 
 
-def _rotary(g: GraphBuilder, head_dim: int, theta: float) -> tuple[str, str]:
+def _rotary(g: GraphBuilder, head_dim: int, theta: float, prefix: str) -> tuple[str, str]:
     """cos and sin [rows, head_dim] of position_ids (rotate-half layout: the angles twice)."""
     cast = CastParamT()
     cast.srcT, cast.dstT = DataType.DT_VARIANT, DataType.DT_FLOAT
-    positions = g.op(OpType.Cast, "/eagle/rotary/positions", ["position_ids"], ["/eagle/rotary/positions"],
+    positions = g.op(OpType.Cast, f"{prefix}/rotary/positions", ["position_ids"], [f"{prefix}/rotary/positions"],
                      OpParameter.CastParam, cast)
-    column = g.reshape("/eagle/rotary/column", [positions], [-1, 1], NHWC)
+    column = g.reshape(f"{prefix}/rotary/column", [positions], [-1, 1], NHWC)
     inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    half = g.binary("/eagle/rotary/angles", BinaryOpOperation.MUL, column,
-                    g.const_float("/eagle/rotary/inv_freq", inv_freq.astype(np.float32)))
-    angles = g.concat("/eagle/rotary/angles_twice", [half, half], 1)
-    return (g.unary("/eagle/rotary/cos", UnaryOpOperation.COS, angles),
-            g.unary("/eagle/rotary/sin", UnaryOpOperation.SIN, angles))
+    half = g.binary(f"{prefix}/rotary/angles", BinaryOpOperation.MUL, column,
+                    g.const_float(f"{prefix}/rotary/inv_freq", inv_freq.astype(np.float32)))
+    angles = g.concat(f"{prefix}/rotary/angles_twice", [half, half], 1)
+    return (g.unary(f"{prefix}/rotary/cos", UnaryOpOperation.COS, angles),
+            g.unary(f"{prefix}/rotary/sin", UnaryOpOperation.SIN, angles))
 
 
-def _attention_layer(f: _DraftFile, x_c4: str, x: str, a: DraftAttention) -> str:
-    """x + o(Attention(RoPE(q, k), v)) as `out_hidden_states` [rows, H]; the Attention keeps its KV cache."""
+def _attention_layer(f: _DraftFile, x_c4: str, x: str, a: DraftAttention, output: str, prefix: str) -> str:
+    """x + o(Attention(RoPE(q, k), v)) as `output` [rows, width]; the Attention keeps its KV cache."""
     g = f.g
-    q, k, v = (f.conv(f"/eagle/layer/{p}_proj/Linear", x_c4, w) for p, w in (("q", a.q), ("k", a.k), ("v", a.v)))
-    cos, sin = _rotary(g, a.head_dim, a.theta)
+    q, k, v = (f.conv(f"{prefix}/{p}_proj/Linear", x_c4, w) for p, w in (("q", a.q), ("k", a.k), ("v", a.v)))
+    cos, sin = _rotary(g, a.head_dim, a.theta, prefix)
     rope = RoPEParamT()
     rope.ropeCutHeadDim = rope.headDim = a.head_dim
     rope.numHead, rope.kvNumHead = a.heads, a.kv_heads
-    q_rot, k_rot = "/eagle/layer/rope_q", "/eagle/layer/rope_k"
-    g.op(OpType.RoPE, "/eagle/layer/FusedRoPE", [q, k, cos, sin], [q_rot, k_rot], OpParameter.RoPEParam, rope)
+    q_rot, k_rot = f"{prefix}/rope_q", f"{prefix}/rope_k"
+    g.op(OpType.RoPE, f"{prefix}/FusedRoPE", [q, k, cos, sin], [q_rot, k_rot], OpParameter.RoPEParam, rope)
     param = AttentionParamT()
     param.kvCache, param.layerIndex, param.kvSharedLayerIndex, param.outputC4 = True, 0, -1, True
-    context = g.op(OpType.Attention, "/eagle/layer/FusedAttention", [q_rot, k_rot, v, "attention_mask"],
-                   ["/eagle/layer/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, param)
-    attended = from_c4(g, "/eagle/layer/o_proj/Linear", f.conv("/eagle/layer/o_proj/Linear", context, a.o),
+    context = g.op(OpType.Attention, f"{prefix}/FusedAttention", [q_rot, k_rot, v, "attention_mask"],
+                   [f"{prefix}/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, param)
+    attended = from_c4(g, f"{prefix}/o_proj/Linear", f.conv(f"{prefix}/o_proj/Linear", context, a.o),
                        a.o.shape[0], rows=0)
-    return g.binary("out_hidden_states", BinaryOpOperation.ADD, x, attended)
+    return g.binary(output, BinaryOpOperation.ADD, x, attended)

@@ -12,8 +12,8 @@
 Each `.mnn` reads its weights from `<file>.weight`. An Eagle step with Attention ops (a real
 export's decoder layer) keeps a KV cache of its own: it loads on a derived runtime manager
 (the same runtimes, its own KV meta, as a LoRA does) and draft_kv.py steers that meta as
-MNN's eagle.cpp does. Any other draft with an Attention op (MTP), and a linear-attention one,
-is refused, naming the file.
+MNN's eagle.cpp does; an MTP module with Attention ops likewise. A linear-attention draft, or
+Attention in eagle_fc, is refused, naming the file.
 """
 from __future__ import annotations
 
@@ -50,10 +50,9 @@ class DraftModule:
         net = read_net_file(path)
         types = {op_type_name(op.type) for op in net.oplists or []}
         self.attends = "Attention" in types
-        if "LinearAttention" in types or (self.attends and key != "eagle_model"):
-            raise UnsupportedError("a draft with its own KV cache is supported only as an Eagle step with Attention "
-                                   f"ops ({key} has {'LinearAttention' if 'LinearAttention' in types else 'Attention'})",
-                                   file=path, field="oplists")
+        if "LinearAttention" in types or (self.attends and key not in ("eagle_model", "mtp_model")):
+            raise UnsupportedError(f"{key}: a draft's own KV cache is supported for Attention ops in an Eagle step or "
+                                   "an MTP module, not for linear attention or elsewhere", file=path, field="oplists")
         manager = llm.runtime_manager.derive() if self.attends else llm.runtime_manager
         self.kv_meta = manager.kv_meta if self.attends else None  # the draft's own, for draft_kv.py
         main_weights = manager.external_file

@@ -53,22 +53,18 @@ class EagleGeneration(SpeculativeGeneration):
         if self.topk > 1 and not self.tree:
             log.info("eagle_topk %d: the model's KV cache cannot keep a tree's path; verifying the best path only",
                      self.topk)
-        self.kv = DraftKV(llm, draft.step, draft.d2t.size) if draft.step.attends else None
-        self.kept_hidden: list[np.ndarray] = []  # with self.kv: the main model's rows the draft has not taken in
-        self.kept_tokens: list[int] = []  # and the tokens at their positions
+        widths = {"logits": draft.d2t.size, "out_hidden_states": llm.config.hidden_size}
+        self.kv = DraftKV(llm, draft.step, widths) if draft.step.attends else None
 
     def start(self, new_ids: list[int]) -> None:
-        history = self.llm.context.history_tokens
         self.hidden = self.llm.hidden_states[-1:]
         if self.kv is not None:
-            self.kv.start(len(history) - 1)
-            self.kept_hidden, self.kept_tokens = [self.hidden], [history[-1]]
+            self.kv.start()
 
     def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
         self.hidden = self.llm.hidden_states[rows[-1]:rows[-1] + 1]
         if self.kv is not None:
-            self.kept_hidden.append(self.llm.hidden_states[rows])
-            self.kept_tokens += [tokens[row] for row in rows]
+            self.kv.keep(self.llm.hidden_states[rows], [tokens[row] for row in rows])
 
     def _step(self, tokens: list[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One draft step for each (token, draft state) row: log probabilities over the draft
@@ -84,10 +80,8 @@ class EagleGeneration(SpeculativeGeneration):
         if self.kv is None:
             hidden, = self.eagle.fc.run({"fc_hidden": self.hidden}, {"hidden_states": width})
             return self._step([token], hidden)
-        hidden, = self.eagle.fc.run({"fc_hidden": np.concatenate(self.kept_hidden)}, {"hidden_states": width})
-        logits, out = self.kv.catch_up(self.kept_tokens[1:] + [token], hidden)
-        self.kept_hidden, self.kept_tokens = [], []
-        return log_softmax(logits), out
+        logits, out = self.kv.catch_up(token, lambda h: self.eagle.fc.run({"fc_hidden": h}, {"hidden_states": width})[0])
+        return log_softmax(logits[-1:]), out[-1:]
 
     def _next(self, tokens: list[int], hidden: np.ndarray, continues: list[int], level: int):
         """A step for each guess of `level`; row i's guess continues grown row continues[i]."""
