@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mnnllm_core
-from mnnllm_backends.cpu.ops.attention import HostKVCache
+from mnnllm_backends.cpu.ops.attention import AttentionExecution, HostKVCache
 from mnnllm_backends.cpu.ops.linear_attention import ConvHistory
 from mnnllm_core.backend_api import DeviceKVCache, KVMeta
 from mnnllm_core.errors import KVStateError, UnsupportedError
@@ -214,12 +214,9 @@ BACKENDS = [pytest.param({"memory": "normal"}, id="cpu"), pytest.param({"memory"
                          marks=pytest.mark.skipif(not available("vulkan"), reason="Vulkan unavailable"))]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("settings", BACKENDS)
-def test_a_tree_step_gives_each_node_its_paths_logits_and_keeps_the_accepted_rows(tmp_path, settings) -> None:
-    """A tree whose right answer lies on second branches: rows 0 (pending), 2 and 4 are accepted,
-    rows 1 and 3 are not, so the rows kept are not contiguous."""
-    llm = model(linked(tmp_path / "m", MODEL_DIR), **settings)
+def tree_step(llm):
+    """After the prompt of PROMPTS[1], verify a tree whose right answer lies on second branches
+    and keep its accepted rows 0 (pending), 2 and 4 (not rows 1 and 3: not contiguous)."""
     prompt = PROMPTS[1]["prompt_ids"]
     answer = PROMPTS[1]["mnn_cpp_q4_memory_normal"]["gen_ids"]
     wrong = [t for t in (198, 260, 1012, 30) if t not in answer[:4]]
@@ -231,6 +228,15 @@ def test_a_tree_step_gives_each_node_its_paths_logits_and_keeps_the_accepted_row
     kept = tree.accepted_rows(rows.argmax(axis=-1))
     assert kept == [0, 2, 4]
     keep_rows(llm, tokens, kept)
+    return prompt, answer, tokens, parents, rows
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", BACKENDS)
+def test_a_tree_step_gives_each_node_its_paths_logits_and_keeps_the_accepted_rows(tmp_path, settings) -> None:
+    """(The tree of tree_step.)"""
+    llm = model(linked(tmp_path / "m", MODEL_DIR), **settings)
+    prompt, answer, tokens, parents, rows = tree_step(llm)
     follow = llm.forward([int(rows[4].argmax())])
     assert int(rows[4].argmax()) == answer[3]
     assert llm.context.history_tokens == prompt + answer[:4]
@@ -242,6 +248,27 @@ def test_a_tree_step_gives_each_node_its_paths_logits_and_keeps_the_accepted_row
             at = parents[at]
         np.testing.assert_allclose(rows[row], fresh_logits(llm, prompt + path[::-1]), rtol=0, atol=LOGITS_ATOL,
                                    err_msg=f"tree row {row}")
+
+
+@pytest.mark.slow
+def test_a_step_interrupted_after_some_layers_moved_their_rows_runs_again_right(tmp_path, monkeypatch) -> None:
+    """Ctrl-C inside layer 10 of the step after a tree's: ten layers have moved the kept rows and
+    appended, the rest not; the step run again moves nothing twice."""
+    llm = model(linked(tmp_path / "m", MODEL_DIR))
+    prompt, answer, _, _, rows = tree_step(llm)
+    original, calls = AttentionExecution.on_execute, [0]
+
+    def interrupted(self, inputs, outputs):
+        original(self, inputs, outputs)
+        calls[0] += 1
+        if calls[0] == 10:
+            raise KeyboardInterrupt
+    with monkeypatch.context() as patch:
+        patch.setattr(AttentionExecution, "on_execute", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            llm.forward([answer[3]])
+    follow = llm.forward([answer[3]])
+    np.testing.assert_allclose(follow, fresh_logits(llm, prompt + answer[:4]), rtol=0, atol=LOGITS_ATOL)
 
 
 @pytest.fixture(scope="module")
