@@ -382,3 +382,20 @@ def test_other_attention_kinds_verify_trees_as_ar_decodes(tmp_path, name, tree) 
     for ids, expected in zip(prompts, ar):
         assert tree_generate(llm, ids, 40) == expected
     assert llm.generation.accepted > 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_a_conversation_goes_on_right_after_a_tree_verified_reply(drafted, index) -> None:
+    """The last verify step's kept rows may still be pending (KV meta reserve), and a stop token or
+    the budget may have cut the accepted path short: the next forward sees exactly the history."""
+    llm = drafted
+    llm.set_config({"speculative_type": "eagle", "eagle_topk": 3, "eagle_depth": 3, "draft_predict_length": 8,
+                    **FITTED})
+    prompt = PROMPTS[index]["prompt_ids"]
+    out = tree_generate(llm, prompt, 9 + 4 * index)
+    assert out == PROMPTS[index]["mnn_cpp_q4_memory_normal"]["gen_ids"][:len(out)]
+    history = list(llm.context.history_tokens)
+    assert history == prompt + out[:-1]  # the last token emitted has not run yet
+    follow = llm.forward(out[-1:])
+    np.testing.assert_allclose(follow, fresh_logits(llm, history + out[-1:]), rtol=0, atol=LOGITS_ATOL)
