@@ -31,7 +31,7 @@ PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 SECOND = "tiny-qwen3_moe-mnn-fp16"
 N = 24
 RNG = np.random.default_rng(11)
-LOGITS_ATOL = 2e-3  # fp32 logits of the same tokens summed in another order (a tree row vs its path alone)
+LOGITS_ATOL = 5e-4  # fp32 logits (|logit| <= ~20) summed in another order: measured <= 5.5e-5 on cpu, vulkan; 0 opencl
 
 
 # -- the KV meta ----------------------------------------------------------------------------
