@@ -6,11 +6,11 @@ runs of the removed tail stay, moved down to follow the prefix (a verified token
 accepted path). An Attention first calls `begin_step(meta)`, which drops the removed tokens
 and moves the reserved ones, and returns how many remain (the step's past), then
 `append(k, v, seq)`. Moving rows is the one thing a backend adds for reserve (`move`); a cache
-that cannot (`reservable` False) raises an UnsupportedError rather than keep wrong rows. Storage grows by doubling (at least
-`min_capacity` tokens), so a step never copies the whole cache. A backend subclasses this and
-says how to grow its storage and where to write the new rows (and, to take part in the prefix
-cache on disk, how to `snapshot` and `restore` it); the clones of an Execution (prefill and
-decode) share one cache.
+that cannot (`reservable` False) raises an UnsupportedError rather than keep wrong rows.
+Storage grows by doubling (at least `min_capacity` tokens), so a step never copies the whole
+cache. A backend subclasses this and says how to grow its storage and where to write the new
+rows (and, to take part in the prefix cache on disk, how to `snapshot` and `restore` it); the
+clones of an Execution (prefill and decode) share one cache.
 """
 from __future__ import annotations
 
@@ -118,8 +118,8 @@ class DeviceKVCache(KVCache):
     """Keys and values as two device buffers of token-major rows ([capacity, kv_heads, dim], the
     layout of the k/v inputs), so a step appends with one device-side copy each and growing is
     one copy of the used part; nothing goes back to the host. The backend gives `alloc(nbytes)`,
-    `copy(dst, src, nbytes, dst_offset=0, src_offset=0)` and, when buffers have a size limit, `fits(nbytes)`
-    (then a cache that would not fit doubled grows only to what it needs)."""
+    `copy(dst, src, nbytes, dst_offset=0, src_offset=0)` and, when buffers have a size limit,
+    `fits(nbytes)` (then a cache that would not fit doubled grows only to what it needs)."""
 
     min_capacity = 256
 

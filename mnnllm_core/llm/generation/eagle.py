@@ -74,13 +74,15 @@ class EagleGeneration(SpeculativeGeneration):
                                         {"logits": eagle.d2t.size, "out_hidden_states": llm.config.hidden_size})
         return log_softmax(logits), hidden
 
+    def _fc(self, hidden: np.ndarray) -> np.ndarray:
+        """The main model's hidden states in the draft's space (eagle_fc)."""
+        return self.eagle.fc.run({"fc_hidden": hidden}, {"hidden_states": self.llm.config.hidden_size})[0]
+
     def _first(self, token: int) -> tuple[np.ndarray, np.ndarray]:
         """The step at the pending token (for a draft with a KV cache, after the rows kept since)."""
-        width = self.llm.config.hidden_size
         if self.kv is None:
-            hidden, = self.eagle.fc.run({"fc_hidden": self.hidden}, {"hidden_states": width})
-            return self._step([token], hidden)
-        logits, out = self.kv.catch_up(token, lambda h: self.eagle.fc.run({"fc_hidden": h}, {"hidden_states": width})[0])
+            return self._step([token], self._fc(self.hidden))
+        logits, out = self.kv.catch_up(token, self._fc)
         return log_softmax(logits[-1:]), out[-1:]
 
     def _next(self, tokens: list[int], hidden: np.ndarray, continues: list[int], level: int):

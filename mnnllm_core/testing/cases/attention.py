@@ -2,8 +2,8 @@
 several steps by the KV meta: causal prefill, decode against the cache (past its first
 capacity), tokens removed from the cache, runs of them kept (KV meta reserve, overlapping
 moves too), full float and int masks, a token tree's mask over the cache (and its path kept
-after), a sliding-window mask over the cache (prefill and decode), attnScale, no cache (keys outnumbering queries), unpacked heads,
-and a mask with too few rows (a typed error)."""
+after), a sliding-window mask over the cache (prefill and decode), attnScale, no cache (keys
+outnumbering queries), unpacked heads, and a mask with too few rows (a typed error)."""
 from __future__ import annotations
 
 import numpy as np
