@@ -6,9 +6,11 @@ strategies alternating) and its ratio to AR, and whether the tokens are AR's.
 Strategies: lookahead (MNN's n-gram cache, defaults), MTP and Eagle with drafts fitted by the
 exporter (mnnllm_core/export/draft.py) to the model's own greedy answers to FIT_QUESTIONS
 (other questions than the benchmark's), and with random drafts. Prompts: a repetitive one
-(the answer quotes the code in the prompt) and a free one.
+(the answer quotes the code in the prompt) and a free one. `--tree K:NODES` adds the fitted
+Eagle with eagle_topk K verifying a token tree of NODES guesses (draft_predict_length), depth
+`--depth`; `--only` keeps AR and the named strategies.
 
-    python bench/speculative_bench.py [CONFIG] [-n 3] [-t 48] [--json]
+    python bench/speculative_bench.py [CONFIG] [-n 3] [-t 48] [--tree 2:6 --tree 4:8] [--only "eagle fitted"] [--json]
 """
 from __future__ import annotations
 
@@ -64,9 +66,22 @@ def prepare(config: Path, folder: Path) -> None:
           f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
 
 
-def run(config: Path, runs: int, tokens: int) -> list[dict]:
+def strategies(trees: list[str], depth: int, only: list[str]) -> dict[str, tuple[str, dict]]:
+    """STRATEGIES, with a fitted Eagle per `trees` entry "K:NODES", kept to AR and `only` (if given)."""
+    found = dict(STRATEGIES)
+    for tree in trees:
+        topk, nodes = (int(n) for n in tree.split(":"))
+        found[f"eagle fitted top{topk}/{nodes}"] = ("eagle", {**FITTED, "eagle_topk": topk, "eagle_depth": depth,
+                                                               "draft_predict_length": nodes})
+    if only:
+        found = {name: found[name] for name in found if name == "ar" or name in only or
+                 any(name.startswith(o + " top") for o in only)}
+    return found
+
+
+def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]] = STRATEGIES) -> list[dict]:
     engines = {}
-    for name, (kind, files) in STRATEGIES.items():
+    for name, (kind, files) in chosen.items():
         llm = mnnllm_core.create(config)
         llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": kind, **files})
         engines[name] = llm.load()
@@ -141,12 +156,16 @@ def main() -> None:
     parser.add_argument("config", nargs="?", type=Path, default=DEFAULT_CONFIG)
     parser.add_argument("-n", "--runs", type=int, default=3)
     parser.add_argument("-t", "--tokens", type=int, default=48)
+    parser.add_argument("--tree", action="append", default=[], metavar="K:NODES",
+                        help="add the fitted Eagle with eagle_topk K and a tree of NODES guesses")
+    parser.add_argument("--depth", type=int, default=3, help="eagle_depth of the --tree rows")
+    parser.add_argument("--only", action="append", default=[], help="keep AR and this strategy (repeatable)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mnnllm-spec-") as tmp:
         folder = Path(tmp)
         prepare(args.config.resolve(), folder)
-        table = run(folder / args.config.name, args.runs, args.tokens)
+        table = run(folder / args.config.name, args.runs, args.tokens, strategies(args.tree, args.depth, args.only))
     print(json.dumps({"forward": table[0], "rows": table[1:]}, indent=1) if args.json else markdown(table))
 
 

@@ -87,11 +87,11 @@ def checked_generate(llm, ids, n):
     strategy = llm.generation
     verified = strategy.verified
 
-    def spy(tokens, accepted):
+    def spy(tokens, accepted, rows):
         meta, history = llm.kv_meta, llm.context.history_tokens
-        assert meta.previous - meta.remove == len(history)
-        steps.append((meta.remove, len(tokens) - 1 - accepted))
-        verified(tokens, accepted)
+        assert meta.kept == len(history)
+        steps.append((meta.previous - meta.kept, len(tokens) - 1 - accepted))
+        verified(tokens, accepted, rows)
     strategy.verified = spy
     try:
         out = llm.generate(ids, n)
@@ -116,8 +116,7 @@ def test_greedy_with_a_draft_gives_exactly_the_greedy_tokens(engines, kind, draf
         out, steps = checked_generate(llm, prompt["prompt_ids"], N)
         assert out == expected(prompt)
         assert steps, "speculative steps ran"
-        meta = llm.kv_meta
-        assert meta.previous - meta.remove == len(llm.context.history_tokens)
+        assert llm.kv_meta.kept == len(llm.context.history_tokens)
     proposed, accepted = llm.generation.proposed - before[0], llm.generation.accepted - before[1]
     assert proposed > 0
     if draft == "fitted":  # fitted to these very answers: most guesses hold
@@ -127,12 +126,13 @@ def test_greedy_with_a_draft_gives_exactly_the_greedy_tokens(engines, kind, draf
 
 
 @pytest.mark.slow
-def test_eagle_topk_keeps_a_beam_and_stays_exact(engines):
+def test_eagle_topk_verifies_a_token_tree_and_stays_exact(engines):
+    """(Trees of every size: test_tree_verify.py.)"""
     llm = engines("eagle", eagle_topk=3, eagle_depth=4, draft_predict_length=4)
     try:
         llm.reset()
         assert llm.generate(PROMPTS[2]["prompt_ids"], N) == expected(PROMPTS[2])
-        assert llm.generation.topk == 3 and llm.generation.depth == 4
+        assert llm.generation.topk == 3 and llm.generation.depth == 4 and llm.generation.tree
     finally:
         llm.set_config({"eagle_topk": 1, "eagle_depth": 3, "draft_predict_length": 3})
 
@@ -317,8 +317,9 @@ def test_a_draft_of_the_wrong_vocabulary_fails_naming_its_output(folder, tmp_pat
 
 
 @pytest.mark.slow
-def test_a_draft_with_its_own_kv_cache_is_refused_naming_it(folder, tmp_path):
-    llm, model = draft_llm(folder, tmp_path, "mtp", mtp_model="attending.mnn")
+def test_an_attention_where_no_draft_keeps_a_kv_cache_is_refused_naming_it(folder, tmp_path):
+    """(eagle_fc maps hidden states; Eagle steps and MTP modules with Attention: test_draft_kv.py.)"""
+    llm, model = draft_llm(folder, tmp_path, "eagle", eagle_fc="attending.mnn")
     g = GraphBuilder()
     for name in ("q", "k", "v", "mask"):
         g.input(name, [1, 1, 8], DataType.DT_FLOAT)

@@ -1,13 +1,16 @@
 """The KV cache of one Attention layer: the bookkeeping every backend shares, written once.
 
 Each step the LLM sets `KVMeta` (`backend.kv_meta`): `previous` tokens are cached, `remove`
-of them go (a rejected guess, a new prompt that shares only a prefix), `add` come. An
-Attention first calls `begin_step(meta)`, which drops the removed tokens and returns how many
-remain (the step's past), then `append(k, v, seq)`. Storage grows by doubling (at least
-`min_capacity` tokens), so a step never copies the whole cache. A backend subclasses this and
-says how to grow its storage and where to write the new rows (and, to take part in the prefix
-cache on disk, how to `snapshot` and `restore` it); the clones of an Execution (prefill and
-decode) share one cache.
+of them go (a rejected guess, a new prompt that shares only a prefix), `add` come; `reserve`
+runs of the removed tail stay, moved down to follow the prefix (a verified token tree's
+accepted path). An Attention first calls `begin_step(meta)`, which drops the removed tokens
+and moves the reserved ones, and returns how many remain (the step's past), then
+`append(k, v, seq)`. Moving rows is the one thing a backend adds for reserve (`move`); a cache
+that cannot (`reservable` False) raises an UnsupportedError rather than keep wrong rows.
+Storage grows by doubling (at least `min_capacity` tokens), so a step never copies the whole
+cache. A backend subclasses this and says how to grow its storage and where to write the new
+rows (and, to take part in the prefix cache on disk, how to `snapshot` and `restore` it); the
+clones of an Execution (prefill and decode) share one cache.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ContextLengthError
+from ..errors import ContextLengthError, KVStateError, UnsupportedError
 from .kv_meta import KVMeta
 
 
@@ -25,11 +28,40 @@ class KVCache:
     def __init__(self) -> None:
         self.length = 0
         self.capacity = 0
+        self.moved_at: tuple[int, int] | None = None  # the (KV meta, step) whose reserve moved rows here
+
+    reservable = False  # whether `move` works (KV meta reserve needs it)
 
     def begin_step(self, meta: KVMeta) -> int:
-        """Drop the tokens this step removes; the number of cached tokens the step attends to."""
-        self.truncate(meta.previous - meta.remove)
+        """Drop the tokens this step removes, keeping its reserved runs; the number of cached
+        tokens the step attends to."""
+        start = meta.previous - meta.remove
+        if not meta.reserve:
+            self.truncate(start)
+            return self.length
+        if not self.reservable:
+            raise UnsupportedError(f"{type(self).__name__} cannot keep reserved KV rows (a verified token tree's "
+                                   "path): it cannot move rows", field="reserve")
+        if self.moved_at == (id(meta), meta.steps):  # this step ran before, interrupted: the rows moved then
+            self.truncate(meta.kept)
+            return self.length
+        meta.check_reserve()
+        end = start + meta.reserve[-1][0] + meta.reserve[-1][1]
+        if start < 0 or end > self.length:
+            raise KVStateError(f"KV meta reserve {list(meta.reserve)} after {start} kept tokens reaches row {end}, "
+                               f"but the cache holds {self.length}", field="reserve")
+        at = start
+        for begin, size in meta.reserve:
+            if start + begin != at:
+                self.move(start + begin, at, size)
+            at += size
+        self.length = at
+        self.moved_at = (id(meta), meta.steps)
         return self.length
+
+    def move(self, src: int, dst: int, count: int) -> None:
+        """Copy token rows src.. to dst.. (dst < src; the ranges may overlap)."""
+        raise NotImplementedError
 
     def truncate(self, length: int) -> None:
         self.length = max(0, min(self.length, length))
@@ -86,8 +118,8 @@ class DeviceKVCache(KVCache):
     """Keys and values as two device buffers of token-major rows ([capacity, kv_heads, dim], the
     layout of the k/v inputs), so a step appends with one device-side copy each and growing is
     one copy of the used part; nothing goes back to the host. The backend gives `alloc(nbytes)`,
-    `copy(dst, src, nbytes, dst_offset=0)` and, when buffers have a size limit, `fits(nbytes)`
-    (then a cache that would not fit doubled grows only to what it needs)."""
+    `copy(dst, src, nbytes, dst_offset=0, src_offset=0)` and, when buffers have a size limit,
+    `fits(nbytes)` (then a cache that would not fit doubled grows only to what it needs)."""
 
     min_capacity = 256
 
@@ -118,6 +150,18 @@ class DeviceKVCache(KVCache):
             middle = (low + high) // 2
             low, high = (middle, high) if self._fits(middle * self.row_bytes) else (low, middle)
         return low
+
+    reservable = True
+
+    def move(self, src: int, dst: int, count: int) -> None:
+        """In chunks of at most src - dst rows, first to last: no copy reads rows it writes (OpenCL
+        refuses overlapping copies within a buffer, Vulkan leaves them undefined), and each chunk
+        reads rows the chunks before it have already copied away."""
+        rows, step = self.row_bytes, src - dst
+        for done in range(0, count, step):
+            n = min(step, count - done)
+            for buffer in (self.k, self.v):
+                self._copy(buffer, buffer, n * rows, dst_offset=(dst + done) * rows, src_offset=(src + done) * rows)
 
     def grow(self, capacity: int) -> None:
         rows = self.row_bytes

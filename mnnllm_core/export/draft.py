@@ -4,10 +4,15 @@ No trained draft exists for the models here, so these are linear: the main model
 hidden state h_t and the embedding e_{t+1} of the token it chose are concatenated, and
 
 * MTP: one Linear [2H -> heads * H] guesses h_{t+1+k} for each head k, then the main model's
-  lm_head gives each head's logits;
+  lm_head gives each head's logits; with `attention` the features first pass a decoder layer
+  at width 2H (f + o(Attention(...)) over its own KV cache) and only the rows from
+  `logits_index` on (-1: the last, as MNN feeds it) go to the heads;
 * Eagle: `eagle_fc` is a Linear [H -> H] (the identity when fitted); one `eagle` step is a
   Linear [2H -> H] guessing h_{t+1} (`out_hidden_states`) and an lm_head over a draft
-  vocabulary (the most frequent tokens), mapped back by `eagle_d2t`.
+  vocabulary (the most frequent tokens), mapped back by `eagle_d2t`. With `attention` the step
+  is a small decoder layer, as a real Eagle export has: after the Linear x, out = x +
+  o(Attention(RoPE(q(x), k(x)), v(x), attention_mask)) over the draft's own KV cache, the
+  rotary angles from `position_ids` (what llm/generation/draft_kv.py feeds it).
 
 `random_*` drafts have random weights (they guess badly, which speculative decoding must
 survive); `fit_drafts` solves for the Linears by ridge least squares on hidden states the
@@ -24,6 +29,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from mnnllm_core.errors import FormatError
+from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
+from mnnllm_core.schema.MNN.BinaryOpOperation import BinaryOpOperation
+from mnnllm_core.schema.MNN.CastParam import CastParamT
+from mnnllm_core.schema.MNN.OpParameter import OpParameter
+from mnnllm_core.schema.MNN.OpType import OpType
+from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
+from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
 from mnnllm_core.express.op_weights import OpWeights
 from mnnllm_core.express.weight_file import ExternalWeightFile
 from mnnllm_core.files import written_beside
@@ -44,9 +56,28 @@ HEAD_BITS, HEAD_BLOCK = 4, 64  # lm_heads are large and read every draft step
 
 
 @dataclass
+class DraftAttention:
+    """A draft's attention layer at width W (Eagle: H, MTP: 2H): q [heads*dim, W], k and v
+    [kv_heads*dim, W], o [W, heads*dim]."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    o: np.ndarray
+    heads: int
+    kv_heads: int
+    theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[0] // self.heads
+
+
+@dataclass
 class MtpWeights:
     heads: np.ndarray  # [heads * H, 2H]: rows k*H .. (k+1)*H guess h_{t+1+k} from [h_t, e_{t+1}]
     lm_head: np.ndarray  # [vocab, H]
+    attention: DraftAttention | None = None  # a decoder layer over the features (width 2H)
 
     @property
     def count(self) -> int:
@@ -59,6 +90,7 @@ class EagleWeights:
     step: np.ndarray  # [H, 2H]: [hidden, e] -> the next draft hidden state
     lm_head: np.ndarray  # [draft vocab, H]
     d2t: np.ndarray  # [draft vocab] int: target token = i + d2t[i]
+    attention: DraftAttention | None = None  # a decoder layer after `step` (the draft has a KV cache)
 
 
 def main_lm_head(config: "LlmConfig") -> np.ndarray:
@@ -87,6 +119,17 @@ def random_eagle(hidden: int, vocab: int, draft_vocab: int, seed: int = 0) -> Ea
                         rng.normal(0, 1.0 / np.sqrt(2 * hidden), (hidden, 2 * hidden)).astype(np.float32),
                         rng.normal(0, 1.0 / np.sqrt(hidden), (tokens.size, hidden)).astype(np.float32),
                         tokens - np.arange(tokens.size))
+
+
+def random_attention(hidden: int, heads: int, kv_heads: int, head_dim: int, seed: int = 0,
+                     gain: float = 1.0) -> DraftAttention:
+    """Random q/k/v/o (o scaled by `gain`: a small gain keeps a fitted step's guesses mostly its own)."""
+    rng = np.random.default_rng(seed)
+
+    def weight(rows: int, cols: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.normal(0, scale / np.sqrt(cols), (rows, cols))).astype(np.float32)
+    return DraftAttention(weight(heads * head_dim, hidden), weight(kv_heads * head_dim, hidden),
+                          weight(kv_heads * head_dim, hidden), weight(hidden, heads * head_dim, gain), heads, kv_heads)
 
 
 def collect(llm: "Llm", sequences: Sequence[Sequence[int]]) -> list[np.ndarray]:
@@ -161,6 +204,11 @@ class _DraftFile:
         out, _ = linear(self.g, self.writer, name, to_c4(self.g, name, x, ic), _tensor(name, weight))
         return from_c4(self.g, name, out, oc, rows=0, output=output)
 
+    def conv(self, name: str, x: str, weight: np.ndarray) -> str:
+        """A Linear on NC4HW4 `x` [rows, ic, 1, 1] to NC4HW4 [rows, oc, 1, 1] (8 bit)."""
+        self.writer.bits, self.writer.block = PROJECTION_BITS, 0
+        return linear(self.g, self.writer, name, x, _tensor(name, weight))[0]
+
     def finish(self, outputs: list[str]) -> None:
         self._weights.close()
         graph = self.g.finish(outputs, f"mnnllm-draft:{self.path.name}")
@@ -185,6 +233,12 @@ def write_mtp(folder: str | os.PathLike, weights: MtpWeights, name: str = "mtp.m
     hidden = weights.lm_head.shape[1]
     f = _DraftFile(path)
     features = _draft_inputs(f.g, hidden)
+    if weights.attention is not None:
+        attended = _attention_layer(f, to_c4(f.g, "/mtp/layer", features, 2 * hidden), features, weights.attention,
+                                    "/mtp/layer/out", "/mtp/layer")
+        end = f.g.const_int("/mtp/rows_end", [1 << 30], [1])
+        axis, stride = f.g.const_int("/mtp/rows_axis", [0], [1]), f.g.const_int("/mtp/rows_stride", [1], [1])
+        features = f.g.strided_slice("/mtp/rows", [attended, "logits_index", end, axis, stride], DataType.DT_INVALID, 1)
     guesses = f.linear("/mtp/heads/Linear", features, weights.heads, PROJECTION_BITS, 0)
     rows = f.g.reshape("/mtp/head_rows", [guesses], [-1, hidden], NHWC)
     logits = f.linear("/mtp/lm_head/Linear", rows, weights.lm_head, HEAD_BITS, HEAD_BLOCK)
@@ -203,8 +257,13 @@ def write_eagle(folder: str | os.PathLike, weights: EagleWeights) -> dict[str, P
     fc.finish(["hidden_states"])
     step = _DraftFile(folder / "eagle.mnn")
     features = _draft_inputs(step.g, hidden)
-    out_hidden = step.linear("/eagle/step/Linear", features, weights.step, PROJECTION_BITS, 0,
-                             output="out_hidden_states")
+    if weights.attention is None:
+        out_hidden = step.linear("/eagle/step/Linear", features, weights.step, PROJECTION_BITS, 0,
+                                 output="out_hidden_states")
+    else:
+        x = step.linear("/eagle/step/Linear", features, weights.step, PROJECTION_BITS, 0)
+        out_hidden = _attention_layer(step, to_c4(step.g, "/eagle/layer", x, hidden), x, weights.attention,
+                                      "out_hidden_states", "/eagle/layer")
     logits = step.linear("/eagle/lm_head/Linear", out_hidden, weights.lm_head, HEAD_BITS, HEAD_BLOCK)
     step.g.reshape("logits", [logits], [1, -1, weights.lm_head.shape[0]], NHWC)
     step.finish(["logits", "out_hidden_states"])
@@ -214,3 +273,37 @@ def write_eagle(folder: str | os.PathLike, weights: EagleWeights) -> dict[str, P
     with written_beside(path) as out:
         out.write(d2t.finish(["d2t"], "mnnllm-draft:eagle_d2t"))
     return {"eagle_model": folder / "eagle.mnn", "eagle_fc": folder / "eagle_fc.mnn", "eagle_d2t": path}
+
+
+def _rotary(g: GraphBuilder, head_dim: int, theta: float, prefix: str) -> tuple[str, str]:
+    """cos and sin [rows, head_dim] of position_ids (rotate-half layout: the angles twice)."""
+    cast = CastParamT()
+    cast.srcT, cast.dstT = DataType.DT_VARIANT, DataType.DT_FLOAT
+    positions = g.op(OpType.Cast, f"{prefix}/rotary/positions", ["position_ids"], [f"{prefix}/rotary/positions"],
+                     OpParameter.CastParam, cast)
+    column = g.reshape(f"{prefix}/rotary/column", [positions], [-1, 1], NHWC)
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    half = g.binary(f"{prefix}/rotary/angles", BinaryOpOperation.MUL, column,
+                    g.const_float(f"{prefix}/rotary/inv_freq", inv_freq.astype(np.float32)))
+    angles = g.concat(f"{prefix}/rotary/angles_twice", [half, half], 1)
+    return (g.unary(f"{prefix}/rotary/cos", UnaryOpOperation.COS, angles),
+            g.unary(f"{prefix}/rotary/sin", UnaryOpOperation.SIN, angles))
+
+
+def _attention_layer(f: _DraftFile, x_c4: str, x: str, a: DraftAttention, output: str, prefix: str) -> str:
+    """x + o(Attention(RoPE(q, k), v)) as `output` [rows, width]; the Attention keeps its KV cache."""
+    g = f.g
+    q, k, v = (f.conv(f"{prefix}/{p}_proj/Linear", x_c4, w) for p, w in (("q", a.q), ("k", a.k), ("v", a.v)))
+    cos, sin = _rotary(g, a.head_dim, a.theta, prefix)
+    rope = RoPEParamT()
+    rope.ropeCutHeadDim = rope.headDim = a.head_dim
+    rope.numHead, rope.kvNumHead = a.heads, a.kv_heads
+    q_rot, k_rot = f"{prefix}/rope_q", f"{prefix}/rope_k"
+    g.op(OpType.RoPE, f"{prefix}/FusedRoPE", [q, k, cos, sin], [q_rot, k_rot], OpParameter.RoPEParam, rope)
+    param = AttentionParamT()
+    param.kvCache, param.layerIndex, param.kvSharedLayerIndex, param.outputC4 = True, 0, -1, True
+    context = g.op(OpType.Attention, f"{prefix}/FusedAttention", [q_rot, k_rot, v, "attention_mask"],
+                   [f"{prefix}/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, param)
+    attended = from_c4(g, f"{prefix}/o_proj/Linear", f.conv(f"{prefix}/o_proj/Linear", context, a.o),
+                       a.o.shape[0], rows=0)
+    return g.binary(output, BinaryOpOperation.ADD, x, attended)

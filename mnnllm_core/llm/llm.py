@@ -23,7 +23,7 @@ from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, Forma
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
-from .attention_mask import check_attention_type, check_mask_input, float_attention_mask
+from .attention_mask import check_attention_type, check_mask_input, step_mask, tree_depths, tree_mask
 from .config import LlmConfig, resolve_config_path
 from .context import STOPPED, LlmContext
 from .embedding import DiskEmbedding
@@ -184,11 +184,10 @@ class Llm:
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
-        past = len(self.context.history_tokens)
-        if self.config.attention_mask == "float":  # "full": a scalar, the causal mask is Attention's
-            return float_attention_mask(self.config.attention_type, self.config.sliding_window, past, seq_len)
-        keys = np.arange(past + seq_len)[None, :]
-        return (keys <= (past + np.arange(seq_len))[:, None]).astype(np.int32).reshape(1, 1, seq_len, -1)
+        """("full" float: a scalar, the causal mask is Attention's.)"""
+        cfg = self.config
+        return step_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, len(self.context.history_tokens),
+                         seq_len)
 
     def _position_ids(self, seq_len: int) -> np.ndarray:
         past = len(self.context.history_tokens)
@@ -197,6 +196,13 @@ class Llm:
             return self._decode_position
         positions = np.arange(past, past + seq_len, dtype=np.int32).reshape(1, seq_len)
         return np.repeat(positions, 3, axis=0) if self.config.is_mrope else positions
+
+    def _tree_inputs(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """attention_mask and position_ids for a token tree after the cached history."""
+        past, cfg = len(self.context.history_tokens), self.config
+        mask = tree_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, past, parents)
+        positions = (past + tree_depths(parents)).astype(np.int32).reshape(1, -1)
+        return mask, np.repeat(positions, 3, axis=0) if cfg.is_mrope else positions
 
     def _input_embeddings(self, ids: list[int]) -> np.ndarray:
         """The `input_ids` input: [seq, 1, hidden] rows of the embedding table (Omni writes images over some)."""
@@ -207,17 +213,23 @@ class Llm:
         self.context.history_tokens.extend(ids)
         self.context.all_seq_len = len(self.context.history_tokens)
 
-    def forward(self, input_ids: Sequence[int], all_logits: bool | None = None) -> np.ndarray:
+    def forward(self, input_ids: Sequence[int], all_logits: bool | None = None,
+                parents: Sequence[int] | None = None) -> np.ndarray:
         """Run the new tokens through the model (appending them to the KV cache); returns
-        the logits of the last token ([vocab]) or, with all_logits, of every token."""
+        the logits of the last token ([vocab]) or, with all_logits, of every token. With
+        `parents` the tokens are a tree (parents[i]: the index of token i's parent, -1 for a
+        root, which follows the cache): each attends to the cache and its ancestors only, at
+        position past + depth (speculative tree verification); all of them join the history."""
         ids = self.tokenizer.check_ids(input_ids)
         if not ids:
             raise MnnllmError("forward needs at least one token", field="input_ids")
+        if parents is not None and len(parents) != len(ids):
+            raise MnnllmError(f"forward got {len(parents)} parents for {len(ids)} tokens", field="parents")
         all_logits = self.config.all_logits if all_logits is None else all_logits
         with self._exclusive("forward"):
-            return self._forward(ids, bool(all_logits))
+            return self._forward(ids, bool(all_logits), None if parents is None else [int(p) for p in parents])
 
-    def _forward(self, ids: list[int], all_logits: bool) -> np.ndarray:
+    def _forward(self, ids: list[int], all_logits: bool, parents: list[int] | None = None) -> np.ndarray:
         past = len(self.context.history_tokens)
         seq = len(ids)
         if past + seq > self.config.max_all_tokens:
@@ -225,13 +237,18 @@ class Llm:
                                      f"{self.config.max_all_tokens}", file=self.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
         prepared = seq == 1 and self.config.attention_mask == "float" and self.config.attention_type == "full"
-        mask = self._decode_mask if prepared else self._attention_mask(seq)
-        feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask,
-                 "position_ids": self._position_ids(seq), "logits_index": self._logits_index[bool(all_logits)]}
+        if parents is not None:
+            mask, positions = self._tree_inputs(parents)
+        else:
+            mask = self._decode_mask if prepared else self._attention_mask(seq)
+            positions = self._position_ids(seq)
+        feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask, "position_ids": positions,
+                 "logits_index": self._logits_index[bool(all_logits)]}
         meta = self.kv_meta
-        # The history is the truth: the cache is cut back to it before every step, so a step
-        # interrupted anywhere (Ctrl-C inside a layer, or after the commit below) leaves no stale rows.
-        meta.remove = meta.previous - past
+        # The history is the truth: the cache is cut back to it before every step (keeping the
+        # reserved rows a verified tree left), so a step interrupted anywhere (Ctrl-C inside a
+        # layer, or after the commit below) leaves no stale rows.
+        meta.cut_to(past)
         meta.add = seq
         try:
             outputs = self.pool.get(seq, all_logits).forward(feeds)

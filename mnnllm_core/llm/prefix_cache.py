@@ -113,7 +113,7 @@ class PrefixCache:
                 cache.restore(k[:use], v[:use])
             self.llm.context.history_tokens[:] = prompt_ids[:use]
             meta = self.llm.kv_meta
-            meta.previous, meta.remove, meta.add = use, 0, 0
+            meta.previous, meta.remove, meta.add, meta.reserve = use, 0, 0, ()
             self._restored = use
             if shared == len(header["tokens"]):  # the new prompt extends that file's: it replaces it
                 self._superseded = path

@@ -109,6 +109,7 @@ class Runner:
         runtime = self.runtime
         meta = runtime.kv_meta
         meta.previous = meta.remove = meta.add = 0
+        meta.reserve = ()
         module, problem, error = None, None, 0.0
         try:
             info, first = one_op_graph(trial.op, trial.inputs, trial.outputs)
@@ -144,7 +145,7 @@ def _steps(module: StaticModule, meta, trial: Trial, names: list[str], first: di
     outputs, worst = None, 0.0
     for step in trial.steps:
         feeds = first if step.feeds is None else dict(zip(names, step.feeds))
-        meta.remove, meta.add = step.remove, _tokens(feeds)
+        meta.remove, meta.add, meta.reserve = step.remove, _tokens(feeds), step.reserve
         outputs = module.forward(feeds)
         meta.sync()
         for k, want in enumerate(step.expected or []):

@@ -59,6 +59,16 @@ class HostKVCache(KVCache):
             self.k[:, self.length:end] = k.transpose(1, 0, 2)
         self.v[:, self.length:end] = v.transpose(1, 0, 2)
 
+    reservable = True
+
+    def move(self, src: int, dst: int, count: int) -> None:
+        """numpy copies overlapping slices as if through a temporary."""
+        if self.keys_transposed:
+            self.k[:, :, dst:dst + count] = self.k[:, :, src:src + count]
+        else:
+            self.k[:, dst:dst + count] = self.k[:, src:src + count]
+        self.v[:, dst:dst + count] = self.v[:, src:src + count]
+
     def add(self, k: np.ndarray, v: np.ndarray) -> None:
         self._heads, self._dim = k.shape[1], k.shape[2]
         self.append(k, v, k.shape[0])

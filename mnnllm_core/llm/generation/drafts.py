@@ -9,9 +9,11 @@
   the draft vocabulary and `out_hidden_states`) makes one step; `eagle_d2t` (`eagle_d2t.mnn`,
   an MNN Variable file: one int32 Const) maps draft token i to target token i + d2t[i].
 
-Each `.mnn` reads its weights from `<file>.weight`. The drafts here carry no KV cache of their
-own (one runtime's KV meta steers every Attention, and it is the main model's): a draft file
-with an Attention op is refused, naming it.
+Each `.mnn` reads its weights from `<file>.weight`. An Eagle step with Attention ops (a real
+export's decoder layer) keeps a KV cache of its own: it loads on a derived runtime manager
+(the same runtimes, its own KV meta, as a LoRA does) and draft_kv.py steers that meta as
+MNN's eagle.cpp does; an MTP module with Attention ops likewise. A linear-attention draft, or
+Attention in eagle_fc, is refused, naming the file.
 """
 from __future__ import annotations
 
@@ -46,11 +48,13 @@ class DraftModule:
             raise ConfigError(f"{key} names a file that {problem}: {path}",
                               file=llm.config.origin(key) or llm.config.source, field=key)
         net = read_net_file(path)
-        for op in net.oplists or []:
-            if op_type_name(op.type) in ("Attention", "LinearAttention"):
-                raise UnsupportedError("a draft with its own KV cache (an Attention op) is not supported: drafts "
-                                       "share the main model's KV meta", file=path, field="oplists")
-        manager = llm.runtime_manager
+        types = {op_type_name(op.type) for op in net.oplists or []}
+        self.attends = "Attention" in types
+        if "LinearAttention" in types or (self.attends and key not in ("eagle_model", "mtp_model")):
+            raise UnsupportedError(f"{key}: a draft's own KV cache is supported for Attention ops in an Eagle step or "
+                                   "an MTP module, not for linear attention or elsewhere", file=path, field="oplists")
+        manager = llm.runtime_manager.derive() if self.attends else llm.runtime_manager
+        self.kv_meta = manager.kv_meta if self.attends else None  # the draft's own, for draft_kv.py
         main_weights = manager.external_file
         manager.set_external_file(path + ".weight")
         try:

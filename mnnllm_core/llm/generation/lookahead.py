@@ -56,6 +56,6 @@ class LookaheadGeneration(SpeculativeGeneration):
         strictness = "high" if self.llm.tokenizer_decode(token) in CONFUSING else self.strictness
         return self.cache.draft(self.llm.context.history_tokens + [token], room, strictness)
 
-    def verified(self, tokens: list[int], accepted: int) -> None:
+    def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
         if self.update:
             self.cache.update(self.llm.context.history_tokens, accepted + 1)

@@ -2,12 +2,15 @@
 
 The draft (`mtp.mnn`) sees the main model's hidden state at the last kept position and the
 embedding of the token the model chose there (the pending token) and guesses, head by head,
-the tokens after it; the main model verifies them in one forward (speculative.py).
+the tokens after it; the main model verifies them in one forward (speculative.py). An MTP
+module with its own KV cache (Attention ops) first takes in the rows the last verify step kept
+(draft_kv.py) and guesses from the last of them (logits_index -1).
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .draft_kv import DraftKV
 from .drafts import MtpDraft, draft_feeds
 from .speculative import SpeculativeGeneration
 
@@ -20,15 +23,24 @@ class MtpGeneration(SpeculativeGeneration):
         super().__init__(llm)
         self.mtp = draft
         self.hidden = None  # [1, hidden]: the main model's hidden state before the pending token
+        module = draft.module
+        self.kv = DraftKV(llm, module, {"logits": llm.embedding.vocab}, logits_index=-1) if module.attends else None
 
     def start(self, new_ids: list[int]) -> None:
         self.hidden = self.llm.hidden_states[-1:]
+        if self.kv is not None:
+            self.kv.start()
 
     def draft(self, token: int, room: int) -> list[int]:
         llm = self.llm
-        logits, = self.mtp.module.run(draft_feeds(llm.embedding.embedding([token]), self.hidden),
-                                      {"logits": llm.embedding.vocab})
+        if self.kv is not None:
+            logits, = self.kv.catch_up(token)
+        else:
+            logits, = self.mtp.module.run(draft_feeds(llm.embedding.embedding([token]), self.hidden),
+                                          {"logits": llm.embedding.vocab})
         return [int(t) for t in logits.argmax(axis=-1)[:room]]
 
-    def verified(self, tokens: list[int], accepted: int) -> None:
-        self.hidden = self.llm.hidden_states[accepted:accepted + 1]
+    def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
+        self.hidden = self.llm.hidden_states[rows[-1]:rows[-1] + 1]
+        if self.kv is not None:
+            self.kv.keep(self.llm.hidden_states[rows], [tokens[row] for row in rows])

@@ -1,8 +1,9 @@
 """Fused Attention as the export has it (packed q/k/v [seq, heads*dim, 1, 1]), driven through
 several steps by the KV meta: causal prefill, decode against the cache (past its first
-capacity), tokens removed from the cache, full float and int masks, a sliding-window mask over
-the cache (prefill and decode), attnScale, no cache (keys outnumbering queries), unpacked heads,
-and a mask with too few rows (a typed error)."""
+capacity), tokens removed from the cache, runs of them kept (KV meta reserve, overlapping
+moves too), full float and int masks, a token tree's mask over the cache (and its path kept
+after), a sliding-window mask over the cache (prefill and decode), attnScale, no cache (keys
+outnumbering queries), unpacked heads, and a mask with too few rows (a typed error)."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,6 +78,63 @@ def _remove(rng) -> Trial:
     steps = [Step(feeds(q[:7], k[:7], v[:7], SCALAR)), Step(feeds(q[7:9], k[7:9], v[7:9], SCALAR), [packed(expected)],
                                                            remove=3)]
     return steps_trial(attention_op(heads, kv_heads, dim), steps, checks=[_meta_previous(6)])
+
+
+def _reserve(remove: int, reserve: tuple[tuple[int, int], ...]):
+    """Cache 7 tokens; the next step removes the last `remove` but keeps the `reserve` runs of
+    them (moved down after the prefix), then adds 2 tokens."""
+    def build(rng) -> Trial:
+        heads, kv_heads, dim = 4, 2, 8
+        q, k, v = randn(rng, 9, heads, dim), randn(rng, 9, kv_heads, dim), randn(rng, 9, kv_heads, dim)
+        start = 7 - remove
+        rows = list(range(start)) + [start + b + i for b, size in reserve for i in range(size)] + [7, 8]
+        kept = len(rows) - 2
+        expected = attention_reference(q[7:9], k[rows], v[rows], causal_offset=kept)
+        steps = [Step(feeds(q[:7], k[:7], v[:7], SCALAR)),
+                 Step(feeds(q[7:9], k[7:9], v[7:9], SCALAR), [packed(expected)], remove=remove, reserve=reserve)]
+        return steps_trial(attention_op(heads, kv_heads, dim), steps, checks=[_meta_previous(kept + 2)])
+    return build
+
+
+TREE = [-1, 0, 0, 1, 1, 2, 3]  # a token tree: each node's parent (-1: the root, after the cache)
+
+
+def tree_bias(parents: list[int], past: int) -> np.ndarray:
+    """[nodes, past + nodes] float64: 0 where a node sees a key (every cached one, itself and
+    its ancestors), -inf elsewhere."""
+    bias = np.full((len(parents), past + len(parents)), -np.inf)
+    bias[:, :past] = 0.0
+    for node in range(len(parents)):
+        at = node
+        while at >= 0:
+            bias[node, past + at] = 0.0
+            at = parents[at]
+    return bias
+
+
+def _tree_mask(prompt: int, path: list[int] | None = None, dim: int = 16):
+    """Cache `prompt` tokens, then a token tree (TREE) in one step under a [1, 1, nodes, nodes]
+    mask (MNN's layout: the cache columns implied, on the left); with `path`, a last step after
+    keeping only the prompt and the path's rows (reserve) attends to exactly them."""
+    def build(rng) -> Trial:
+        heads, kv_heads, nodes = 4, 2, len(TREE)
+        total = prompt + nodes + 1
+        q, k, v = randn(rng, total, heads, dim), randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
+        bias = tree_bias(TREE, prompt)
+        mask = np.where(np.isinf(bias[:, prompt:]), np.finfo(np.float32).min, 0.0).astype(np.float32)
+        end = prompt + nodes
+        expected = attention_reference(q[prompt:end], k[:end], v[:end], bias=bias, causal_offset=None)
+        steps = [Step(feeds(q[:prompt], k[:prompt], v[:prompt], SCALAR)),
+                 Step(feeds(q[prompt:end], k[prompt:end], v[prompt:end], mask.reshape(1, 1, nodes, nodes)),
+                      [packed(expected)])]
+        if path is None:
+            return steps_trial(attention_op(heads, kv_heads, dim), steps, checks=[_meta_previous(end)])
+        rows = list(range(prompt)) + [prompt + node for node in path] + [end]
+        runs = tuple((node, 1) for node in path)
+        last = attention_reference(q[end:], k[rows], v[rows], causal_offset=len(rows) - 1)
+        steps.append(Step(feeds(q[end:], k[end:], v[end:], SCALAR), [packed(last)], remove=nodes, reserve=runs))
+        return steps_trial(attention_op(heads, kv_heads, dim), steps, checks=[_meta_previous(len(rows))])
+    return build
 
 
 def _float_mask(tokens: int, heads: int = 4, kv_heads: int = 2, dim: int = 8, floor: bool = True):
@@ -180,6 +238,12 @@ def cases() -> list[Case]:
               for h, kv in ((9, 3), (2, 2))]
     found.append(Case("Attention", "decode past 256 cached tokens", _decode(9, 3, 64, 250, 10)))
     found.append(Case("Attention", "meta remove truncates the cache before appending", _remove))
+    found += [Case("Attention", f"meta reserve keeps runs {list(r)} of the {n} removed tokens", _reserve(n, r))
+              for n, r in ((5, ((1, 1), (3, 2))), (5, ((1, 3),)), (4, ((0, 4),)))]
+    found.append(Case("Attention", "token tree mask over the cache", _tree_mask(6)))
+    found.append(Case("Attention", "token tree mask, then its path kept by reserve", _tree_mask(6, [0, 1, 3])))
+    found.append(Case("Attention", "token tree mask, then its path kept by reserve dim=64",
+                      _tree_mask(5, [0, 2, 5], dim=64)))
     found += [Case("Attention", f"full float mask tokens={t}", _float_mask(t)) for t in (3, 7)]
     found.append(Case("Attention", "full float mask without a floor tokens=7", _float_mask(7, floor=False)))
     found += [Case("Attention", f"int mask blocks where 0 heads={h}/{kv} tokens={t}", _int_mask(h, kv, t),

@@ -47,3 +47,16 @@ def test_restore_holds_exactly_the_snapshot_and_a_removed_token_goes() -> None:
     empty = TorchKVCache(torch.device("cpu"))
     empty.row_shape = (2, 4)
     assert [a.shape for a in empty.snapshot()] == [(0, 2, 4), (0, 2, 4)]
+
+
+def test_a_reserve_keeps_the_tree_paths_rows_moved_after_the_prefix() -> None:
+    """KV meta reserve (MNN's (begin, size) runs of the removed tail): the rows move down in
+    order, an overlapping run too."""
+    cache = TorchKVCache(torch.device("cpu"))
+    k = _rows(9)
+    cache.restore(k, -k)
+    meta = KVMeta(previous=9, remove=6, reserve=((1, 1), (2, 3)))
+    assert cache.begin_step(meta) == 7
+    keys, values = cache.snapshot()
+    np.testing.assert_array_equal(keys, k[[0, 1, 2, 4, 5, 6, 7]])
+    np.testing.assert_array_equal(values, -keys)

@@ -49,6 +49,13 @@ class TorchKVCache(KVCache):
             grown_v[:, :self.length] = self.v[:, :self.length]
         self.k, self.v = grown_k, grown_v
 
+    reservable = True
+
+    def move(self, src: int, dst: int, count: int) -> None:
+        """Through a copy of the source rows (the ranges may overlap)."""
+        for t in (self.k, self.v):
+            t[:, dst:dst + count] = t[:, src:src + count].clone()
+
     def write(self, k: torch.Tensor, v: torch.Tensor, seq: int) -> None:
         """k, v: [seq, kv_heads, dim]."""
         self.k[:, self.length:self.length + seq] = k.transpose(0, 1)
