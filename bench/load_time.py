@@ -1,4 +1,5 @@
-"""Load time of a model, ours beside MNN's C++ runtime, each in fresh processes (median of N).
+"""Load time of a model, ours beside MNN's C++ runtime, each in fresh processes (median of N),
+and the CPU time of loading its tokenizer alone (the tokenizer file of the config).
 
     python bench/load_time.py [CONFIG] [-n 5]
 """
@@ -15,6 +16,16 @@ start = time.perf_counter()
 import mnnllm_core
 llm = mnnllm_core.create(sys.argv[1]); llm.set_config({"thread_num": 2}); llm.load()
 print(time.perf_counter() - start)
+"""
+TOKENIZER = """
+import sys, time
+from mnnllm_core.llm.config import LlmConfig
+from mnnllm_core.llm.tokenizer import create_tokenizer
+path = LlmConfig.from_file(sys.argv[1]).tokenizer_file
+create_tokenizer(path)  # imports and first-use costs out of the way
+start = time.process_time()
+create_tokenizer(path)
+print(time.process_time() - start)
 """
 MNN = """
 import json, os, sys, tempfile, time
@@ -44,7 +55,9 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=5)
     args = parser.parse_args()
     ours, mnn = _median(OURS, args.config, args.n), _median(MNN, args.config, args.n)
-    print(json.dumps({"mnnllm_load_s": round(ours, 3), "mnn_load_s": round(mnn, 3), "ratio": round(ours / mnn, 2)}))
+    tokenizer = _median(TOKENIZER, args.config, args.n)
+    print(json.dumps({"mnnllm_load_s": round(ours, 3), "mnn_load_s": round(mnn, 3), "ratio": round(ours / mnn, 2),
+                      "tokenizer_cpu_s": round(tokenizer, 3)}))
 
 
 if __name__ == "__main__":
