@@ -108,23 +108,16 @@ class OpenCLReplay(Replay):
         self.queue = queue
         self.steps = []
         self.paired = 0  # pairs of linear layers on one input enqueued as one kernel
-        commands = list(commands)
-        at = 0
-        while at < len(commands):
-            execution = commands[at].execution
-            pair = getattr(execution, "paired_with", None)
-            both = pair(commands[at + 1].execution) if pair is not None and at + 1 < len(commands) else None
+        for command, both in Replay.pairs(list(commands)):
             if both is not None:  # q and k, gate and up: one launch (pocl pays per enqueued kernel)
                 self.steps += both
                 self.paired += 1
-                at += 2
                 continue
-            enqueues = getattr(execution, "enqueues", None)
+            enqueues = getattr(command.execution, "enqueues", None)
             if enqueues is not None:
                 self.steps += enqueues()
             else:
-                self.steps.append(lambda queue, c=commands[at]: c.execution.on_execute(c.inputs, c.outputs))
-            at += 1
+                self.steps.append(lambda queue, c=command: c.execution.on_execute(c.inputs, c.outputs))
 
     def run(self) -> None:
         queue = self.queue

@@ -98,8 +98,8 @@ class VulkanReplay(Replay):
     def __init__(self, backend: VulkanBackend, commands):
         from .device import Recorder
         self.backend = backend
-        self.commands = [(c.execution, c.inputs, c.outputs) for c in commands]
-        self.stepped = [e for e, _, _ in self.commands if hasattr(e, "before_run")]
+        self.commands = list(commands)
+        self.stepped = [c.execution for c in self.commands if hasattr(c.execution, "before_run")]
         self.recorder = Recorder(backend.device, reusable=True)
         self.recorded = False
         self.records = 0
@@ -110,23 +110,16 @@ class VulkanReplay(Replay):
         shared, self.backend.recorder = self.backend.recorder, self.recorder
         self.paired = 0
         try:
-            commands = self.commands
-            at = 0
-            while at < len(commands):
-                execution, inputs, outputs = commands[at]
-                pair = getattr(execution, "paired_with", None)
-                both = pair(commands[at + 1][0]) if pair is not None and at + 1 < len(commands) else None
+            for command, both in Replay.pairs(self.commands):
                 if both is not None:  # two linear layers on one input (q and k, gate and up): one dispatch
                     self.recorder.dispatch(both)
                     self.paired += 1
-                    at += 2
                     continue
-                record = getattr(execution, "record", None)
+                record = getattr(command.execution, "record", None)
                 if record is not None:
                     record()
                 else:
-                    execution.on_execute(inputs, outputs)
-                at += 1
+                    command.execution.on_execute(command.inputs, command.outputs)
         finally:
             self.backend.recorder = shared
         self.recorder.end()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import numpy as np
 
@@ -94,6 +94,18 @@ class Replay:
     def run(self) -> None:
         """Run the recorded step once (between the backends' on_execute_begin and _end)."""
         raise NotImplementedError
+
+    @staticmethod
+    def pairs(commands: Sequence[Any]) -> Iterator[tuple[Any, Any]]:
+        """The commands as (command, None), except that a command whose execution's
+        `paired_with(next execution)` gives something (one kernel for two layers) comes as
+        (command, that) and the next one is skipped."""
+        at = 0
+        while at < len(commands):
+            pair = getattr(commands[at].execution, "paired_with", None)
+            both = pair(commands[at + 1].execution) if pair is not None and at + 1 < len(commands) else None
+            yield commands[at], both
+            at += 2 if both is not None else 1
 
 
 OpCreator = Callable[["Backend", Sequence[Tensor], Sequence[Tensor], Op], "Execution | Refused | None"]
