@@ -5,7 +5,7 @@
  *         weight vector across TILE tokens (the tiled GEMM of prefill).
  *   SPLIT work-items sharing one output row, each taking every SPLIT-th block and summing
  *         through local memory: 1 on a CPU device (one work-item per row, 16-wide loads),
- *         a work-group on a GPU.
+ *         a work-group on a GPU. (A CPU device's one-token q4 layers run gemv_cpu.cl.)
  * Weight formats (see linear.py for the packing):
  *   linear_q4: per row ic/2 bytes; in each block of `block` weights (block % 32 == 0) byte j
  *              holds weight j in its low nibble and weight j + block/2 in its high nibble;
@@ -15,12 +15,9 @@
  *   linear_f:  [oc, ic] fp32, or fp16 with WEIGHT_HALF.
  */
 
+/* what a work-item of output row o holds: its tokens' x rows and accumulators */
 #define ROW_SETUP                                                              \
     const int o = (int)get_global_id(0) / SPLIT;                              \
-    TOKEN_SETUP
-
-/* what a work-item of output row o holds: its tokens' x rows and accumulators */
-#define TOKEN_SETUP                                                            \
     const int lid = SPLIT > 1 ? (int)get_local_id(0) : 0;                     \
     const int t0 = (int)get_global_id(1) * TILE;                              \
     __global const store_t *xr[TILE];                                         \
@@ -57,11 +54,11 @@ static inline float16 nibble_value(uint16 code) {
     return as_float16(code | 0x4B000000u) - 8388616.0f;
 }
 
-/* Output row o of a 4-bit layer: the body of linear_q4 and of linear_q4_pair. */
-static void q4_rows(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
-                    __global const float *bias, __global store_t *y, int ic, int oc, int rows,
-                    int block, int has_bias, int act, const int o, __local float *part) {
-    TOKEN_SETUP
+__kernel void linear_q4(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
+                        __global const float *bias, __global store_t *y, int ic, int oc, int rows,
+                        int block, int offset, int has_bias, int act) {
+    ROW_SETUP
+    __local float part[TILE * SPLIT];
     const int nb = ic / block, half_block = block / 2;
     __global const uchar *wr = w + (size_t)o * (ic / 2);
     for (int b = lid; b < nb; b += SPLIT) {
@@ -79,30 +76,6 @@ static void q4_rows(__global const store_t *x, __global const uchar *w, __global
         }
     }
     finish_rows(acc, tail, part, lid, o, oc, t0, rows, bias, has_bias, act, y);
-}
-
-__kernel void linear_q4(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
-                        __global const float *bias, __global store_t *y, int ic, int oc, int rows,
-                        int block, int offset, int has_bias, int act) {
-    __local float part[TILE * SPLIT];
-    q4_rows(x, w, sz, bias, y, ic, oc, rows, block, has_bias, act, (int)get_global_id(0) / SPLIT, part);
-}
-
-/* Two 4-bit layers that read the same x (q and k, gate and up) in one launch, built with TILE 1
- * and SPLIT 1: work-items [0, oc0) take layer 0's rows, the rest layer 1's (OpenCLReplay pairs
- * them); the same q4_rows, so the values equal the two launches' bit for bit. */
-__kernel void linear_q4_pair(__global const store_t *x,
-                             __global const uchar *w0, __global const float2 *sz0, __global const float *bias0,
-                             __global store_t *y0,
-                             __global const uchar *w1, __global const float2 *sz1, __global const float *bias1,
-                             __global store_t *y1,
-                             int ic, int block, int oc0, int oc1, int has_bias0, int has_bias1, int act0, int act1) {
-    __local float part[TILE * SPLIT];
-    const int g = (int)get_global_id(0);
-    if (g < oc0)
-        q4_rows(x, w0, sz0, bias0, y0, ic, oc0, 1, block, has_bias0, act0, g, part);
-    else
-        q4_rows(x, w1, sz1, bias1, y1, ic, oc1, 1, block, has_bias1, act1, g - oc0, part);
 }
 
 __kernel void linear_q8(__global const store_t *x, __global const uchar *w, __global const float2 *sz,

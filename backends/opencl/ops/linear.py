@@ -11,7 +11,9 @@ Packed layouts (kernels/linear.cl reads them; nothing is expanded to fp32 on the
   f   unquantized weights: [oc, ic] fp16 when the file holds fp16 or precision is "low",
       else fp32.
 
-Kernels: decode (one token) runs linear.cl with TILE 1; a prefill on a GPU runs linear.cl with
+Kernels: decode (one token) runs linear.cl with TILE 1, or on a CPU device (variant.cpu_kernels)
+for q4 gemv_cpu.cl (x staged once per work-group, the zero term factored out; two layers on
+one input paired into one launch by the replay); a prefill on a GPU runs linear.cl with
 TILE tokens per work-item and the split (linear_split_for); a prefill on a CPU device
 (variant.cpu_kernels) of at least CPU_MIN_ROWS tokens runs linear_cpu.cl, which dequantizes each
 slice of a work-group's rows once into local memory and reuses it for every token of the group
@@ -23,6 +25,7 @@ import logging
 from dataclasses import dataclass
 
 import numpy as np
+import pyopencl as cl
 
 from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
 
@@ -37,6 +40,7 @@ CPU_TOKENS = 6  # linear_cpu.cl: tokens per work-item (6 x 2 float8 accumulators
 CPU_GROUP = 64  # linear_cpu.cl: most work-items per work-group
 CPU_SLICE = 128  # linear_cpu.cl: ic per dequantized slice (rounded up to a multiple of the q4 block)
 CPU_MIN_ROWS = 16  # fewer tokens than this: dequantizing a slice per group costs more than it saves (pocl)
+GEMV_GROUP = 64  # gemv_cpu.cl: rows per work-group (pocl's own choice of group sometimes left a core idle)
 
 
 @dataclass(eq=False)
@@ -91,6 +95,11 @@ def cpu_kernel_fits(p: PackedLinear, local_bytes: int) -> bool:
     return p.format == "q4" or p.ic % 16 == 0
 
 
+def gemv_stage(p: PackedLinear) -> cl.LocalMemory:
+    """gemv_cpu.cl's local argument: x as floats and its block sums."""
+    return cl.LocalMemory(4 * (p.ic + p.ic // p.block))
+
+
 class LinearExecution(KernelExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
@@ -103,6 +112,11 @@ class LinearExecution(KernelExecution):
         self.gemv = self.pair = None  # set below for a one-token q4 GEMV (what paired_with pairs)
         if rows >= CPU_MIN_ROWS and cpu_kernels(backend) and cpu_kernel_fits(p, backend.runtime.device.device.local_mem_size):
             self.kernel = self.bind_cpu(inputs, outputs, rows)
+            return
+        if rows == 1 and p.format == "q4" and cpu_kernels(backend) and \
+                gemv_stage(p).size <= backend.runtime.device.device.local_mem_size:
+            self.kernel = self.bind_gemv(inputs, outputs)
+            self.gemv = (inputs[0].storage, outputs[0].storage)
             return
         tile = 1 if rows == 1 else PREFILL_TILE
 
@@ -123,22 +137,29 @@ class LinearExecution(KernelExecution):
                   f"{' fp16' if backend.half else ''}{' fp16-weights' if p.weight_half else ''}"
         split = backend.runtime.linear_split_for(problem, run)
         self.kernel = bind(split)
-        if p.format == "q4" and rows == 1 and split == 1:  # one work-item per row
-            self.gemv = (inputs[0].storage, outputs[0].storage)
+
+    def bind_gemv(self, inputs, outputs):
+        """gemv_cpu.cl's gemv_q4: one work-item per row, GEMV_GROUP rows per work-group."""
+        p = self.packed
+        return self.backend.program("gemv_cpu.cl", "gemv_q4").bind(
+            (-(-p.oc // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,),
+            inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
+            *(np.int32(v) for v in (p.ic, p.oc, p.block, p.has_bias, self.act)), gemv_stage(p))
 
     def paired_with(self, other) -> list | None:
         """One launch for this layer and `other` (the next command) when both are one-token q4
-        GEMVs (one work-item per row) of the same x, ic and block; None otherwise."""
+        GEMVs of gemv_cpu.cl on the same x, ic and block; None otherwise."""
         if not isinstance(other, LinearExecution) or self.gemv is None or other.gemv is None \
                 or self.gemv[0] is not other.gemv[0] or (self.packed.ic, self.packed.block) != \
                 (other.packed.ic, other.packed.block):
             return None
         if self.pair is None or self.pair[0] is not other.kernel:  # made for what both were resized to
             a, b = self.packed, other.packed
-            program = self.backend.program("linear.cl", "linear_q4_pair", TILE=1, SPLIT=1).bind(
-                (a.oc + b.oc,), None, self.gemv[0], a.weight, a.scales, a.bias, self.gemv[1],
-                b.weight, b.scales, b.bias, other.gemv[1],
-                *(np.int32(v) for v in (a.ic, a.block, a.oc, b.oc, a.has_bias, b.has_bias, self.act, other.act)))
+            program = self.backend.program("gemv_cpu.cl", "gemv_q4_pair").bind(
+                (-(-(a.oc + b.oc) // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,), self.gemv[0],
+                a.weight, a.scales, a.bias, self.gemv[1], b.weight, b.scales, b.bias, other.gemv[1],
+                *(np.int32(v) for v in (a.ic, a.block, a.oc, b.oc, a.has_bias, b.has_bias, self.act, other.act)),
+                gemv_stage(a))
             self.pair = (other.kernel, program)
         return [self.pair[1]]
 

@@ -1,11 +1,12 @@
-"""The opencl prefill kernels for a CPU device (linear_cpu.cl, attention_tiled), against float64
-numpy on every shape and format they take: q4 (blocks 32, 64, 128, 256, a whole row), q8 (blocks
+"""The opencl kernels for a CPU device (linear_cpu.cl, gemv_cpu.cl, attention_tiled), against float64
+numpy on every shape and format they take: q4 (blocks 32, 64, 128, 256, a whole row; one token
+on gemv_cpu.cl, alone and two layers paired into one launch), q8 (blocks
 a multiple of 16, the value map's offset 128), fp32 and fp16 weights, with and without bias,
 fused activations, output rows and tokens that are not multiples of the tiles, several token
 groups, fp16 activation storage; attention over several key chunks, a query tile cut short,
 head dims 64 and 12, a second prefill on the cache, a float mask. Each case also checks that the
 kernel it meant to test ran (the shapes the CPU kernels cannot take, a q4 block whose slice
-outgrows the device's local memory, and linear layers of fewer than 16 tokens stay on
+outgrows the device's local memory, and linear layers of 2 to 15 tokens and one-token q8 stay on
 linear.cl), and the
 hint "opencl_cpu_kernels" switches them off. Tolerances, relative to the largest expected
 magnitude: 2e-5 for linear layers and 1e-5 for attention in fp32 storage, FP16_TOL (4e-3) in
@@ -19,7 +20,7 @@ import pytest
 from mnnllm_core.core.weights import ConvolutionWeights, FloatWeight
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.plugins.manager import registry
-from mnnllm_core.testing import FP16_TOL, Case, new_runtime, run_suite
+from mnnllm_core.testing import FP16_TOL, Case, Graph, make_module, new_runtime, run_suite
 from mnnllm_core.testing.cases import Step, Trial, randn, single
 from mnnllm_core.testing.cases.attention import attention_op, feeds, steps_trial
 from mnnllm_core.testing.cases.linear import linear_op
@@ -82,7 +83,13 @@ LINEAR_CASES = [
     linear_case("q8 block 8 stays on linear.cl", "linear_q8", 37, 37, 40, "q", bits=8, block=8),
     linear_case("fp32 weights ic 17 stay on linear.cl", "linear_f", 37, 9, 17, "f32"),
     linear_case("15 tokens stay on linear.cl", "linear_q4", 15, 37, 576, "q", bias=True),
-    linear_case("one token stays on linear.cl", "linear_q4", 1, 37, 576, "q", bias=True),
+    linear_case("one token q4 block 64 oc 37 bias (a group past oc)", "gemv_q4", 1, 37, 576, "q", bias=True),
+    linear_case("one token q4 block 32 oc 200 relu", "gemv_q4", 1, 200, 96, "q", block=32, act=RELU),
+    linear_case("one token q4 block 128 oc 64 ic 1536", "gemv_q4", 1, 64, 1536, "q", block=128),
+    linear_case("one token q4 block 256 oc 24 bias relu6", "gemv_q4", 1, 24, 512, "q", block=256, bias=True,
+                act=RELU6),
+    linear_case("one token q4 one block per row ic 576", "gemv_q4", 1, 130, 576, "q", block=576),
+    linear_case("one token q8 stays on linear.cl", "linear_q8", 1, 37, 576, "q", bits=8),
 ]
 
 
@@ -150,6 +157,7 @@ def test_a_q4_block_whose_slice_outgrows_local_memory_stays_on_linear_cl() -> No
 
 def test_the_hint_turns_the_cpu_prefill_kernels_off() -> None:
     cases = [linear_case("q4 tokens 37 on linear.cl", "linear_q4", 37, 37, 576, "q", bias=True),
+             linear_case("q4 one token on linear.cl", "linear_q4", 1, 37, 576, "q", bias=True),
              attention_case("prefill 37 on attention", "attention", 9, 3, 64, (37,))]
     assert not failures(run_suite("opencl", hints={"opencl_cpu_kernels": False}, cases=cases))
 
@@ -158,3 +166,35 @@ def test_the_hint_turns_the_cpu_prefill_kernels_off() -> None:
 def test_a_cpu_kernels_hint_that_is_not_a_boolean_is_a_config_error_naming_it(value) -> None:
     results = run_suite("opencl", hints={"opencl_cpu_kernels": value}, cases=LINEAR_CASES[:1])
     assert results[0].status != "pass" and "opencl_cpu_kernels" in results[0].reason
+
+
+@pytest.mark.parametrize("precision", ["normal", "low"])
+def test_two_one_token_q4_layers_on_one_input_replay_as_one_gemv_launch_equal_to_two(precision: str) -> None:
+    """q and k, gate and up: the replay pairs them into gemv_q4_pair, whose outputs equal the two
+    gemv_q4 launches of the per-op loop bit for bit (sizes that leave a work-group straddling
+    the two layers and one past the end), and float64 numpy within tolerance."""
+    rng = np.random.default_rng(3)
+    ic, layers = 576, []
+    graph = Graph()
+    x = graph.input("x")
+    outputs = []
+    for oc, bias, act in ((37, True, NO_ACT), (100, False, RELU)):
+        packed, dense = quantize(randn(rng, oc, ic), 4, 64)
+        b = randn(rng, oc) if bias else None
+        layers.append((dense, b, act))
+        outputs += graph.add(linear_op(oc, ic, Weights(conv=ConvolutionWeights(packed, b)), activation=act), [x])
+    module = make_module(graph.schedule(outputs), new_runtime("opencl", precision=precision), shape_mutable=False)
+    pipeline = module.session.pipeline
+    feed = {"x": randn(rng, 1, ic, 1, 1)}
+    replayed = module.forward(feed)
+    assert pipeline.replayed and pipeline.replay.paired == 1
+    assert "gemv_q4_pair" in [s.kernel.function_name for s in pipeline.replay.steps]
+    pipeline.replay_enabled = False
+    looped = module.forward(feed)
+    tol = FP16_TOL if precision == "low" else LINEAR_TOL
+    for got, again, (dense, b, act) in zip(replayed, looped, layers):
+        np.testing.assert_array_equal(got, again)
+        expected = linear_reference(feed["x"], dense, b)
+        expected = np.maximum(expected, 0) if act == RELU else expected
+        scale = np.abs(expected).max()
+        assert np.abs(got.reshape(expected.shape) - expected).max() <= tol * scale
