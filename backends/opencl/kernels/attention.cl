@@ -1,21 +1,40 @@
 /* Attention over a token-major KV store: key j of kv head g is at (j * kv_heads + g) * HEAD_DIM,
- * the layout of the k/v inputs themselves, so the cache appends with one device copy.
+ * the layout of the k/v inputs themselves.
  * One work-item per (query token, head), one pass with an online softmax (no score buffer).
  * mask_mode 0: causal (the scalar mask); 1: a [mask_rows, mask_cols] mask over the last
  * mask_cols keys, added (float) or, with MASK_INT, 0 meaning "masked out".
- * step = {past, total}: the step's cached and attended keys, written into a device buffer per
- * run, so the kernel's arguments are bound once. */
+ * past, total: the step's cached and attended keys. Keys [0, past) are read from the cache,
+ * the step's own [past, total) from its k/v inputs; with `append` the kernel also stores the
+ * step's rows into the cache (the work-items of each kv head's first query head, rows t,
+ * t + seq, ...), so a decode step needs no copy, and no work-item reads a row another writes. */
 #ifdef MASK_INT
 typedef int mask_t;
 #else
 typedef store_t mask_t;
 #endif
 
-__kernel void attention(__global const store_t *q, __global const store_t *k, __global const store_t *v,
-                        __global const mask_t *mask, __global store_t *out, __global const int *step, int seq,
+/* the step's rows of k and v into the cache, by work-item (t, h) */
+static void append_rows(__global const store_t *k_new, __global const store_t *v_new, __global store_t *k,
+                        __global store_t *v, int t, int h, int seq, int heads, int kv_heads, int past, int total) {
+    const int group = heads / kv_heads;
+    if (h % group) return;
+    const int g = h / group;
+    for (int r = t; r < total - past; r += seq) {
+        const size_t from = ((size_t)r * kv_heads + g) * HEAD_DIM, to = ((size_t)(past + r) * kv_heads + g) * HEAD_DIM;
+        for (int d = 0; d < HEAD_DIM; ++d) {
+            ST(k, to + d, LD(k_new, from + d));  /* fp16 storage: through float, exact */
+            ST(v, to + d, LD(v_new, from + d));
+        }
+    }
+}
+
+__kernel void attention(__global const store_t *q, __global const store_t *k_new, __global const store_t *v_new,
+                        __global const mask_t *mask, __global store_t *out, __global store_t *k_cache,
+                        __global store_t *v_cache, int past, int total, int append, int seq,
                         int heads, int kv_heads, float scale, int mask_mode, int mask_rows, int mask_cols) {
     const int t = get_global_id(0), h = get_global_id(1);
-    const int past = step[0], total = step[1];
+    if (append)
+        append_rows(k_new, v_new, k_cache, v_cache, t, h, seq, heads, kv_heads, past, total);
     const int g = h / (heads / kv_heads);
     const size_t q_at = ((size_t)t * heads + h) * HEAD_DIM;
     float4 qv[HEAD_DIM / 4], acc[HEAD_DIM / 4];
@@ -29,7 +48,8 @@ __kernel void attention(__global const store_t *q, __global const store_t *k, __
     const size_t mask_row = (size_t)(mask_rows - seq + t) * mask_cols;
     float best = -INFINITY, norm = 0.0f;
     for (int j = 0; j < limit; ++j) {
-        const size_t kv_at = ((size_t)j * kv_heads + g) * HEAD_DIM;
+        __global const store_t *k = j < past ? k_cache : k_new, *v = j < past ? v_cache : v_new;
+        const size_t kv_at = ((size_t)(j < past ? j : j - past) * kv_heads + g) * HEAD_DIM;
         float4 dot = (float4)(0.0f);
         for (int d = 0; d < HEAD_DIM / 4; ++d)
             dot = fma(qv[d], (float4)(LD(k, kv_at + 4 * d), LD(k, kv_at + 4 * d + 1), LD(k, kv_at + 4 * d + 2),
@@ -67,7 +87,8 @@ __kernel void attention(__global const store_t *q, __global const store_t *k, __
  * chunks of KC with a running softmax per lane; the chunk's values summed into the 8 output rows
  * VW dims at a time (VW 8, or 4 when HEAD_DIM is not a multiple of 8). q is scaled once. Keys
  * past a query's causal limit score -inf (weight 0); loads are clamped to the last attended
- * key, so a tile never reads outside the cache. */
+ * key, so a tile never reads outside the cache. Every key comes from the cache: the step's rows
+ * are copied in before it runs. */
 #ifdef QUERY_LANES
 #if HEAD_DIM % 8 == 0
 #define VW 8
@@ -97,11 +118,10 @@ typedef float4 floatv;
 #define KC 16
 
 __kernel void attention_tiled(__global const store_t *q, __global const store_t *k, __global const store_t *v,
-                              __global const mask_t *mask, __global store_t *out, __global const int *step,
+                              __global const mask_t *mask, __global store_t *out, int past, int total,
                               int seq, int heads, int kv_heads, float scale, int mask_mode, int mask_rows,
                               int mask_cols) {
     const int t0 = get_global_id(0) * 8, h = get_global_id(1);
-    const int past = step[0], total = step[1];
     const int g = h / (heads / kv_heads);
     const int mask_start = total - mask_cols;
     float8 qt[HEAD_DIM];

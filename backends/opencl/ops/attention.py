@@ -1,18 +1,18 @@
 """Fused Attention with its KV cache resident on the device, driven by the KV meta.
 
 q [seq, heads*dim, 1, 1] (packed) or [1, seq, heads, dim], k/v likewise with kv heads: both
-are token-major [seq, heads, dim] in memory, as the cache (`DeviceKVCache`) keeps them: a step
-appends with one device-side copy per tensor and nothing goes back to the host. The step's
-past and total go to the kernel through a small device buffer (one 8-byte write per run), so
-its arguments are bound once and set again only when the cache moves to a larger buffer.
-A prefill on a CPU device (variant.cpu_kernels) runs `attention_tiled`: 8 queries per work-item
-in the lanes of a float8, keys in chunks with a running softmax; decode and GPU devices run
-`attention`.
+are token-major [seq, heads, dim] in memory, as the cache (`DeviceKVCache`) keeps them, and
+nothing goes back to the host. Decode and GPU devices run `attention`, which reads the step's
+own keys from its inputs and stores them into the cache itself (a decode step is one kernel per
+layer, no copies: pocl pays per enqueued command); a prefill on a CPU device
+(variant.cpu_kernels) runs `attention_tiled` (8 queries per work-item in the lanes of a float8,
+keys in chunks with a running softmax) after one device-side copy per tensor appends the rows.
+The step's past and total are scalar arguments set per run (OpenCL takes a kernel's arguments
+when it is enqueued).
 """
 from __future__ import annotations
 
 import numpy as np
-import pyopencl as cl
 
 from mnnllm_core.backend_api import AttentionParams, DeviceKVCache, Execution, Refused, UnsupportedError, attention_mask
 
@@ -33,7 +33,7 @@ class AttentionExecution(Execution):
         self.kernel = None
         self.bound = None  # the cache buffer the kernel's k argument points at
         self.kv_seq = 0
-        self.step = backend.allocator.alloc(8)  # int past, int total
+        self.appends = False  # whether the kernel stores the step's rows into the cache (`attention`)
 
     def on_resize(self, inputs, outputs) -> None:
         shape = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -50,29 +50,40 @@ class AttentionExecution(Execution):
         self.cache.row_bytes = kv_heads * dim * self.backend.storage_dtype(inputs[1]).itemsize
         self.kv_seq, self.bound = kv_seq, None
         mask_buffer = mask.storage if mask is not None else inputs[0].storage
-        name, items, local = "attention", seq, None
+        scalars = (np.int32(seq), np.int32(heads), np.int32(kv_heads), np.float32(self.params.scale_for(dim)),
+                   np.int32(kind.kind != "causal"), np.int32(kind.rows), np.int32(kind.cols))
+        # where the cache buffers and then (past, total) go in each kernel's arguments
         if seq > 1 and cpu_kernels(self.backend):  # one work-item per group: pocl's own choice leaves a core idle
-            name, items, local = "attention_tiled", -(-seq // QUERY_LANES), (1, 1)
             defines["QUERY_LANES"] = QUERY_LANES
-        self.kernel = self.backend.program("attention.cl", name, **defines).bind(
-            (items, heads), local, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
-            outputs[0].storage, self.step, np.int32(seq), np.int32(heads), np.int32(kv_heads), np.float32(self.params.scale_for(dim)), np.int32(kind.kind != "causal"), np.int32(kind.rows),
-            np.int32(kind.cols))
+            self.appends, self.cache_args, self.past_arg = False, (1, 2), 5
+            self.kernel = self.backend.program("attention.cl", "attention_tiled", **defines).bind(
+                (-(-seq // QUERY_LANES), heads), (1, 1), inputs[0].storage, inputs[1].storage, inputs[2].storage,
+                mask_buffer, outputs[0].storage, np.int32(0), np.int32(0), *scalars)
+        else:
+            self.appends, self.cache_args, self.past_arg = self.params.kv_cache, (5, 6), 7
+            self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
+                (seq, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
+                outputs[0].storage, inputs[1].storage, inputs[2].storage, np.int32(0), np.int32(0),
+                np.int32(self.appends), *scalars)
 
     def on_execute(self, inputs, outputs) -> None:
-        queue = self.backend.queue
+        kernel = self.kernel.kernel
         if self.params.kv_cache:
             past = self.cache.begin_step(self.backend.kv_meta)
-            self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
+            if self.appends:
+                self.cache.extend(self.kv_seq)
+            else:
+                self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
             if self.bound is not self.cache.k:  # the cache grew (or a clone grew it): rebind
-                self.kernel.kernel.set_arg(1, self.cache.k)
-                self.kernel.kernel.set_arg(2, self.cache.v)
+                kernel.set_arg(self.cache_args[0], self.cache.k)
+                kernel.set_arg(self.cache_args[1], self.cache.v)
                 self.bound = self.cache.k
-            step = (past, self.cache.length)
+            total = self.cache.length
         else:
-            step = (0, self.kv_seq)
-        cl.enqueue_fill_buffer(queue, self.step, np.array(step, np.int32), 0, 8)
-        self.kernel(queue)
+            past, total = 0, self.kv_seq
+        kernel.set_arg(self.past_arg, np.int32(past))
+        kernel.set_arg(self.past_arg + 1, np.int32(total))
+        self.kernel(self.backend.queue)
 
     def on_clone(self, backend, op):
         return AttentionExecution(backend, self.params, self.cache)
