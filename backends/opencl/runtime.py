@@ -27,7 +27,7 @@ Runtime hints (all optional):
                                       false keeps the per-op loop
 pocl 3.1 offers cl_khr_command_buffer, but pyopencl has no binding for it: the replay is the
 enqueue loop (kernels and arguments bound once; per token only the enqueues and one 8-byte
-write of each Attention's KV length).
+write of the step's KV lengths, which every Attention reads).
 """
 from __future__ import annotations
 
@@ -153,6 +153,17 @@ class OpenCLRuntime(Runtime):
                               field="opencl_linear_split")
         self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
         self.op_creators.update(CREATORS)
+        self.step_buffer = self.allocator.alloc(8)  # int past, int total: see attention_step
+        self.step_values: tuple[int, int] | None = None
+
+    def attention_step(self, past: int, total: int) -> None:
+        """Set the (past, total) that Attention kernels read from `step_buffer`: a fill enqueued
+        only when it changes, so all layers of a step share one write (the queue is in order, so
+        each kernel reads the value enqueued before it)."""
+        if self.step_values != (past, total):
+            import pyopencl as cl
+            cl.enqueue_fill_buffer(self.queue, self.step_buffer, np.array((past, total), np.int32), 0, 8)
+            self.step_values = (past, total)
 
     def linear_split_for(self, problem: str, run: Callable[[int], None]) -> int:
         """The split of a linear layer: the forced one, else the tuned one (gpu_tuning: `run(split)`

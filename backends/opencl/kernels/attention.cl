@@ -3,7 +3,8 @@
  * One work-item per (query token, head), one pass with an online softmax (no score buffer).
  * mask_mode 0: causal (the scalar mask); 1: a [mask_rows, mask_cols] mask over the last
  * mask_cols keys, added (float) or, with MASK_INT, 0 meaning "masked out".
- * past, total: the step's cached and attended keys. Keys [0, past) are read from the cache,
+ * step = {past, total}: the step's cached and attended keys, in a device buffer the runtime
+ * writes once per step for every layer, so the arguments are bound once. Keys [0, past) are read from the cache,
  * the step's own [past, total) from its k/v inputs; with `append` the kernel also stores the
  * step's rows into the cache (the work-items of each kv head's first query head, rows t,
  * t + seq, ...), so a decode step needs no copy, and no work-item reads a row another writes. */
@@ -30,9 +31,10 @@ static void append_rows(__global const store_t *k_new, __global const store_t *v
 
 __kernel void attention(__global const store_t *q, __global const store_t *k_new, __global const store_t *v_new,
                         __global const mask_t *mask, __global store_t *out, __global store_t *k_cache,
-                        __global store_t *v_cache, int past, int total, int append, int seq,
+                        __global store_t *v_cache, __global const int *step, int append, int seq,
                         int heads, int kv_heads, float scale, int mask_mode, int mask_rows, int mask_cols) {
     const int t = get_global_id(0), h = get_global_id(1);
+    const int past = step[0], total = step[1];
     if (append)
         append_rows(k_new, v_new, k_cache, v_cache, t, h, seq, heads, kv_heads, past, total);
     const int g = h / (heads / kv_heads);
@@ -118,10 +120,11 @@ typedef float4 floatv;
 #define KC 16
 
 __kernel void attention_tiled(__global const store_t *q, __global const store_t *k, __global const store_t *v,
-                              __global const mask_t *mask, __global store_t *out, int past, int total,
+                              __global const mask_t *mask, __global store_t *out, __global const int *step,
                               int seq, int heads, int kv_heads, float scale, int mask_mode, int mask_rows,
                               int mask_cols) {
     const int t0 = get_global_id(0) * 8, h = get_global_id(1);
+    const int past = step[0], total = step[1];
     const int g = h / (heads / kv_heads);
     const int mask_start = total - mask_cols;
     float8 qt[HEAD_DIM];

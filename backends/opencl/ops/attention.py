@@ -7,8 +7,9 @@ own keys from its inputs and stores them into the cache itself (a decode step is
 layer, no copies: pocl pays per enqueued command); a prefill on a CPU device
 (variant.cpu_kernels) runs `attention_tiled` (8 queries per work-item in the lanes of a float8,
 keys in chunks with a running softmax) after one device-side copy per tensor appends the rows.
-The step's past and total are scalar arguments set per run (OpenCL takes a kernel's arguments
-when it is enqueued).
+The step's past and total are read from the runtime's step buffer, written once per step for
+every layer (`OpenCLRuntime.attention_step`), so the arguments are bound once and set again only
+when the cache moves to a larger buffer (pyopencl's set_arg of a scalar costs ~17 us).
 """
 from __future__ import annotations
 
@@ -52,22 +53,20 @@ class AttentionExecution(Execution):
         mask_buffer = mask.storage if mask is not None else inputs[0].storage
         scalars = (np.int32(seq), np.int32(heads), np.int32(kv_heads), np.float32(self.params.scale_for(dim)),
                    np.int32(kind.kind != "causal"), np.int32(kind.rows), np.int32(kind.cols))
-        # where the cache buffers and then (past, total) go in each kernel's arguments
+        step = self.backend.runtime.step_buffer
         if seq > 1 and cpu_kernels(self.backend):  # one work-item per group: pocl's own choice leaves a core idle
             defines["QUERY_LANES"] = QUERY_LANES
-            self.appends, self.cache_args, self.past_arg = False, (1, 2), 5
+            self.appends, self.cache_args = False, (1, 2)  # where the cache buffers go in the arguments
             self.kernel = self.backend.program("attention.cl", "attention_tiled", **defines).bind(
                 (-(-seq // QUERY_LANES), heads), (1, 1), inputs[0].storage, inputs[1].storage, inputs[2].storage,
-                mask_buffer, outputs[0].storage, np.int32(0), np.int32(0), *scalars)
+                mask_buffer, outputs[0].storage, step, *scalars)
         else:
-            self.appends, self.cache_args, self.past_arg = self.params.kv_cache, (5, 6), 7
+            self.appends, self.cache_args = self.params.kv_cache, (5, 6)
             self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
                 (seq, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
-                outputs[0].storage, inputs[1].storage, inputs[2].storage, np.int32(0), np.int32(0),
-                np.int32(self.appends), *scalars)
+                outputs[0].storage, inputs[1].storage, inputs[2].storage, step, np.int32(self.appends), *scalars)
 
     def on_execute(self, inputs, outputs) -> None:
-        kernel = self.kernel.kernel
         if self.params.kv_cache:
             past = self.cache.begin_step(self.backend.kv_meta)
             if self.appends:
@@ -75,14 +74,13 @@ class AttentionExecution(Execution):
             else:
                 self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
             if self.bound is not self.cache.k:  # the cache grew (or a clone grew it): rebind
-                kernel.set_arg(self.cache_args[0], self.cache.k)
-                kernel.set_arg(self.cache_args[1], self.cache.v)
+                self.kernel.kernel.set_arg(self.cache_args[0], self.cache.k)
+                self.kernel.kernel.set_arg(self.cache_args[1], self.cache.v)
                 self.bound = self.cache.k
             total = self.cache.length
         else:
             past, total = 0, self.kv_seq
-        kernel.set_arg(self.past_arg, np.int32(past))
-        kernel.set_arg(self.past_arg + 1, np.int32(total))
+        self.backend.runtime.attention_step(past, total)
         self.kernel(self.backend.queue)
 
     def on_clone(self, backend, op):
