@@ -1,6 +1,7 @@
 """The opencl kernels for a CPU device (linear_cpu.cl, gemv_cpu.cl, attention_tiled), against float64
 numpy on every shape and format they take: q4 (blocks 32, 64, 128, 256, a whole row; one token
-on gemv_cpu.cl, alone and two layers paired into one launch), q8 (blocks
+on gemv_cpu.cl, alone, two layers paired into one launch, and gate, up and their MUL_SILU as one
+launch), q8 (blocks
 a multiple of 16, the value map's offset 128), fp32 and fp16 weights, with and without bias,
 fused activations, output rows and tokens that are not multiples of the tiles, several token
 groups, fp16 activation storage; attention over several key chunks, a query tile cut short,
@@ -23,6 +24,7 @@ from mnnllm_core.plugins.manager import registry
 from mnnllm_core.testing import FP16_TOL, Case, Graph, make_module, new_runtime, run_suite
 from mnnllm_core.testing.cases import Step, Trial, randn, single
 from mnnllm_core.testing.cases.attention import attention_op, feeds, steps_trial
+from mnnllm_core.testing.cases.elementwise import binary_op
 from mnnllm_core.testing.cases.linear import linear_op
 from mnnllm_core.testing.harness import Weights
 from mnnllm_core.testing.references import attention_reference, linear_reference, quantize
@@ -168,33 +170,77 @@ def test_a_cpu_kernels_hint_that_is_not_a_boolean_is_a_config_error_naming_it(va
     assert results[0].status != "pass" and "opencl_cpu_kernels" in results[0].reason
 
 
-@pytest.mark.parametrize("precision", ["normal", "low"])
-def test_two_one_token_q4_layers_on_one_input_replay_as_one_gemv_launch_equal_to_two(precision: str) -> None:
-    """q and k, gate and up: the replay pairs them into gemv_q4_pair, whose outputs equal the two
-    gemv_q4 launches of the per-op loop bit for bit (sizes that leave a work-group straddling
-    the two layers and one past the end), and float64 numpy within tolerance."""
-    rng = np.random.default_rng(3)
-    ic, layers = 576, []
-    graph = Graph()
-    x = graph.input("x")
-    outputs = []
-    for oc, bias, act in ((37, True, NO_ACT), (100, False, RELU)):
+def one_token_layers(graph: Graph, x, rng, specs, ic: int = 576) -> tuple[list, list]:
+    """q4 linear layers of `specs` (oc, bias, activation) on x: their outputs and (dense, bias, act)."""
+    outputs, layers = [], []
+    for oc, bias, act in specs:
         packed, dense = quantize(randn(rng, oc, ic), 4, 64)
         b = randn(rng, oc) if bias else None
         layers.append((dense, b, act))
         outputs += graph.add(linear_op(oc, ic, Weights(conv=ConvolutionWeights(packed, b)), activation=act), [x])
-    module = make_module(graph.schedule(outputs), new_runtime("opencl", precision=precision), shape_mutable=False)
+    return outputs, layers
+
+
+def layer_reference(x: np.ndarray, dense, b, act) -> np.ndarray:
+    expected = linear_reference(x, dense, b)
+    return np.maximum(expected, 0) if act == RELU else expected
+
+
+def replay_and_loop(module, feed):
     pipeline = module.session.pipeline
-    feed = {"x": randn(rng, 1, ic, 1, 1)}
     replayed = module.forward(feed)
-    assert pipeline.replayed and pipeline.replay.paired == 1
-    assert "gemv_q4_pair" in [s.kernel.function_name for s in pipeline.replay.steps]
+    assert pipeline.replayed
     pipeline.replay_enabled = False
-    looped = module.forward(feed)
-    tol = FP16_TOL if precision == "low" else LINEAR_TOL
-    for got, again, (dense, b, act) in zip(replayed, looped, layers):
+    return replayed, module.forward(feed), pipeline.replay
+
+
+def within(got: np.ndarray, expected: np.ndarray, tol: float) -> None:
+    assert np.abs(got.reshape(expected.shape) - expected).max() <= tol * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("precision", ["normal", "low"])
+def test_two_one_token_q4_layers_on_one_input_replay_as_one_gemv_launch_equal_to_two(precision: str) -> None:
+    """q and k: the replay pairs them into gemv_q4_pair, whose outputs equal the two gemv_q4
+    launches of the per-op loop bit for bit (sizes that leave a work-group straddling the two
+    layers and one past the end), and float64 numpy within tolerance."""
+    rng = np.random.default_rng(3)
+    graph = Graph()
+    x = graph.input("x")
+    outputs, layers = one_token_layers(graph, x, rng, ((37, True, NO_ACT), (100, False, RELU)))
+    module = make_module(graph.schedule(outputs), new_runtime("opencl", precision=precision), shape_mutable=False)
+    feed = {"x": randn(rng, 1, 576, 1, 1)}
+    replayed, looped, replay = replay_and_loop(module, feed)
+    assert (replay.paired, replay.gated) == (1, 0)
+    assert "gemv_q4_pair" in [s.kernel.function_name for s in replay.steps]
+    for got, again, layer in zip(replayed, looped, layers):
         np.testing.assert_array_equal(got, again)
-        expected = linear_reference(feed["x"], dense, b)
-        expected = np.maximum(expected, 0) if act == RELU else expected
-        scale = np.abs(expected).max()
-        assert np.abs(got.reshape(expected.shape) - expected).max() <= tol * scale
+        within(got, layer_reference(feed["x"], *layer), FP16_TOL if precision == "low" else LINEAR_TOL)
+
+
+@pytest.mark.parametrize("precision", ["normal", "low"])
+@pytest.mark.parametrize("order", ["up, gate", "gate, up"])
+def test_gate_up_and_their_mul_silu_replay_as_one_launch_equal_to_three(precision: str, order: str) -> None:
+    """gate, up and MUL_SILU(up, gate) (an MLP): one gemv_q4_gated launch whose three outputs
+    (gate's and up's too, which the graph also returns here) equal the per-op loop's bit for
+    bit, whichever layer comes first, and float64 numpy within tolerance; 100 rows leave a
+    work-group part empty."""
+    rng = np.random.default_rng(5)
+    graph = Graph()
+    x = graph.input("x")
+    outputs, layers = one_token_layers(graph, x, rng, ((100, True, NO_ACT), (100, False, NO_ACT)))
+    up, gate = outputs if order == "up, gate" else outputs[::-1]
+    (mlp,) = graph.add(binary_op("MUL_SILU"), [up, gate])
+    module = make_module(graph.schedule([mlp, *outputs]), new_runtime("opencl", precision=precision),
+                         shape_mutable=False)
+    feed = {"x": randn(rng, 1, 576, 1, 1)}
+    replayed, looped, replay = replay_and_loop(module, feed)
+    assert (replay.paired, replay.gated) == (1, 1)
+    assert [s.kernel.function_name for s in replay.steps if hasattr(s, "kernel")] == ["gemv_q4_gated"]
+    for got, again in zip(replayed, looped):
+        np.testing.assert_array_equal(got, again)
+    tol = FP16_TOL if precision == "low" else LINEAR_TOL
+    first, second = (layer_reference(feed["x"], *layer) for layer in layers)
+    a, b = (first, second) if order == "up, gate" else (second, first)
+    within(replayed[0], a * b / (1 + np.exp(-b)), tol)
+    within(replayed[1], first, tol)
+    within(replayed[2], second, tol)

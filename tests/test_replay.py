@@ -3,7 +3,8 @@ pipeline into one step it replays per token (vulkan: one command buffer; opencl:
 enqueue loop). Pinned here against the per-op loop it replaces, on opencl (pocl) and vulkan
 (lavapipe): the same outputs bit for bit, a new recording after every resize, the shared
 model's logits and greedy tokens with replay on and off (the replay runs q+k and gate+up as one
-dispatch / kernel each, the loop one per layer), and the "replay" hint.
+dispatch / kernel each, on opencl gate+up with their MUL_SILU, the loop one per layer), and the
+"replay" hint.
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ def test_the_shared_model_gives_the_same_logits_and_reference_tokens_replayed_an
             assert decode.replayed is replay and decode.records == int(replay)
             if replay:  # q+k and gate+up: one dispatch / kernel each (lavapipe's texel layers, pocl's GEMVs)
                 assert decode.replay.paired == 2 * 30
+                assert getattr(decode.replay, "gated", 30) == 30  # opencl: gate, up and their MUL_SILU as one
         assert runs[True][0] == runs[False][0], prompt["prompt"]
         assert runs[True][0][:len(expected)] == expected, (prompt["prompt"], runs[True][0], expected)  # MNN stops at eos
         for replayed, looped in zip(runs[True][1], runs[False][1]):

@@ -102,14 +102,28 @@ class OpenCLReplay(Replay):
     """The pipeline's commands as one flat list of enqueue calls, bound at resize: an Execution
     with `enqueues()` gives its bound kernels and copies; any other one (Attention, whose run
     does the KV bookkeeping) runs its on_execute in place. Two consecutive linear layers on
-    one input become one kernel where `paired_with` allows it."""
+    one input become one kernel where `paired_with` allows it, and with the MUL_SILU after
+    them (gate, up) one kernel for all three where `gated_with` does (pocl pays per kernel)."""
 
     def __init__(self, queue, commands):
         self.queue = queue
         self.steps = []
         self.paired = 0  # pairs of linear layers on one input enqueued as one kernel
-        for command, both in Replay.pairs(list(commands)):
-            if both is not None:  # q and k, gate and up: one launch (pocl pays per enqueued kernel)
+        self.gated = 0  # of which with their MUL_SILU
+        commands = list(commands)
+        at = {id(c): i for i, c in enumerate(commands)}
+        walk = list(Replay.pairs(commands))
+        i = 0
+        while i < len(walk):
+            command, both = walk[i]
+            i += 1
+            if both is not None:  # q and k, gate and up
+                gated = getattr(command.execution, "gated_with", None)
+                if gated is not None and i < len(walk) and walk[i][1] is None:
+                    fused = gated(commands[at[id(command)] + 1].execution, walk[i][0])
+                    if fused is not None:
+                        both, i = fused, i + 1
+                        self.gated += 1
                 self.steps += both
                 self.paired += 1
                 continue

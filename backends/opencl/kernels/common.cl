@@ -18,6 +18,8 @@ static inline float activate(float v, int act) {
     return act == 1 ? fmax(v, 0.0f) : act == 2 ? clamp(v, 0.0f, 6.0f) : v;
 }
 
+static inline float silu(float x) { return x / (1.0f + exp(-x)); }
+
 static inline float sum16(float16 v) {
     float8 a = v.lo + v.hi;
     float4 b = a.lo + a.hi;

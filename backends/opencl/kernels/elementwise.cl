@@ -2,7 +2,6 @@
  * Binary: the output is viewed as 4-D `shape`; each input is read at the dot product of the
  * element's coordinates with its strides (0 along a broadcast axis); binary_*_flat is the
  * same op on inputs of the output's shape, without the index arithmetic. */
-static inline float silu(float x) { return x / (1.0f + exp(-x)); }
 
 #define BINARY(name, expr)                                                                      \
 __kernel void binary_##name(__global const store_t *A, __global const store_t *B,               \

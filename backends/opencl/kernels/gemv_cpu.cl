@@ -78,3 +78,22 @@ __kernel void gemv_q4_pair(__global const store_t *x,
     else if (g < oc0 + oc1)
         q4_out(y1, bias1, has_bias1, act1, g - oc0, q4_row(xl, w1, sz1, ic, block, g - oc0));
 }
+
+/* gate, up and MUL_SILU's y = activate(up * silu(gate), act) in one launch (OpenCLReplay fuses
+ * the three): work-item o computes row o of both layers and stores it, as the two launches
+ * would, and y from those stored values, so all three outputs equal the three launches' bit for
+ * bit. Layer a is MUL_SILU's first input (up), b its second (gate). */
+__kernel void gemv_q4_gated(__global const store_t *x,
+                            __global const uchar *wa, __global const float2 *sza, __global const float *biasa,
+                            __global store_t *ya,
+                            __global const uchar *wb, __global const float2 *szb, __global const float *biasb,
+                            __global store_t *yb,
+                            __global store_t *y, int ic, int block, int oc, int has_bias_a, int has_bias_b,
+                            int act_a, int act_b, int act, __local float *xl) {
+    stage_x(x, xl, ic, block);
+    const int o = get_global_id(0);
+    if (o >= oc) return;
+    q4_out(ya, biasa, has_bias_a, act_a, o, q4_row(xl, wa, sza, ic, block, o));
+    q4_out(yb, biasb, has_bias_b, act_b, o, q4_row(xl, wb, szb, ic, block, o));
+    ST(y, o, activate(LD(ya, o) * silu(LD(yb, o)), act));
+}

@@ -30,6 +30,7 @@ import pyopencl as cl
 from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
 
 from ..device import KernelExecution
+from .elementwise import BinaryExecution
 from .variant import cpu_kernels
 
 log = logging.getLogger(__name__)
@@ -146,12 +147,16 @@ class LinearExecution(KernelExecution):
             inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
             *(np.int32(v) for v in (p.ic, p.oc, p.block, p.has_bias, self.act)), gemv_stage(p))
 
+    def pairs_with(self, other) -> bool:
+        """Whether this layer and `other` are one-token q4 GEMVs of gemv_cpu.cl on the same x,
+        ic and block."""
+        return isinstance(other, LinearExecution) and self.gemv is not None and other.gemv is not None \
+            and self.gemv[0] is other.gemv[0] and (self.packed.ic, self.packed.block) == \
+            (other.packed.ic, other.packed.block)
+
     def paired_with(self, other) -> list | None:
-        """One launch for this layer and `other` (the next command) when both are one-token q4
-        GEMVs of gemv_cpu.cl on the same x, ic and block; None otherwise."""
-        if not isinstance(other, LinearExecution) or self.gemv is None or other.gemv is None \
-                or self.gemv[0] is not other.gemv[0] or (self.packed.ic, self.packed.block) != \
-                (other.packed.ic, other.packed.block):
+        """One launch for this layer and `other` (the next command) when they pair; None otherwise."""
+        if not self.pairs_with(other):
             return None
         if self.pair is None or self.pair[0] is not other.kernel:  # made for what both were resized to
             a, b = self.packed, other.packed
@@ -162,6 +167,24 @@ class LinearExecution(KernelExecution):
                 gemv_stage(a))
             self.pair = (other.kernel, program)
         return [self.pair[1]]
+
+    def gated_with(self, other, binary) -> list | None:
+        """One launch for this layer, `other` (the next command) and `binary` (the command after
+        it) when that is MUL_SILU of exactly their two outputs and both layers pair: the kernel
+        stores all three outputs; None otherwise."""
+        reads = [t.storage for t in binary.inputs]
+        if not isinstance(binary.execution, BinaryExecution) or binary.execution.name != "MUL_SILU" \
+                or not self.pairs_with(other) or not self.packed.oc == other.packed.oc == binary.outputs[0].size \
+                or len(reads) != 2 \
+                or {id(r) for r in reads} != {id(self.gemv[1]), id(other.gemv[1])}:
+            return None
+        up, gate = (self, other) if reads[0] is self.gemv[1] else (other, self)
+        a, b = up.packed, gate.packed
+        return [self.backend.program("gemv_cpu.cl", "gemv_q4_gated").bind(
+            (-(-a.oc // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,), self.gemv[0], a.weight, a.scales, a.bias,
+            up.gemv[1], b.weight, b.scales, b.bias, gate.gemv[1], binary.outputs[0].storage,
+            *(np.int32(v) for v in (a.ic, a.block, a.oc, a.has_bias, b.has_bias, up.act, gate.act,
+                                    binary.execution.act)), gemv_stage(a))]
 
     def bind_cpu(self, inputs, outputs, rows: int):
         """linear_cpu.cl: ceil(rows / CPU_TOKENS) work-items in balanced groups of at most CPU_GROUP."""
