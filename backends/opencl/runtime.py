@@ -31,6 +31,7 @@ write of the step's KV lengths, which every Attention reads).
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -133,10 +134,23 @@ class OpenCLReplay(Replay):
             else:
                 self.steps.append(lambda queue, c=command: c.execution.on_execute(c.inputs, c.outputs))
 
+        self.calls = [call for call in map(self._call, self.steps) if call is not None]
+
+    def _call(self, step) -> Callable[[], Any] | None:
+        """The step as a call with nothing left to look up per token: a kernel's enqueue with
+        its sizes bound (None for an empty one), anything else on this queue."""
+        import pyopencl as cl
+
+        from .device import Program
+        if isinstance(step, Program):
+            if not all(step.global_size):
+                return None
+            return partial(cl.enqueue_nd_range_kernel, self.queue, step.kernel, step.global_size, step.local_size)
+        return partial(step, self.queue)
+
     def run(self) -> None:
-        queue = self.queue
-        for step in self.steps:
-            step(queue)
+        for call in self.calls:
+            call()
 
 
 class OpenCLRuntime(Runtime):
