@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from functools import lru_cache
+from typing import Any, Callable
+from functools import lru_cache, partial
 from importlib import resources
 
 import numpy as np
@@ -139,6 +140,13 @@ class Program:
     def __call__(self, queue: cl.CommandQueue) -> None:
         if all(self.global_size):
             cl.enqueue_nd_range_kernel(queue, self.kernel, self.global_size, self.local_size)
+
+    def bound(self, queue: cl.CommandQueue) -> Callable[[], Any] | None:
+        """This kernel's enqueue on `queue` with its sizes bound, what a replay calls per token
+        (no lookups left); None when the kernel is empty."""
+        if not all(self.global_size):
+            return None
+        return partial(cl.enqueue_nd_range_kernel, queue, self.kernel, self.global_size, self.local_size)
 
 
 class KernelExecution(Execution):

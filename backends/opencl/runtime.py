@@ -137,16 +137,9 @@ class OpenCLReplay(Replay):
         self.calls = [call for call in map(self._call, self.steps) if call is not None]
 
     def _call(self, step) -> Callable[[], Any] | None:
-        """The step as a call with nothing left to look up per token: a kernel's enqueue with
-        its sizes bound (None for an empty one), anything else on this queue."""
-        import pyopencl as cl
-
-        from .device import Program
-        if isinstance(step, Program):
-            if not all(step.global_size):
-                return None
-            return partial(cl.enqueue_nd_range_kernel, self.queue, step.kernel, step.global_size, step.local_size)
-        return partial(step, self.queue)
+        """The step as a call with nothing left to look up per token (a kernel: `Program.bound`)."""
+        bound = getattr(step, "bound", None)
+        return bound(self.queue) if bound is not None else partial(step, self.queue)
 
     def run(self) -> None:
         for call in self.calls:

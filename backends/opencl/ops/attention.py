@@ -62,8 +62,10 @@ class AttentionExecution(Execution):
                 mask_buffer, outputs[0].storage, step, *scalars)
         else:
             self.appends, self.cache_args = self.params.kv_cache, (5, 6)
+            # a CPU device: one work-item per group, so a decode step's few heads use both cores
+            local = (1, 1) if cpu_kernels(self.backend) else None
             self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
-                (seq, heads), None, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
+                (seq, heads), local, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
                 outputs[0].storage, inputs[1].storage, inputs[2].storage, step, np.int32(self.appends), *scalars)
 
     def on_execute(self, inputs, outputs) -> None:
