@@ -19,9 +19,10 @@ Runtime hints (all optional):
                                       each linear layer's splits (LINEAR_SPLITS) timed once
                                       per device on its real shapes, the fastest kept in the
                                       tuning cache file (TuningCache) and read by later runs
-  "opencl_cpu_kernels": bool          the prefill kernels written for a CPU device (register
-                                      tiles, weights dequantized once per work-group: pocl) or
-                                      those for a GPU; default by device class (ops/variant.py)
+  "opencl_cpu_kernels": bool          the kernels written for a CPU device (prefill: register
+                                      tiles, weights dequantized once per work-group; decode:
+                                      gemv_cpu.cl; pocl) or those for a GPU; default by device
+                                      class (ops/variant.py)
   "replay": bool                      default true: a pipeline wholly on opencl is replayed as
                                       one flat list of enqueues bound at resize (OpenCLReplay);
                                       false keeps the per-op loop

@@ -35,6 +35,7 @@ class AttentionExecution(Execution):
         self.bound = None  # the cache buffer the kernel's k argument points at
         self.kv_seq = 0
         self.appends = False  # whether the kernel stores the step's rows into the cache (`attention`)
+        self.cache_args = (1, 2)  # where the cache buffers go in the kernel's arguments
 
     def on_resize(self, inputs, outputs) -> None:
         shape = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -56,7 +57,7 @@ class AttentionExecution(Execution):
         step = self.backend.runtime.step_buffer
         if seq > 1 and cpu_kernels(self.backend):  # one work-item per group: pocl's own choice leaves a core idle
             defines["QUERY_LANES"] = QUERY_LANES
-            self.appends, self.cache_args = False, (1, 2)  # where the cache buffers go in the arguments
+            self.appends, self.cache_args = False, (1, 2)
             self.kernel = self.backend.program("attention.cl", "attention_tiled", **defines).bind(
                 (-(-seq // QUERY_LANES), heads), (1, 1), inputs[0].storage, inputs[1].storage, inputs[2].storage,
                 mask_buffer, outputs[0].storage, step, *scalars)
