@@ -101,6 +101,11 @@ def gemv_stage(p: PackedLinear) -> cl.LocalMemory:
     return cl.LocalMemory(4 * (p.ic + p.ic // p.block))
 
 
+def gemv_sizes(rows: int) -> tuple[tuple[int], tuple[int]]:
+    """gemv_cpu.cl's global and local size for `rows` output rows (one work-item each)."""
+    return (-(-rows // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,)
+
+
 class LinearExecution(KernelExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
@@ -143,7 +148,7 @@ class LinearExecution(KernelExecution):
         """gemv_cpu.cl's gemv_q4: one work-item per row, GEMV_GROUP rows per work-group."""
         p = self.packed
         return self.backend.program("gemv_cpu.cl", "gemv_q4").bind(
-            (-(-p.oc // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,),
+            *gemv_sizes(p.oc),
             inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
             *(np.int32(v) for v in (p.ic, p.oc, p.block, p.has_bias, self.act)), gemv_stage(p))
 
@@ -161,7 +166,7 @@ class LinearExecution(KernelExecution):
         if self.pair is None or self.pair[0] is not other.kernel:  # made for what both were resized to
             a, b = self.packed, other.packed
             program = self.backend.program("gemv_cpu.cl", "gemv_q4_pair").bind(
-                (-(-(a.oc + b.oc) // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,), self.gemv[0],
+                *gemv_sizes(a.oc + b.oc), self.gemv[0],
                 a.weight, a.scales, a.bias, self.gemv[1], b.weight, b.scales, b.bias, other.gemv[1],
                 *(np.int32(v) for v in (a.ic, a.block, a.oc, b.oc, a.has_bias, b.has_bias, self.act, other.act)),
                 gemv_stage(a))
@@ -181,7 +186,7 @@ class LinearExecution(KernelExecution):
         up, gate = (self, other) if reads[0] is self.gemv[1] else (other, self)
         a, b = up.packed, gate.packed
         return [self.backend.program("gemv_cpu.cl", "gemv_q4_gated").bind(
-            (-(-a.oc // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,), self.gemv[0], a.weight, a.scales, a.bias,
+            *gemv_sizes(a.oc), self.gemv[0], a.weight, a.scales, a.bias,
             up.gemv[1], b.weight, b.scales, b.bias, gate.gemv[1], binary.outputs[0].storage,
             *(np.int32(v) for v in (a.ic, a.block, a.oc, a.has_bias, b.has_bias, up.act, gate.act,
                                     binary.execution.act)), gemv_stage(a))]
