@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
 from functools import lru_cache, partial
 from importlib import resources
+from typing import Any, Callable
 
 import numpy as np
 import pyopencl as cl

@@ -112,20 +112,16 @@ class OpenCLReplay(Replay):
         self.steps = []
         self.paired = 0  # pairs of linear layers on one input enqueued as one kernel
         self.gated = 0  # of which with their MUL_SILU
-        commands = list(commands)
-        at = {id(c): i for i, c in enumerate(commands)}
-        walk = list(Replay.pairs(commands))
+        walk = list(Replay.pairs(list(commands)))
         i = 0
         while i < len(walk):
             command, both = walk[i]
             i += 1
-            if both is not None:  # q and k, gate and up
-                gated = getattr(command.execution, "gated_with", None)
-                if gated is not None and i < len(walk) and walk[i][1] is None:
-                    fused = gated(commands[at[id(command)] + 1].execution, walk[i][0])
-                    if fused is not None:
-                        both, i = fused, i + 1
-                        self.gated += 1
+            if both is not None:  # q and k, gate and up (a LinearExecution's pair)
+                gated = command.execution.gated_with(walk[i][0]) if i < len(walk) and walk[i][1] is None else None
+                if gated is not None:  # and the MUL_SILU of gate and up
+                    both, i = gated, i + 1
+                    self.gated += 1
                 self.steps += both
                 self.paired += 1
                 continue

@@ -4,10 +4,11 @@
  * mask_mode 0: causal (the scalar mask); 1: a [mask_rows, mask_cols] mask over the last
  * mask_cols keys, added (float) or, with MASK_INT, 0 meaning "masked out".
  * step = {past, total}: the step's cached and attended keys, in a device buffer the runtime
- * writes once per step for every layer, so the arguments are bound once. Keys [0, past) are read from the cache,
- * the step's own [past, total) from its k/v inputs; with `append` the kernel also stores the
- * step's rows into the cache (the work-items of each kv head's first query head, rows t,
- * t + seq, ...), so a decode step needs no copy, and no work-item reads a row another writes. */
+ * writes once per step for every layer, so the arguments are bound once. Keys [0, past) are
+ * read from the cache, the step's own [past, total) from its k/v inputs; with `append` the
+ * kernel also stores the step's rows into the cache (the work-items of each kv head's first
+ * query head, rows t, t + seq, ...), so a decode step needs no copy, and no work-item reads a
+ * row another writes. */
 #ifdef MASK_INT
 typedef int mask_t;
 #else

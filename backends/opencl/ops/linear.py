@@ -152,35 +152,31 @@ class LinearExecution(KernelExecution):
             inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
             *(np.int32(v) for v in (p.ic, p.oc, p.block, p.has_bias, self.act)), gemv_stage(p))
 
-    def pairs_with(self, other) -> bool:
-        """Whether this layer and `other` are one-token q4 GEMVs of gemv_cpu.cl on the same x,
-        ic and block."""
-        return isinstance(other, LinearExecution) and self.gemv is not None and other.gemv is not None \
-            and self.gemv[0] is other.gemv[0] and (self.packed.ic, self.packed.block) == \
-            (other.packed.ic, other.packed.block)
-
     def paired_with(self, other) -> list | None:
-        """One launch for this layer and `other` (the next command) when they pair; None otherwise."""
-        if not self.pairs_with(other):
+        """One launch for this layer and `other` (the next command) when both are one-token q4
+        GEMVs of gemv_cpu.cl on the same x, ic and block; None otherwise."""
+        if not isinstance(other, LinearExecution) or self.gemv is None or other.gemv is None \
+                or self.gemv[0] is not other.gemv[0] or (self.packed.ic, self.packed.block) != \
+                (other.packed.ic, other.packed.block):
             return None
-        if self.pair is None or self.pair[0] is not other.kernel:  # made for what both were resized to
-            a, b = self.packed, other.packed
+        if self.pair is None or self.pair[0] is not other or self.pair[1] is not other.kernel:
+            a, b = self.packed, other.packed  # (made for what both were resized to)
             program = self.backend.program("gemv_cpu.cl", "gemv_q4_pair").bind(
                 *gemv_sizes(a.oc + b.oc), self.gemv[0],
                 a.weight, a.scales, a.bias, self.gemv[1], b.weight, b.scales, b.bias, other.gemv[1],
                 *(np.int32(v) for v in (a.ic, a.block, a.oc, b.oc, a.has_bias, b.has_bias, self.act, other.act)),
                 gemv_stage(a))
-            self.pair = (other.kernel, program)
-        return [self.pair[1]]
+            self.pair = (other, other.kernel, program)
+        return [self.pair[2]]
 
-    def gated_with(self, other, binary) -> list | None:
-        """One launch for this layer, `other` (the next command) and `binary` (the command after
-        it) when that is MUL_SILU of exactly their two outputs and both layers pair: the kernel
-        stores all three outputs; None otherwise."""
+    def gated_with(self, binary) -> list | None:
+        """After paired_with gave a pair: one launch for the two layers and `binary` (the command
+        after them) when that is MUL_SILU of exactly their outputs (gate and up); the kernel
+        stores all three outputs. None otherwise."""
+        other = self.pair[0]
         reads = [t.storage for t in binary.inputs]
         if not isinstance(binary.execution, BinaryExecution) or binary.execution.name != "MUL_SILU" \
-                or not self.pairs_with(other) or not self.packed.oc == other.packed.oc == binary.outputs[0].size \
-                or len(reads) != 2 \
+                or not self.packed.oc == other.packed.oc == binary.outputs[0].size or len(reads) != 2 \
                 or {id(r) for r in reads} != {id(self.gemv[1]), id(other.gemv[1])}:
             return None
         up, gate = (self, other) if reads[0] is self.gemv[1] else (other, self)
