@@ -9,7 +9,7 @@ import pytest
 import mnnllm_core
 from mnnllm_core.errors import ConfigError, FormatError, MnnllmError
 from mnnllm_core.llm.omni import Omni
-from mnnllm_core.llm.vision import qwen2_patches
+from mnnllm_core.llm.vision_qwen2 import qwen_patches as qwen2_patches
 from vl_oracle import mnn_vision_ids
 from vl_reference import FP16, IMAGE, Q4, hf_image_embeds, hf_processor_patches, reference, vision_tower
 

@@ -86,7 +86,8 @@ class Llm:
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states or needs_hidden_states(cfg) else [])
         base = self.base.module if self.base is not None else None
         try:
-            self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
+            self.module = Module.load(INPUT_NAMES + self._extra_input_names(), outputs, cfg.llm_model,
+                                      self.runtime_manager,
                                       Config(rearrange=True, base=base))
         except UnsupportedError as err:
             _refuse_text_encoder(cfg.llm_model, err)
@@ -208,6 +209,14 @@ class Llm:
         """The `input_ids` input: [seq, 1, hidden] rows of the embedding table (Omni writes images over some)."""
         return self.embedding.embedding(ids)
 
+    def _extra_input_names(self) -> list[str]:
+        """Graph inputs beyond INPUT_NAMES that every step feeds (Omni: deepstack_embeds)."""
+        return []
+
+    def _extra_feeds(self, ids: list[int]) -> dict[str, np.ndarray]:
+        """The values of _extra_input_names for a step running `ids` (after _input_embeddings)."""
+        return {}
+
     def _commit(self, ids: list[int]) -> None:
         """Tokens that ran through the model join the history (the KV cache holds them now)."""
         self.context.history_tokens.extend(ids)
@@ -243,7 +252,7 @@ class Llm:
             mask = self._decode_mask if prepared else self._attention_mask(seq)
             positions = self._position_ids(seq)
         feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask, "position_ids": positions,
-                 "logits_index": self._logits_index[bool(all_logits)]}
+                 "logits_index": self._logits_index[bool(all_logits)], **self._extra_feeds(ids)}
         meta = self.kv_meta
         # The history is the truth: the cache is cut back to it before every step (keeping the
         # reserved rows a verified tree left), so a step interrupted anywhere (Ctrl-C inside a
