@@ -7,7 +7,6 @@ Each family turns one image into the ids that stand for it in the prompt and the
 written over its image_pad ids."""
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -21,8 +20,6 @@ from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
 from .config import LlmConfig
 from .image import ImageSource
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MEAN = [122.7709383, 116.7460125, 104.09373615]
 DEFAULT_NORM = [0.01459843, 0.01500777, 0.01422007]
@@ -81,6 +78,10 @@ class VisionEncoder:
         return out
 
     def _encode(self, image: ImageSource, height: int | None, width: int | None) -> VisionOutput:
+        raise NotImplementedError
+
+    def target_size(self, height: int | None, width: int | None) -> tuple[int, int]:
+        """The (height, width) an image with this <hw> tag (None: none) is resized to."""
         raise NotImplementedError
 
     def _rows(self, array: np.ndarray, batch: int, output: str) -> np.ndarray:

@@ -57,6 +57,9 @@ class Idefics3VisionEncoder(VisionEncoder):
             return None
         return tuple(min(round_half_up(v / self.unit) * self.unit, self.max_size) for v in (height, width))
 
+    def target_size(self, height: int | None, width: int | None) -> tuple[int, int]:
+        return self.tile_size(height, width) or (self.unit, self.unit)
+
     def pixel_values(self, image: ImageSource, height: int | None = None,
                      width: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """The global image [1, 3, unit, unit] and the tiles [n, 3, unit, unit] (None without tiling)."""
@@ -73,9 +76,8 @@ class Idefics3VisionEncoder(VisionEncoder):
         count = len(global_rows)
         ids: list[int] = []
         rows = [global_rows]
-        size = (self.unit, self.unit)
+        size = self.target_size(height, width)
         if parts is not None:
-            size = self.tile_size(height, width)
             tile_rows = self._rows(self.module.forward({"pixel_values": parts})[0], len(parts), "image_embeds")
             rows = list(tile_rows) + rows
             grid_h, grid_w = size[0] // self.unit, size[1] // self.unit
