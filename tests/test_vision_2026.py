@@ -275,3 +275,30 @@ def test_the_models_route_to_omni_with_their_encoder_family():
     assert isinstance(_model(QWEN3_VL).vision, Qwen3VisionEncoder)
     assert isinstance(_model(SMOLVLM).vision, Idefics3VisionEncoder)
     assert os.path.basename(_model(SMOLVLM).config.visual_model) == "visual.mnn"
+
+
+def _q4_block(dims: list[int], codes: np.ndarray) -> np.ndarray:
+    """An MNN 4-bit weight block: dim count, uint16 dims, the 16-value map, codes high nibble first."""
+    head = [len(dims)] + list(np.asarray(dims, "<u2").view(np.uint8)) + [16] + list(np.arange(-8, 8, dtype=np.int8)
+                                                                                   .view(np.uint8))
+    return np.concatenate([np.asarray(head, np.uint8), ((codes[0::2] << 4) | codes[1::2]).astype(np.uint8)])
+
+
+def test_a_weight_header_with_each_row_split_decodes_as_oc_by_ic():
+    """Qwen3-VL's patch embedding [32, 1536] is stored with dims [384, 128]: the same codes in
+    the same order, so it decodes as [oc, ic]; dims that split no row are still corrupt."""
+    from mnnllm_core.core.quant import decode_convolution_weight
+    oc, ic = 4, 64
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 16, oc * ic).astype(np.uint8)
+    alpha = rng.standard_normal(oc * 4).astype("<f2").view(np.uint8)  # 2 blocks a row: (zero, scale) each
+
+    def decode(dims):
+        return decode_convolution_weight(_q4_block(dims, codes), alpha, bits=4, oc=oc, ic=ic, shape_int32=False,
+                                         scale_storage="FP16", file="w", op_name="patch").dequantize()
+
+    np.testing.assert_array_equal(decode([oc * 4, ic // 4]), decode([oc, ic]))
+    with pytest.raises(FormatError, match="do not match"):
+        decode([oc * 4 + 2, ic // 4 - 1])
+    with pytest.raises(FormatError, match="do not match"):
+        decode([2, oc * ic // 2])
