@@ -235,6 +235,8 @@ def test_bad_images_and_sizes_are_typed_errors(tmp_path):
             model.tokenizer_encode("<img>pic</img>Hi", images={"pic": np.zeros((4, 4, 7), np.uint8)})
     with pytest.raises(UnsupportedError, match="at least 16"):  # 8 / 32 rounds to no patch row
         qwen.tokenizer_encode(f"<img><hw>8,96</hw>{IMAGE}</img>Hi")
+    with pytest.raises(UnsupportedError, match="at least 32"):  # 200 wide is tiled; 20 / 64 rounds to no tile row
+        smol.tokenizer_encode(f"<img><hw>20,200</hw>{IMAGE}</img>Hi")
 
 
 def test_deepstack_rows_are_zero_for_text_and_mnns_fill_without_images():

@@ -55,7 +55,14 @@ class Idefics3VisionEncoder(VisionEncoder):
         width = self.image_size if width is None else int(width)
         if height <= self.unit and width <= self.unit:
             return None
-        return tuple(min(round_half_up(v / self.unit) * self.unit, self.max_size) for v in (height, width))
+        size = []
+        for value, name in ((height, "height"), (width, "width")):
+            rounded = min(round_half_up(value / self.unit) * self.unit, self.max_size)
+            if rounded < self.unit:
+                raise UnsupportedError(f"an image {name} of {value} rounds to no row of {self.unit}-pixel tiles: at "
+                                       f"least {(self.unit + 1) // 2} needed when the image is tiled", field="hw")
+            size.append(rounded)
+        return size[0], size[1]
 
     def target_size(self, height: int | None, width: int | None) -> tuple[int, int]:
         return self.tile_size(height, width) or (self.unit, self.unit)
