@@ -34,21 +34,26 @@ def _reference(folder: str) -> dict:
     return json.loads(path.read_text())[folder]
 
 
-_MODELS: dict[tuple, Omni] = {}
+@pytest.fixture(scope="module")
+def load():
+    """load(folder, memory, backend): one loaded model per key for this module's tests."""
+    models: dict[tuple, Omni] = {}
 
+    def get(folder: str, memory: str = "normal", backend: str = "cpu") -> Omni:
+        key = (folder, memory, backend)
+        if key not in models:
+            _reference(folder)
+            model = mnnllm_core.create(ARCH3 / folder)
+            settings = {"memory": memory, "sampler_type": "greedy", "backend_type": backend}
+            if backend != "cpu":
+                settings.update(precision="high", mllm={"backend_type": backend, "memory": memory,
+                                                        "precision": "high"})
+            model.set_config(settings)
+            models[key] = model.load()
+        return models[key]
 
-def _model(folder: str, memory: str = "normal", backend: str = "cpu") -> Omni:
-    """One loaded model per (folder, memory, backend) for the whole module."""
-    key = (folder, memory, backend)
-    if key not in _MODELS:
-        _reference(folder)
-        model = mnnllm_core.create(ARCH3 / folder)
-        settings = {"memory": memory, "sampler_type": "greedy", "backend_type": backend}
-        if backend != "cpu":
-            settings.update(precision="high", mllm={"backend_type": backend, "memory": memory, "precision": "high"})
-        model.set_config(settings)
-        _MODELS[key] = model.load()
-    return _MODELS[key]
+    yield get
+    models.clear()
 
 
 def _image_prompt(model: Omni, prompt: dict) -> str:
@@ -66,18 +71,20 @@ def _reproduce(model: Omni, folder: str) -> None:
 
 @pytest.mark.parametrize("memory", ["normal", "low"])
 @pytest.mark.parametrize("folder", [QWEN3_VL, SMOLVLM])
-def test_text_and_image_prompts_give_the_reference_ids_on_cpu(folder, memory):
-    _reproduce(_model(folder, memory), folder)
+def test_text_and_image_prompts_give_the_reference_ids_on_cpu(folder, memory, load):
+    _reproduce(load(folder, memory), folder)
 
 
+@pytest.mark.parametrize("memory", ["normal", "low"])
 @pytest.mark.parametrize("backend", ["opencl", "vulkan"])
 @pytest.mark.parametrize("folder", [QWEN3_VL, SMOLVLM])
-def test_device_backends_give_the_reference_ids_with_the_encoders_fallbacks_named(folder, backend):
+def test_device_backends_give_the_reference_ids_with_the_encoders_fallbacks_named(folder, backend, memory, load):
+    """The LLM and the encoder on the device (mllm.backend_type too), precision high."""
     from mnnllm_core.plugins.manager import registry
     available, reason = registry().get(backend).is_available()
     if not available:
         pytest.skip(f"{backend} unavailable: {reason}")
-    model = _model(folder, "normal", backend)
+    model = load(folder, memory, backend)
     _reproduce(model, folder)
     assert model.placement()["fallbacks"] == []
     vision = model.vision_placement()
@@ -86,18 +93,18 @@ def test_device_backends_give_the_reference_ids_with_the_encoders_fallbacks_name
     assert vision["ops_per_backend"][backend] > 50
 
 
-def test_the_image_prompt_expands_as_mnn_does():
+def test_the_image_prompt_expands_as_mnn_does(load):
     """Qwen3-VL: 96x96 -> 6x6 patches of 16 -> 3x3 merged tokens between vision_start/end.
     SmolVLM: 96 rounds to 128 = 2x2 tiles of 64 (per tile 11, the first id of `<row_r_col_c>`, 4
     <image>; a newline after each row and after the last), then the global image 11, 13, 4 x 12, 11."""
-    qwen = _model(QWEN3_VL)
+    qwen = load(QWEN3_VL)
     ids = qwen.tokenizer_encode(_image_prompt(qwen, _reference(QWEN3_VL)["prompts"][3]))
     assert ids[24:35] == [11] + [13] * 9 + [12]
     assert qwen._pending.positions[:, 24:36].tolist() == [[24] + [25] * 9 + [28, 29],
                                                           [24] + [25, 25, 25, 26, 26, 26, 27, 27, 27] + [28, 29],
                                                           [24] + [25, 26, 27] * 3 + [28, 29]]
     assert qwen._pending.deepstack.shape == (1, 9, 64)
-    smol = _model(SMOLVLM)
+    smol = load(SMOLVLM)
     ids = smol.tokenizer_encode(_image_prompt(smol, _reference(SMOLVLM)["prompts"][3]))
     tile = [11, 44, 12, 12, 12, 12]
     assert ids[24:58] == tile * 2 + [198] + tile * 2 + [198, 198] + [11, 13, 12, 12, 12, 12, 11]
@@ -124,9 +131,9 @@ OTHER_SIZES = {
 
 
 @pytest.mark.parametrize("folder", [QWEN3_VL, SMOLVLM])
-def test_other_sizes_two_images_and_a_later_turn_match_mnns_runtime(folder, tmp_path):
+def test_other_sizes_two_images_and_a_later_turn_match_mnns_runtime(folder, tmp_path, load):
     from vl_oracle import mnn_encode_generate
-    model = _model(folder)
+    model = load(folder)
     other = _noise(tmp_path / "noise.png", 90, 130)
     texts = [model.apply_chat_template(q.format(image=IMAGE, other=other)) for q in OTHER_SIZES[folder]]
     chat = [{"role": "user", "content": f"<img><hw>96,96</hw>{IMAGE}</img>Describe this image."},
@@ -142,10 +149,10 @@ def test_other_sizes_two_images_and_a_later_turn_match_mnns_runtime(folder, tmp_
 
 
 @pytest.mark.parametrize("folder", [QWEN3_VL, SMOLVLM])
-def test_a_text_turn_after_an_image_prompt_reuses_the_kv_cache(folder):
+def test_a_text_turn_after_an_image_prompt_reuses_the_kv_cache(folder, load):
     """Turn 1 holds the image; turn 2 is text. The cache is reused past the image (same ids,
     positions and image rows), and the answer equals a fresh run on the whole conversation."""
-    model = _model(folder)
+    model = load(folder)
     model.reset()
     first = [{"role": "user", "content": f"<img><hw>96,96</hw>{IMAGE}</img>Describe this image."}]
     answer = model.response(first, max_new_tokens=4)
@@ -158,7 +165,7 @@ def test_a_text_turn_after_an_image_prompt_reuses_the_kv_cache(folder):
     assert model.generate(model._prompt_ids(second), NEW_TOKENS) == continued
 
 
-def test_qwen3_patches_match_transformers_processor(tmp_path):
+def test_qwen3_patches_match_transformers_processor(tmp_path, load):
     """No resize (sizes already multiples of 32): the same patch rows within fp32 rounding of
     (x - 127.5) * (1/127.5) against (x / 255 - 0.5) / 0.5. A size halfway between multiples differs
     in grid: MNN rounds 80/32 = 2.5 up (C round), transformers' smart_resize to even (2)."""
@@ -168,7 +175,7 @@ def test_qwen3_patches_match_transformers_processor(tmp_path):
     from mnnllm_core.llm.vision_qwen2 import qwen_patches
     processor = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2, image_mean=[0.5] * 3,
                                          image_std=[0.5] * 3, min_pixels=32 * 32, max_pixels=1 << 20)
-    vision = _model(QWEN3_VL).vision
+    vision = load(QWEN3_VL).vision
     for path in (IMAGE, _noise(tmp_path / "a.png", 64, 128)):
         array = np.asarray(Image.open(path).convert("RGB"))
         out = processor(images=Image.fromarray(array), return_tensors="np")
@@ -199,14 +206,14 @@ def test_qwen3_position_interpolation_matches_transformers():
         assert np.abs(ours - theirs).max() < 1e-5
 
 
-def test_smolvlm_tiles_match_transformers_processor(tmp_path):
+def test_smolvlm_tiles_match_transformers_processor(tmp_path, load):
     """A 128x128 image needs no resize for its 2x2 tiles: equal within fp32 rounding. Upscaled
     (96 -> 128) with transformers' bilinear, within 0.01 (PIL rounds to uint8: 1/127.5 = 0.008).
     The global image is MNN's bilinear where transformers uses LANCZOS: not compared."""
     pytest.importorskip("transformers")
     from PIL import Image
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
-    vision = _model(SMOLVLM).vision
+    vision = load(SMOLVLM).vision
     for path, resample, bound in ((_noise(tmp_path / "a.png", 128, 128), Image.LANCZOS, 1e-6),
                                   (IMAGE, Image.BILINEAR, 0.01)):
         processor = SmolVLMImageProcessorPil(do_image_splitting=True, size={"longest_edge": 128},
@@ -219,8 +226,8 @@ def test_smolvlm_tiles_match_transformers_processor(tmp_path):
         assert np.abs(tiles - theirs[:4]).max() < bound
 
 
-def test_bad_images_and_sizes_are_typed_errors(tmp_path):
-    qwen, smol = _model(QWEN3_VL), _model(SMOLVLM)
+def test_bad_images_and_sizes_are_typed_errors(tmp_path, load):
+    qwen, smol = load(QWEN3_VL), load(SMOLVLM)
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not a png")
     for model in (qwen, smol):
@@ -271,12 +278,12 @@ def test_qwen3_5_visual_encoder_loads_as_qwen3_vl_and_encodes():
     assert out.ids == [248053] + [248056] * 9 + [248054]
 
 
-def test_the_models_route_to_omni_with_their_encoder_family():
+def test_the_models_route_to_omni_with_their_encoder_family(load):
     from mnnllm_core.llm.vision_idefics3 import Idefics3VisionEncoder
     from mnnllm_core.llm.vision_qwen3 import Qwen3VisionEncoder
-    assert isinstance(_model(QWEN3_VL).vision, Qwen3VisionEncoder)
-    assert isinstance(_model(SMOLVLM).vision, Idefics3VisionEncoder)
-    assert os.path.basename(_model(SMOLVLM).config.visual_model) == "visual.mnn"
+    assert isinstance(load(QWEN3_VL).vision, Qwen3VisionEncoder)
+    assert isinstance(load(SMOLVLM).vision, Idefics3VisionEncoder)
+    assert os.path.basename(load(SMOLVLM).config.visual_model) == "visual.mnn"
 
 
 def _q4_block(dims: list[int], codes: np.ndarray) -> np.ndarray:
