@@ -176,16 +176,35 @@ def _default_outputs(net, names: list[str], nodes: list[OpNode]) -> list[str]:
     return [names[t] for node in nodes for t in node.outputs if t not in consumed and node.op.type != "Const"]
 
 
+# ops between a RoPE and its Attention that keep the packed [seq, heads*dim, 1, 1] layout (Llama 4's
+# weightless q/k norm: Cast, then an RMS LayerNorm)
+LAYOUT_KEEPING = {"Cast", "LayerNorm", "UnaryOp", "ConvertTensor"}
+
+
 def _annotate_attention_heads(nodes: list[OpNode]) -> None:
-    """Exports whose AttentionParam has no head layout take it from the RoPE feeding it."""
+    """Exports whose AttentionParam has no head layout take it from the RoPE feeding it, directly or
+    through ops that keep the layout (a q/k norm applied after rotating); such a norm's last axis is
+    the head's (MNN normalizes each head of the packed q/k), so it learns head_dim too."""
     producer = {t: node for node in nodes for t in node.outputs}
     for node in nodes:
         if node.op.type != "Attention" or not node.inputs:
             continue
+        norms = []
         source = producer.get(node.inputs[0])
+        while source is not None and source.op.type in LAYOUT_KEEPING and source.inputs:
+            norms.append(source)
+            source = producer.get(source.inputs[0])
         p = source.op.table if source is not None and source.op.type == "RoPE" else None
-        if p is not None and p.numHead and p.kvNumHead and p.headDim:
-            node.op.extra["heads"] = (int(p.numHead), int(p.kvNumHead), int(p.headDim))
+        if p is None or not (p.numHead and p.kvNumHead and p.headDim):
+            continue
+        node.op.extra["heads"] = (int(p.numHead), int(p.kvNumHead), int(p.headDim))
+        key = producer.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        while key is not None and key.op.type in LAYOUT_KEEPING and key.inputs:
+            norms.append(key)
+            key = producer.get(key.inputs[0])
+        for norm in norms:
+            if norm.op.type == "LayerNorm":
+                norm.op.extra["head_dim"] = int(p.headDim)
 
 
 def _shape_inputs(info: ScheduleInfo) -> list[str]:
