@@ -239,7 +239,8 @@ class AttentionParams:
 def _attention(op: Op) -> AttentionParams:
     p = op.table
     heads = op.extra.get("heads")
-    return AttentionParams(bool(_field(p, "kvCache", True)), float(_field(p, "attnScale", 0.0)),
+    scale = float(_field(p, "attnScale", 0.0)) or float(op.extra.get("attn_scale", 0.0))
+    return AttentionParams(bool(_field(p, "kvCache", True)), scale,
                            tuple(int(h) for h in heads) if heads is not None else None,
                            bool(_field(p, "outputC4", False)))
 

@@ -107,7 +107,9 @@ def _widen_16bit(raw: np.ndarray, data_type: int, op_name: str, path: str) -> np
 
 
 def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
-                   inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> tuple[ScheduleInfo, NetInfo]:
+                   inputs: Sequence[str] = (), outputs: Sequence[str] = (),
+                   attn_scale: float | None = None) -> tuple[ScheduleInfo, NetInfo]:
+    """`attn_scale`: the config's (MNN's KVMeta::attn_scale), see apply_attention_scale."""
     names = [_text(n) for n in (net.tensorName or [])]
     nodes, constants, input_ops = [], {}, {}
     for i, raw in enumerate(net.oplists or []):
@@ -139,6 +141,7 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
                                             [int(d) for d in dims] if dims is not None else [])
         nodes.append(OpNode(op, in_idx, out_idx))
     _annotate_attention_heads(nodes)
+    apply_attention_scale(nodes, attn_scale)
     input_names = list(inputs) or list(input_ops)
     for n in input_names:
         if n not in input_ops:
@@ -205,6 +208,16 @@ def _annotate_attention_heads(nodes: list[OpNode]) -> None:
         for norm in norms:
             if norm.op.type == "LayerNorm":
                 norm.op.extra["head_dim"] = int(p.headDim)
+
+
+def apply_attention_scale(nodes: list[OpNode], attn_scale: float | None) -> None:
+    """MNN's KVMeta::attn_scale (the config's `attn_scale`, e.g. Gemma 4's 1.0): the score scale of
+    every Attention whose own attnScale is 0, in place of 1/sqrt(head_dim); 0 or absent changes nothing."""
+    if not attn_scale or attn_scale <= 0:
+        return
+    for node in nodes:
+        if node.op.type == "Attention":
+            node.op.extra["attn_scale"] = float(attn_scale)
 
 
 def _shape_inputs(info: ScheduleInfo) -> list[str]:
