@@ -81,7 +81,7 @@ class Llm:
                              cfg.origin("attention_type") or cfg.origin("sliding_window"))
         self.runtime_manager = self._runtime_over_base() if self.base is not None else init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
-        self.prompt = Prompt(cfg)
+        self.prompt = Prompt(cfg, self.tokenizer.bos_token)
         self.embedding = DiskEmbedding(cfg)
         extra_inputs = model_inputs(cfg)
         self.per_layer = PerLayerEmbedding(cfg, self.embedding.vocab) if extra_inputs else None
@@ -158,7 +158,7 @@ class Llm:
             self._init_sampler()
             self.generation = create_generation(self)
         if self.prompt is not None:
-            self.prompt = Prompt(self.config)
+            self.prompt = Prompt(self.config, self.tokenizer.bos_token)
 
     @property
     def kv_meta(self):
