@@ -249,3 +249,15 @@ def test_a_token_outside_the_ple_table_is_a_format_error() -> None:
     with pytest.raises(FormatError) as err:
         llm.per_layer.rows([49152])
     assert err.value.field == "input_ids" and err.value.file.endswith("ple_embeddings_bf16.bin")
+
+
+def test_an_attention_sharing_another_layers_kv_cache_is_refused() -> None:
+    """Gemma 4 exports with num_kv_shared_layers > 0 set kv_shared_layer_index (these set -1)."""
+    from mnnllm_core.core.op import Op
+    from mnnllm_core.core.op_params import decode
+    from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
+    table = AttentionParamT()
+    table.kvSharedLayerIndex = 1
+    with pytest.raises(UnsupportedError, match="KV sharing") as err:
+        decode(Op("Attention", "attn", table))
+    assert err.value.field == "kv_shared_layer_index"

@@ -238,6 +238,11 @@ class AttentionParams:
 
 def _attention(op: Op) -> AttentionParams:
     p = op.table
+    shared = int(_field(p, "kvSharedLayerIndex", -1))
+    if shared >= 0 or _field(p, "kvSharedLayer"):
+        raise UnsupportedError(f"Attention {op.name!r} reads the KV cache of another layer (kv_shared_layer_index "
+                               f"{shared}): KV sharing between layers (Gemma 4's num_kv_shared_layers) is not "
+                               "implemented", field="kv_shared_layer_index")
     heads = op.extra.get("heads")
     scale = float(_field(p, "attnScale", 0.0)) or float(op.extra.get("attn_scale", 0.0))
     return AttentionParams(bool(_field(p, "kvCache", True)), scale,
