@@ -30,7 +30,8 @@ from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation, needs_hidden_states
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
-from .per_layer_embedding import PerLayerEmbedding, model_inputs
+from .per_layer_embedding import INPUT_NAME as PLE_INPUT
+from .per_layer_embedding import PerLayerEmbedding, has_per_layer_embedding
 from .prefix_cache import PrefixCache
 from .prompt import Prompt
 from .runtime import backend_choices, init_runtime, schedule_config
@@ -83,20 +84,20 @@ class Llm:
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
         self.prompt = Prompt(cfg, self.tokenizer.bos_token)
         self.embedding = DiskEmbedding(cfg)
-        extra_inputs = model_inputs(cfg)
-        self.per_layer = PerLayerEmbedding(cfg, self.embedding.vocab) if extra_inputs else None
+        self.per_layer = PerLayerEmbedding(cfg, self.embedding.vocab) if has_per_layer_embedding(cfg) else None
         self._init_sampler()
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states or needs_hidden_states(cfg) else [])
         base = self.base.module if self.base is not None else None
         try:
-            self.module = Module.load(INPUT_NAMES + extra_inputs, outputs, cfg.llm_model, self.runtime_manager,
+            inputs = INPUT_NAMES + ([PLE_INPUT] if self.per_layer else [])
+            self.module = Module.load(inputs, outputs, cfg.llm_model, self.runtime_manager,
                                       Config(rearrange=True, base=base))
         except UnsupportedError as err:
             _refuse_text_encoder(cfg.llm_model, err)
             raise
         if self.per_layer is not None:
-            self.per_layer.check_graph(self.module.info.input_dims.get(extra_inputs[0], []), cfg.llm_model)
+            self.per_layer.check_graph(self.module.info.input_dims.get(PLE_INPUT, []), cfg.llm_model)
         if cfg.attention_mask == "float":
             check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
                              cfg.origin("attention_type"))
@@ -251,7 +252,7 @@ class Llm:
         feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask, "position_ids": positions,
                  "logits_index": self._logits_index[bool(all_logits)]}
         if self.per_layer is not None:
-            feeds["ple_embeddings"] = self.per_layer.rows(ids)
+            feeds[PLE_INPUT] = self.per_layer.rows(ids)
         meta = self.kv_meta
         # The history is the truth: the cache is cut back to it before every step (keeping the
         # reserved rows a verified tree left), so a step interrupted anywhere (Ctrl-C inside a

@@ -28,11 +28,6 @@ def has_per_layer_embedding(config: LlmConfig) -> bool:
     return "ple_embed_file" in config
 
 
-def model_inputs(config: LlmConfig) -> list[str]:
-    """The graph inputs PLE adds to the LLM's four: `ple_embeddings`, or none."""
-    return [INPUT_NAME] if has_per_layer_embedding(config) else []
-
-
 class PerLayerEmbedding:
     """The `ple_embeddings` rows of token ids: [1, seq, ple_embed_dim] float32, scaled."""
 

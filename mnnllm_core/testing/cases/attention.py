@@ -279,7 +279,8 @@ def cases() -> list[Case]:
     found.append(Case("Attention", "no cache heads=4/2 dim=64 runs=(5, 3, 1)", _no_cache(4, 2, 64, (5, 3, 1))))
     found.append(Case("Attention", "attnScale 0.5", _scale))
     found += [Case("Attention", f"packed q/k, v [1, seq, {kv}, {d}], scale 1.0 heads={h} prompt={p} decode={n}",
-                   _unpacked_values(h, kv, d, p, n)) for h, kv, d, p, n in ((4, 2, 16, 9, 3), (3, 1, 5, 4, 2))]
+                   _unpacked_values(h, kv, d, p, n), tags=_tags(d))
+              for h, kv, d, p, n in ((4, 2, 16, 9, 3), (3, 1, 5, 4, 2))]
     found += [Case("Attention", f"no cache heads={h}/{kv} dim={d} runs={runs}", _no_cache(h, kv, d, runs))
               for h, kv, d, runs in ((4, 2, 8, (5, 3)), (4, 2, 16, (5, 3, 1)))]
     found.append(Case("Attention", "no cache, keys outnumber queries", _keys_outnumber_queries))
