@@ -103,16 +103,21 @@ class LayerNormParams:
     """A LayerNorm (RMSNorm when `rms`) over the last `axis_count` dims, in `group` groups (a
     group spans every dim after the first; gamma/beta cover one group, as MNN's CPULayerNorm),
     or over the channel axis of an NC4HW4 tensor. Two inputs are MNN's fused residual form:
-    out0 = in0 + in1, out1 = norm(out0). gamma/beta come from `op.weights.layernorm()`."""
+    out0 = in0 + in1, out1 = norm(out0). gamma/beta come from `op.weights.layernorm()`.
+    `head_dim` (a norm on the packed [seq, heads*dim, 1, 1] q or k after a RoPE, Llama 4's
+    q/k norm): its last axis is the head's, so it runs over rows of head_dim, as MNN does."""
 
     epsilon: float
     rms: bool
     axis_count: int = 1
     group: int = 1
     channel_axis: bool = False
+    head_dim: int = 0
 
     def layout(self, shape: Sequence[int]) -> NormLayout:
         size = _prod(shape)
+        if self.head_dim and len(shape) == 4 and tuple(shape[2:]) == (1, 1) and shape[1] % self.head_dim == 0:
+            return NormLayout(size // self.head_dim, self.head_dim)
         if self.channel_axis and len(shape) == 4:
             hw = int(shape[2]) * int(shape[3])
             return NormLayout(int(shape[0]) * hw, int(shape[1]), hw)
@@ -129,7 +134,7 @@ def _layernorm(op: Op) -> LayerNormParams | None:
         return None
     axis = list(p.axis) if p.axis is not None else [-1]
     return LayerNormParams(float(p.epsilon or 0.0), bool(p.useRmsnorm), max(1, len(axis)), int(p.group or 1),
-                           op.extra.get("format") == "NC4HW4")
+                           op.extra.get("format") == "NC4HW4", int(op.extra.get("head_dim", 0)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,8 +238,14 @@ class AttentionParams:
 
 def _attention(op: Op) -> AttentionParams:
     p = op.table
+    shared = int(_field(p, "kvSharedLayerIndex", -1))
+    if shared >= 0 or _field(p, "kvSharedLayer"):
+        raise UnsupportedError(f"Attention {op.name!r} reads the KV cache of another layer (kv_shared_layer_index "
+                               f"{shared}): KV sharing between layers (Gemma 4's num_kv_shared_layers) is not "
+                               "implemented", field="kv_shared_layer_index")
     heads = op.extra.get("heads")
-    return AttentionParams(bool(_field(p, "kvCache", True)), float(_field(p, "attnScale", 0.0)),
+    scale = float(_field(p, "attnScale", 0.0)) or float(op.extra.get("attn_scale", 0.0))
+    return AttentionParams(bool(_field(p, "kvCache", True)), scale,
                            tuple(int(h) for h in heads) if heads is not None else None,
                            bool(_field(p, "outputC4", False)))
 

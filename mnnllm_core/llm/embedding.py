@@ -28,6 +28,27 @@ def _count(tie: dict, name: str, minimum: int, file: str | None) -> int:
     return value
 
 
+class BF16Rows:
+    """A raw bf16 table [rows, width] on disk (no header), memory-mapped: MNN's exporter writes the
+    token embeddings (`embeddings_bf16.bin`) and Gemma 4's per-layer embeddings this way.
+    `width_field` names the config key that gave the width, for the error of a file that is not
+    a whole number of rows."""
+
+    def __init__(self, path: str, width: int, width_field: str):
+        self.file = ExternalWeightFile(path)
+        self.width = width
+        self.row_bytes = width * 2
+        if self.file.size % self.row_bytes:
+            raise FormatError(f"{self.file.size} bytes is not a whole number of bf16 rows of {width}",
+                              file=path, field=width_field)
+        self.vocab = self.file.size // self.row_bytes
+
+    def row(self, token: int) -> np.ndarray:
+        """Row `token` as float32 (a bf16 is the high half of a float32)."""
+        raw = self.file.read(token * self.row_bytes, self.row_bytes, op_name="embedding", field="row")
+        return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+
+
 class DiskEmbedding:
     def __init__(self, config: LlmConfig):
         self.hidden = int(config.hidden_size)
@@ -35,12 +56,8 @@ class DiskEmbedding:
         tie = config.tie_embeddings
         if os.path.exists(config.embedding_file):
             self.source = "bf16"
-            self.file = ExternalWeightFile(config.embedding_file)
-            self.row_bytes = self.hidden * 2
-            if self.file.size % self.row_bytes:
-                raise FormatError(f"{self.file.size} bytes is not a whole number of bf16 rows of {self.hidden}",
-                                  file=config.embedding_file, field="hidden_size")
-            self.vocab = self.file.size // self.row_bytes
+            self.table = BF16Rows(config.embedding_file, self.hidden, "hidden_size")
+            self.file, self.row_bytes, self.vocab = self.table.file, self.table.row_bytes, self.table.vocab
         elif isinstance(tie, dict):
             self._init_tied(config, tie)
         else:
@@ -91,9 +108,8 @@ class DiskEmbedding:
 
     def _row(self, token: int) -> np.ndarray:
         if self.source == "bf16":
-            raw = self.file.read(token * self.row_bytes, self.row_bytes, op_name="embedding", field="row")
             self.bytes_read += self.row_bytes
-            return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+            return self.table.row(token)
         codes = self.file.read(self.weight_offset + token * self.row_bytes, self.row_bytes,
                                op_name="embedding", field="tie_embeddings.weight_offset")
         if self.bits == 16:

@@ -182,13 +182,14 @@ class Omni(Llm):
 
     def _extra_input_names(self) -> list[str]:
         self._takes_deepstack = self.config.has_deepstack and graph_takes_deepstack(self.config.llm_model)
-        return [DEEPSTACK_INPUT] if self._takes_deepstack else []
+        return super()._extra_input_names() + ([DEEPSTACK_INPUT] if self._takes_deepstack else [])
 
     def _extra_feeds(self, ids: list[int]) -> dict[str, np.ndarray]:
-        if not self._takes_deepstack:
-            return {}
-        index = self._image_index(ids)
-        return {DEEPSTACK_INPUT: NO_DEEPSTACK if index is None else deepstack_rows(self._plan.deepstack, index)}
+        feeds = super()._extra_feeds(ids)
+        if self._takes_deepstack:
+            index = self._image_index(ids)
+            feeds[DEEPSTACK_INPUT] = NO_DEEPSTACK if index is None else deepstack_rows(self._plan.deepstack, index)
+        return feeds
 
     def _position_ids(self, seq_len: int) -> np.ndarray:
         if not self.config.is_mrope:
