@@ -118,11 +118,17 @@ def _attention(op, ins) -> Result:
 
 def _linear_attention(op, ins) -> Result:
     """short_conv: [tokens, 3 * channels, ...] (B, C, x) -> [tokens, channels, 1, 1] (C4, as the
-    Linear after it takes it)."""
-    if op.param.attn_type != "short_conv":
-        raise UnsupportedError(f"LinearAttention {op.name!r}: attn_type {op.param.attn_type!r} (only short_conv)",
-                               field="attn_type")
-    shape = ins[0].shape
+    Linear after it takes it). gated_delta_rule: qkv [tokens, D, ...], gate and beta
+    [tokens, Hv, ...], conv weight [D, 1, K] -> [tokens, Hv * dv, 1, 1]."""
+    param, shape = op.param, ins[0].shape
+    if param.attn_type == "gated_delta_rule":
+        problem = param.gated_delta_rule_problem(shape[1] if len(shape) > 1 else 0, ins[3].shape[0])
+        if problem:
+            raise UnsupportedError(f"LinearAttention {op.name!r}: gated_delta_rule: {problem}", field="param")
+        return [((shape[0], param.num_v_heads * param.head_v_dim, 1, 1), ins[0].dtype)]
+    if param.attn_type != "short_conv":
+        raise UnsupportedError(f"LinearAttention {op.name!r}: attn_type {param.attn_type!r} "
+                               "(only short_conv and gated_delta_rule)", field="attn_type")
     if len(shape) < 2 or shape[1] % 3:
         raise UnsupportedError(f"LinearAttention {op.name!r}: short_conv needs 3 * channels, got {shape}",
                                field="inputs")

@@ -1,4 +1,5 @@
-"""MNN's LinearAttention, attn_type "short_conv" (LFM2's gated short convolution).
+"""MNN's LinearAttention: attn_type "short_conv" (LFM2's gated short convolution) here,
+"gated_delta_rule" (Qwen3.5) in `gated_delta_rule`.
 
 Input [tokens, 3 * H, ...]: per token the channels B, C and x; conv weight [H, 1, K]. Each
 channel h: y = C * sum_k w[h, k] * (B * x)[t - K + 1 + k], a causal depthwise convolution over
@@ -12,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from mnnllm_core.backend_api import Execution, KVCache, Refused
+
+from .gated_delta_rule import GatedDeltaRuleExecution
 
 
 class ConvHistory(KVCache):
@@ -64,9 +67,13 @@ class ShortConvExecution(Execution):
 
 
 def create_linear_attention(backend, inputs, outputs, op):
-    if op.param.attn_type != "short_conv":
-        return Refused(f"attn_type {op.param.attn_type!r} (only short_conv)")
-    return ShortConvExecution(backend)
+    param = op.param
+    if param.attn_type == "short_conv":
+        return ShortConvExecution(backend)
+    if param.attn_type == "gated_delta_rule":
+        problem = param.gated_delta_rule_problem()
+        return Refused(problem) if problem else GatedDeltaRuleExecution(backend, param)
+    return Refused(f"attn_type {param.attn_type!r} (only short_conv and gated_delta_rule)")
 
 
 CREATORS = {"LinearAttention": create_linear_attention}

@@ -1,0 +1,156 @@
+"""MNN's LinearAttention, attn_type "gated_delta_rule" (Qwen3.5 / Qwen3-Next's gated delta-net).
+
+Inputs, per token: the mixed projection qkv [D = 2 * Hk * dk + Hv * dv] (q, k, v channels before
+the convolution), the log-decay g [Hv] (the graph computes -exp(A_log) * softplus(a + dt_bias)),
+beta [Hv] (sigmoid(b)), and the depthwise causal convolution's weight [D, 1, K]. Per token t:
+
+    x = silu(sum_j w[:, j] * qkv[t - K + 1 + j])          causal conv1d over the tokens, then SiLU
+    q, k, v = split(x); q, k = l2norm(q), l2norm(k)       (when use_qk_l2norm; eps 1e-6 in the root)
+    q = q / sqrt(dk); each k head serves Hv / Hk v heads (v head h reads k head h // (Hv / Hk))
+    S = S * exp(g)                                         per v head: S [dk, dv], from zeros
+    S = S + outer(k, beta * (v - S^T k))                   the delta rule
+    out = S^T q                                            [Hv, dv]
+
+The state is the convolution's last K - 1 inputs and S. It must follow the KV meta as a KV cache
+does (a new prompt starts from zeros, decode continues, a history cut back to a prefix -- a new
+prompt sharing the system prompt, a rejected draft -- continues from that prefix), but S after a
+prefix cannot be recovered from S after the whole history, and keeping S per token would cost
+dk * dv floats a head per token. So `DeltaRuleHistory` keeps per token only the recurrence's inputs
+(the qkv row, g and beta: a row like a KV cache's) plus S every `checkpoint_interval` tokens; a
+cut-back restores the last checkpoint at or before the cut and replays the rows from there (at most
+an interval of tokens, the same per-token arithmetic, so the same values as a fresh start). The
+convolution needs nothing more: its inputs are the rows themselves.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.backend_api import Execution, KVCache, LinearAttentionParams
+
+L2_EPS = 1e-6
+
+
+class DeltaRuleHistory(KVCache):
+    """Every cached token's row [qkv (D), g (H), beta (H)] in `rows` [capacity, D + 2H]; S after
+    the first `folded` tokens in `state` [H, dk, dv]; S after each multiple of `checkpoint_interval`
+    tokens in `checkpoints`."""
+
+    checkpoint_interval = 64
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: np.ndarray | None = None
+        self.width = 0
+        self.state: np.ndarray | None = None
+        self.folded = 0
+        self.checkpoints: dict[int, np.ndarray] = {}
+
+    def grow(self, capacity: int) -> None:
+        grown = np.zeros((capacity, self.width), np.float32)
+        if self.rows is not None:
+            grown[:self.length] = self.rows[:self.length]
+        self.rows = grown
+
+    def write(self, k: np.ndarray, v, seq: int) -> None:
+        self.rows[self.length:self.length + seq] = k
+
+    def add(self, rows: np.ndarray) -> None:
+        self.width = rows.shape[1]
+        self.append(rows, None, rows.shape[0])
+
+    def rewind(self, past: int, state_shape: tuple[int, int, int]) -> int:
+        """Make `state` S after some token count <= `past` (the last checkpoint when the history
+        was cut back below what S has folded); that count, from which the rows must be replayed."""
+        if self.state is None or self.state.shape != state_shape:
+            self.state, self.folded, self.checkpoints = np.zeros(state_shape, np.float32), 0, {}
+        if self.folded <= past:
+            return self.folded
+        self.checkpoints = {at: s for at, s in self.checkpoints.items() if at <= past}
+        self.folded = max(self.checkpoints, default=0)
+        self.state = self.checkpoints[self.folded].copy() if self.folded else np.zeros(state_shape, np.float32)
+        return self.folded
+
+    def fold(self, at: int) -> None:
+        """S now holds the first `at` tokens: keep a copy when `at` is a checkpoint."""
+        self.folded = at
+        if at % self.checkpoint_interval == 0:
+            self.checkpoints[at] = self.state.copy()
+
+    saveable = True  # the rows suffice: a restored history replays them from zeros
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.rows[:self.length] if self.rows is not None else np.zeros((0, self.width), np.float32)
+        return np.array(rows), np.zeros((len(rows), 0), np.float32)
+
+    def restore(self, k: np.ndarray, v: np.ndarray) -> None:
+        self.length, self.state, self.folded, self.checkpoints = 0, None, 0, {}
+        self.add(k)
+
+
+def causal_conv_silu(inputs: np.ndarray, weight: np.ndarray, tokens: int) -> np.ndarray:
+    """inputs [K - 1 + tokens, D] (the K - 1 before the first output's token first), weight [D, K]
+    -> silu(conv) [tokens, D]."""
+    taps = weight.shape[1]
+    conv = np.zeros((tokens, weight.shape[0]), np.float32)
+    for j in range(taps):
+        conv += inputs[j:j + tokens] * weight[:, j]
+    return conv / (1.0 + np.exp(-conv))
+
+
+def l2_normalize(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
+
+
+class GatedDeltaRuleExecution(Execution):
+    def __init__(self, backend, params: LinearAttentionParams, history: DeltaRuleHistory | None = None):
+        super().__init__(backend)
+        self.params = params
+        self.history = history if history is not None else DeltaRuleHistory()
+
+    def on_execute(self, inputs, outputs) -> None:
+        p = self.params
+        heads, key_dim = p.num_v_heads, p.num_k_heads * p.head_k_dim
+        tokens = inputs[0].shape[0]
+        qkv = inputs[0].storage.reshape(tokens, -1)
+        gate = inputs[1].storage.reshape(tokens, heads)
+        beta = inputs[2].storage.reshape(tokens, heads)
+        weight = inputs[3].storage.reshape(qkv.shape[1], -1)  # [D, K]
+        taps = weight.shape[1]
+
+        history = self.history
+        past = history.begin_step(self.backend.kv_meta)
+        start = history.rewind(past, (heads, p.head_k_dim, p.head_v_dim))
+        history.add(np.concatenate([qkv, gate, beta], axis=1))
+        end = past + tokens
+        rows = history.rows[:end]
+
+        first = start - (taps - 1)  # the convolution's inputs reach K - 1 tokens back (zeros before 0)
+        conv_in = np.zeros((taps - 1 + end - start, qkv.shape[1]), np.float32)
+        conv_in[max(0, -first):] = rows[max(0, first):end, :qkv.shape[1]]
+        x = causal_conv_silu(conv_in, weight, end - start)
+
+        n = end - start
+        q = x[:, :key_dim].reshape(n, p.num_k_heads, p.head_k_dim)
+        k = x[:, key_dim:2 * key_dim].reshape(n, p.num_k_heads, p.head_k_dim)
+        v = x[:, 2 * key_dim:].reshape(n, heads, p.head_v_dim)
+        if p.use_qk_l2norm:
+            q, k = l2_normalize(q), l2_normalize(k)
+        q = q * np.float32(1.0 / np.sqrt(p.head_k_dim))
+        group = heads // p.num_k_heads
+        q, k = np.repeat(q, group, axis=1), np.repeat(k, group, axis=1)
+        decay = np.exp(rows[start:end, qkv.shape[1]:qkv.shape[1] + heads])
+        betas = rows[start:end, qkv.shape[1] + heads:]
+
+        out = outputs[0].storage.reshape(tokens, heads, p.head_v_dim)
+        state = history.state
+        for t in range(n):
+            state *= decay[t][:, None, None]
+            predicted = np.matmul(k[t][:, None, :], state)[:, 0]  # S^T k, [H, dv]
+            delta = betas[t][:, None] * (v[t] - predicted)
+            state += k[t][:, :, None] * delta[:, None, :]
+            if t >= n - tokens:
+                out[t - (n - tokens)] = np.matmul(q[t][:, None, :], state)[:, 0]
+            history.fold(start + t + 1)
+
+    def on_clone(self, backend, op):
+        return GatedDeltaRuleExecution(backend, self.params, self.history)
