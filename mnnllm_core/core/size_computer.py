@@ -118,13 +118,19 @@ def _attention(op, ins) -> Result:
 
 def _linear_attention(op, ins) -> Result:
     """short_conv: [tokens, 3 * channels, ...] (B, C, x) -> [tokens, channels, 1, 1] (C4, as the
-    Linear after it takes it). gated_delta_rule: qkv [tokens, D, ...], gate and beta
-    [tokens, Hv, ...], conv weight [D, 1, K] -> [tokens, Hv * dv, 1, 1]."""
+    Linear after it takes it). gated_delta_rule: qkv [1, D, tokens] (MNN's layout, after the
+    graph's Permute) -> [1, tokens, Hv, dv], or qkv [tokens, D, 1, 1] (a Linear's output, where
+    MNN's transformer fusion dropped the Permute) -> [tokens, Hv * dv, 1, 1]; gate and beta
+    [.., tokens, Hv], conv weight [D, 1, K]."""
     param, shape = op.param, ins[0].shape
     if param.attn_type == "gated_delta_rule":
         problem = param.gated_delta_rule_problem(shape[1] if len(shape) > 1 else 0, ins[3].shape[0])
+        if len(shape) == 3 and shape[0] != 1:
+            problem = f"qkv {shape} is [batch, D, tokens] with a batch of {shape[0]} (only 1)"
         if problem:
             raise UnsupportedError(f"LinearAttention {op.name!r}: gated_delta_rule: {problem}", field="param")
+        if len(shape) == 3:
+            return [((1, shape[2], param.num_v_heads, param.head_v_dim), ins[0].dtype)]
         return [((shape[0], param.num_v_heads * param.head_v_dim, 1, 1), ins[0].dtype)]
     if param.attn_type != "short_conv":
         raise UnsupportedError(f"LinearAttention {op.name!r}: attn_type {param.attn_type!r} "

@@ -101,6 +101,11 @@ def l2_normalize(x: np.ndarray) -> np.ndarray:
     return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
 
 
+def token_major(qkv: np.ndarray) -> np.ndarray:
+    """qkv as [tokens, D]: MNN's [1, D, tokens] transposed, or a Linear's [tokens, D, 1, 1]."""
+    return qkv[0].T if qkv.ndim == 3 else qkv.reshape(qkv.shape[0], -1)
+
+
 class GatedDeltaRuleExecution(Execution):
     def __init__(self, backend, params: LinearAttentionParams, history: DeltaRuleHistory | None = None):
         super().__init__(backend)
@@ -110,8 +115,8 @@ class GatedDeltaRuleExecution(Execution):
     def on_execute(self, inputs, outputs) -> None:
         p = self.params
         heads, key_dim = p.num_v_heads, p.num_k_heads * p.head_k_dim
-        tokens = inputs[0].shape[0]
-        qkv = inputs[0].storage.reshape(tokens, -1)
+        qkv = token_major(inputs[0].storage)
+        tokens = qkv.shape[0]
         gate = inputs[1].storage.reshape(tokens, heads)
         beta = inputs[2].storage.reshape(tokens, heads)
         weight = inputs[3].storage.reshape(qkv.shape[1], -1)  # [D, K]
