@@ -349,8 +349,8 @@ class LinearAttentionParams:
             return f"num_v_heads {self.num_v_heads} is not a multiple of num_k_heads {self.num_k_heads}"
         need = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
         if channels is not None and (channels != need or conv_channels != need):
-            return (f"qkv has {channels} channels and the conv weight {conv_channels}, but the heads "
-                    f"need 2 * {self.num_k_heads} * {self.head_k_dim} + {self.num_v_heads} * {self.head_v_dim} = {need}")
+            return (f"qkv has {channels} channels and the conv weight {conv_channels}, but the heads need "
+                    f"2 * {self.num_k_heads} * {self.head_k_dim} + {self.num_v_heads} * {self.head_v_dim} = {need}")
         return None
 
 
