@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -21,7 +22,8 @@ import pytest
 from mnnllm_backends.cpu.ops.gated_delta_rule import DeltaRuleHistory
 from mnnllm_core.core import op_params
 from mnnllm_core.errors import FormatError, UnsupportedError
-from mnnllm_core.llm.llm import create
+from mnnllm_core.llm.config import LlmConfig
+from mnnllm_core.llm.llm import Llm, create
 from mnnllm_core.plugins.manager import registry
 from paths import SHARED
 
@@ -143,3 +145,33 @@ def test_a_linear_attention_param_the_kernel_cannot_take_is_refused_at_load(chan
     with pytest.raises(UnsupportedError, match="FusedLinearAttention") as err:
         load("tiny-qwen3_5-mnn-q4", overrides=TEXT_ONLY)
     assert why in str(err.value)
+
+
+def test_the_prefix_cache_on_disk_restores_the_recurrence_from_its_inputs(tmp_path, caplog) -> None:
+    """The history saves each token's recurrence inputs; a second engine restores them (its
+    attention caches too) and replays the recurrence from zeros: the tokens of a fresh start.
+    (Omni turns the prefix cache off, so this runs the text model as an Llm.)"""
+    folder = "tiny-qwen3_5-mnn-q4"
+    ids = REFERENCE[folder]["prompts"][0]["mnn_prompt_ids"]
+
+    def text_llm() -> Llm:
+        llm = Llm(LlmConfig.from_file(ARCH3 / folder / "config.json"))
+        llm.set_config({"memory": "normal", "thread_num": 2, "sampler_type": "greedy",
+                        "prefix_cache_path": str(tmp_path), **TEXT_ONLY})
+        return llm.load()
+
+    assert text_llm().generate(ids, NEW_TOKENS) == expected(folder)[0]
+    with caplog.at_level(logging.INFO, "mnnllm_core.llm.prefix_cache"):
+        assert text_llm().generate(ids, NEW_TOKENS) == expected(folder)[0]
+    assert f"{len(ids) - 1} of {len(ids)} prompt tokens from" in caplog.text
+
+
+def test_a_history_of_odd_width_snapshots_and_restores_row_for_row() -> None:
+    rows = np.arange(3 * 7, dtype=np.float32).reshape(3, 7)
+    saved = DeltaRuleHistory(7)
+    saved.add(rows)
+    keys, values = saved.snapshot()
+    assert keys.shape == values.shape == (3, 4)
+    restored = DeltaRuleHistory(7)
+    restored.restore(keys, values)
+    assert restored.length == 3 and np.array_equal(restored.rows[:3], rows)

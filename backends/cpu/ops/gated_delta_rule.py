@@ -31,16 +31,16 @@ L2_EPS = 1e-6
 
 
 class DeltaRuleHistory(KVCache):
-    """Every cached token's row [qkv (D), g (H), beta (H)] in `rows` [capacity, D + 2H]; S after
+    """Every cached token's row [qkv (D), g (H), beta (H)] in `rows` [capacity, width = D + 2H]; S after
     the first `folded` tokens in `state` [H, dk, dv]; S after each multiple of `checkpoint_interval`
     tokens in `checkpoints`."""
 
     checkpoint_interval = 64
 
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
         self.rows: np.ndarray | None = None
-        self.width = 0
+        self.width = width
         self.state: np.ndarray | None = None
         self.folded = 0
         self.checkpoints: dict[int, np.ndarray] = {}
@@ -55,7 +55,6 @@ class DeltaRuleHistory(KVCache):
         self.rows[self.length:self.length + seq] = k
 
     def add(self, rows: np.ndarray) -> None:
-        self.width = rows.shape[1]
         self.append(rows, None, rows.shape[0])
 
     def rewind(self, past: int, state_shape: tuple[int, int, int]) -> int:
@@ -79,12 +78,17 @@ class DeltaRuleHistory(KVCache):
     saveable = True  # the rows suffice: a restored history replays them from zeros
 
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
-        rows = self.rows[:self.length] if self.rows is not None else np.zeros((0, self.width), np.float32)
-        return np.array(rows), np.zeros((len(rows), 0), np.float32)
+        """The rows, as two halves of equal width (the prefix cache's keys and values; a zero
+        column pads an odd width)."""
+        half = (self.width + 1) // 2
+        padded = np.zeros((self.length, 2 * half), np.float32)
+        if self.length:
+            padded[:, :self.width] = self.rows[:self.length]
+        return padded[:, :half].copy(), padded[:, half:].copy()
 
     def restore(self, k: np.ndarray, v: np.ndarray) -> None:
         self.length, self.state, self.folded, self.checkpoints = 0, None, 0, {}
-        self.add(k)
+        self.add(np.concatenate([k, v], axis=1)[:, :self.width])
 
 
 def causal_conv_silu(inputs: np.ndarray, weight: np.ndarray, tokens: int) -> np.ndarray:
@@ -110,7 +114,8 @@ class GatedDeltaRuleExecution(Execution):
     def __init__(self, backend, params: LinearAttentionParams, history: DeltaRuleHistory | None = None):
         super().__init__(backend)
         self.params = params
-        self.history = history if history is not None else DeltaRuleHistory()
+        width = 2 * params.num_k_heads * params.head_k_dim + (params.head_v_dim + 2) * params.num_v_heads
+        self.history = history if history is not None else DeltaRuleHistory(width)
 
     def on_execute(self, inputs, outputs) -> None:
         p = self.params
