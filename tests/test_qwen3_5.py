@@ -85,16 +85,41 @@ def test_a_prompt_reusing_the_cached_prefix_gives_the_tokens_of_a_fresh_start(fo
     assert generate(llm, folder, reset=False) == expected(folder)
 
 
-def test_a_cut_back_restores_a_checkpoint_inside_the_kept_prefix(monkeypatch) -> None:
-    """With a checkpoint every 8 tokens, cutting back to a prefix of 21 replays from token 16."""
+def test_a_cut_back_replays_from_the_last_checkpoint_or_step_start_before_it(monkeypatch) -> None:
+    """With a checkpoint every 8 tokens: cutting a 30-token prefill back to 21 tokens replays
+    from token 16; cutting back into a step of 6 tokens (rejected drafts) replays from that
+    step's start. The logits equal a fresh prefill's (within fp32 rounding)."""
     monkeypatch.setattr(DeltaRuleHistory, "checkpoint_interval", 8)
-    llm = load("tiny-qwen3_5-mnn-fp16", overrides=TEXT_ONLY)
-    ids = REFERENCE["tiny-qwen3_5-mnn-fp16"]["prompts"][0]["mnn_prompt_ids"]
+    folder = "tiny-qwen3_5-mnn-fp16"
+    ids = REFERENCE[folder]["prompts"][0]["mnn_prompt_ids"]
+    llm = load(folder, overrides=TEXT_ONLY)
+    histories = list({id(h): h for h in _histories(llm)}.values())
+    assert len(histories) == 3
+
+    def replays(prefix: list[int]) -> tuple[list[int], np.ndarray]:
+        """Keep all but the last token of `prefix` cached and run it: where each layer's replay began."""
+        starts = []
+        rewind = DeltaRuleHistory.rewind
+        monkeypatch.setattr(DeltaRuleHistory, "rewind", lambda h, past, shape: starts.append(rewind(h, past, shape))
+                            or starts[-1])
+        llm.context.history_tokens[len(prefix) - 1:] = []
+        logits = llm.forward(prefix[-1:])
+        monkeypatch.setattr(DeltaRuleHistory, "rewind", rewind)
+        return starts, logits
+
     llm.forward(ids[:30])
-    histories = {id(h): h for h in _histories(llm)}.values()
-    assert all(sorted(h.checkpoints) == [8, 16, 24] for h in histories)
-    llm.generate(ids[:22], 1)  # keeps 21 tokens, runs the 22nd
-    assert [(sorted(h.checkpoints), h.folded) for h in histories] == [([8, 16], 22)] * 3
+    assert [sorted(h.checkpoints) for h in histories] == [[0, 8, 16, 24]] * 3
+    starts, cut = replays(ids[:22])
+    assert starts == [16] * 3 and [sorted(h.checkpoints) for h in histories] == [[0, 8, 16]] * 3
+    llm.forward(ids[22:28])
+    starts, drafted = replays(ids[:24])
+    assert starts == [22] * 3 and [h.folded for h in histories] == [24] * 3
+
+    fresh = load(folder, overrides=TEXT_ONLY)
+    for prefix, logits in ((ids[:22], cut), (ids[:24], drafted)):
+        fresh.reset()
+        want = fresh.forward(prefix)
+        assert np.abs(logits - want).max() <= 1e-4 * float(np.abs(want).max())
 
 
 def _histories(llm) -> list[DeltaRuleHistory]:

@@ -16,10 +16,11 @@ does (a new prompt starts from zeros, decode continues, a history cut back to a 
 prompt sharing the system prompt, a rejected draft -- continues from that prefix), but S after a
 prefix cannot be recovered from S after the whole history, and keeping S per token would cost
 dk * dv floats a head per token. So `DeltaRuleHistory` keeps per token only the recurrence's inputs
-(the qkv row, g and beta: a row like a KV cache's) plus S every `checkpoint_interval` tokens; a
-cut-back restores the last checkpoint at or before the cut and replays the rows from there (at most
-an interval of tokens, the same per-token arithmetic, so the same values as a fresh start). The
-convolution needs nothing more: its inputs are the rows themselves.
+(the qkv row, g and beta: a row like a KV cache's) plus S every `checkpoint_interval` tokens and S
+before the last step of several tokens (a speculative step's verified drafts: rejecting some cuts
+back into that step); a cut-back restores the last checkpoint at or before the cut and replays the
+rows from there (at most an interval of tokens, the same per-token arithmetic, so the same values
+as a fresh start). The convolution needs nothing more: its inputs are the rows themselves.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ L2_EPS = 1e-6
 
 class DeltaRuleHistory(KVCache):
     """Every cached token's row [qkv (D), g (H), beta (H)] in `rows` [capacity, width = D + 2H]; S after
-    the first `folded` tokens in `state` [H, dk, dv]; S after each multiple of `checkpoint_interval`
-    tokens in `checkpoints`."""
+    the first `folded` tokens in `state` [H, dk, dv]; in `checkpoints`, S after each multiple of
+    `checkpoint_interval` tokens and S at `step_start`, before the last step of several tokens."""
 
     checkpoint_interval = 64
 
@@ -44,6 +45,7 @@ class DeltaRuleHistory(KVCache):
         self.state: np.ndarray | None = None
         self.folded = 0
         self.checkpoints: dict[int, np.ndarray] = {}
+        self.step_start: int | None = None
 
     def grow(self, capacity: int) -> None:
         grown = np.zeros((capacity, self.width), np.float32)
@@ -61,10 +63,12 @@ class DeltaRuleHistory(KVCache):
         """Make `state` S after some token count <= `past` (the last checkpoint when the history
         was cut back below what S has folded); that count, from which the rows must be replayed."""
         if self.state is None or self.state.shape != state_shape:
-            self.state, self.folded, self.checkpoints = np.zeros(state_shape, np.float32), 0, {}
+            self.state, self.folded, self.checkpoints, self.step_start = np.zeros(state_shape, np.float32), 0, {}, None
         if self.folded <= past:
             return self.folded
         self.checkpoints = {at: s for at, s in self.checkpoints.items() if at <= past}
+        if self.step_start is not None and self.step_start > past:
+            self.step_start = None
         self.folded = max(self.checkpoints, default=0)
         self.state = self.checkpoints[self.folded].copy() if self.folded else np.zeros(state_shape, np.float32)
         return self.folded
@@ -74,6 +78,13 @@ class DeltaRuleHistory(KVCache):
         self.folded = at
         if at % self.checkpoint_interval == 0:
             self.checkpoints[at] = self.state.copy()
+
+    def mark_step_start(self) -> None:
+        """Keep S now, before a step's new tokens, until the next such step."""
+        if self.step_start is not None and self.step_start % self.checkpoint_interval:
+            self.checkpoints.pop(self.step_start, None)
+        self.step_start = self.folded
+        self.checkpoints[self.folded] = self.state.copy()
 
     saveable = True  # the rows suffice: a restored history replays them from zeros
 
@@ -87,7 +98,7 @@ class DeltaRuleHistory(KVCache):
         return padded[:, :half].copy(), padded[:, half:].copy()
 
     def restore(self, k: np.ndarray, v: np.ndarray) -> None:
-        self.length, self.state, self.folded, self.checkpoints = 0, None, 0, {}
+        self.length, self.state, self.folded, self.checkpoints, self.step_start = 0, None, 0, {}, None
         self.add(np.concatenate([k, v], axis=1)[:, :self.width])
 
 
@@ -154,6 +165,8 @@ class GatedDeltaRuleExecution(Execution):
         out = outputs[0].storage.reshape(tokens, heads, p.head_v_dim)
         state = history.state
         for t in range(n):
+            if t == n - tokens and tokens > 1:
+                history.mark_step_start()
             state *= decay[t][:, None, None]
             predicted = np.matmul(k[t][:, None, :], state)[:, 0]  # S^T k, [H, dv]
             delta = betas[t][:, None] * (v[t] - predicted)
