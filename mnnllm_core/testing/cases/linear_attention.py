@@ -113,9 +113,9 @@ def _delta_rule_steps(params: LinearAttentionParams, taps: int, runs: tuple[int,
     return build
 
 
-def _refused(params: LinearAttentionParams, channels: int, why: str):
+def _refused(params: LinearAttentionParams, channels: int, gate_heads: int, why: str):
     def build(rng) -> Trial:
-        qkv, gate = randn(rng, 3, channels, 1, 1), randn(rng, 3, 2, 1, 1)
+        qkv, gate = randn(rng, 3, channels, 1, 1), randn(rng, 3, gate_heads, 1, 1)
         trial = Trial(gated_delta_rule_op(params), [qkv, gate, gate.copy(), Const(randn(rng, channels, 1, 4))],
                       [Step(None, None)])
         trial.error = (UnsupportedError, why)
@@ -136,11 +136,14 @@ def _delta_rule_cases() -> list[Case]:
                   f"dv={p.head_v_dim} l2norm={p.use_qk_l2norm} kernel={k} runs={runs} remove={r}"
                   + (" layout=[1,D,tokens]" if mnn else ""), _delta_rule_steps(p, k, runs, r, mnn))
              for p, k, runs, r, mnn in shapes]
-    bad = [(LinearAttentionParams("gated_delta_rule", 3, 4, 4, 4, True), 40, "not a multiple"),
-           (LinearAttentionParams("gated_delta_rule", 2, 2, 0, 4, True), 8, "must be positive"),
-           (LinearAttentionParams("gated_delta_rule", 2, 2, 4, 4, True), 20, "channels"),
-           (LinearAttentionParams("chunked_delta", 2, 2, 4, 4, True), 24, "attn_type")]
-    found += [Case("LinearAttention", f"refused {why!r}: {p}", _refused(p, c, why)) for p, c, why in bad]
+    bad = [(LinearAttentionParams("gated_delta_rule", 3, 4, 4, 4, True), 40, 4, "not a multiple"),
+           (LinearAttentionParams("gated_delta_rule", 2, 2, 0, 4, True), 8, 2, "must be positive"),
+           (LinearAttentionParams("gated_delta_rule", 2, 2, 4, 4, True), 20, 2, "channels"),
+           (LinearAttentionParams("gated_delta_rule", 2, 2, 4, 4, True), 24, 3, "v heads"),
+           (LinearAttentionParams("chunked_delta", 2, 2, 4, 4, True), 24, 2, "attn_type")]
+    found += [Case("LinearAttention", f"{p.attn_type} refused ({why}): k_heads={p.num_k_heads} "
+                   f"v_heads={p.num_v_heads} dk={p.head_k_dim} dv={p.head_v_dim} qkv={c} gate_heads={g}",
+                   _refused(p, c, g, why)) for p, c, g, why in bad]
     return found
 
 
