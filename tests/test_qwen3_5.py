@@ -19,7 +19,7 @@ import logging
 import numpy as np
 import pytest
 
-from mnnllm_backends.cpu.ops.gated_delta_rule import DeltaRuleHistory
+from mnnllm_backends.cpu.ops.gated_delta_rule import DeltaRuleHistory, GatedDeltaRuleExecution
 from mnnllm_core.core import op_params
 from mnnllm_core.core.op_params import LinearAttentionParams
 from mnnllm_core.errors import FormatError, UnsupportedError
@@ -122,9 +122,13 @@ def test_a_cut_back_replays_from_the_last_checkpoint_or_step_start_before_it(mon
         assert np.abs(logits - want).max() <= 1e-4 * float(np.abs(want).max())
 
 
-def _histories(llm) -> list[DeltaRuleHistory]:
+def _executions(llm) -> list[GatedDeltaRuleExecution]:
     executions = llm.module.static_module.session.pipeline.executions.values()
-    return [e.history for _, e in executions if isinstance(getattr(e, "history", None), DeltaRuleHistory)]
+    return [e for _, e in executions if isinstance(e, GatedDeltaRuleExecution)]
+
+
+def _histories(llm) -> list[DeltaRuleHistory]:
+    return [e.history for e in _executions(llm)]
 
 
 @pytest.mark.parametrize("folder", ["tiny-qwen3_5-mnn-fp16", "tiny-qwen3_5_moe-mnn-q4"])
@@ -232,3 +236,24 @@ def test_the_kernel_matches_transformers_chunked_gated_delta_net() -> None:
                       Const(weight)], runtime=new_runtime()).outputs[0]
     want = want.numpy().reshape(tokens, hv * dv)
     assert np.abs(got.reshape(tokens, -1) - want).max() <= 2e-5 * max(1.0, float(np.abs(want).max()))
+
+
+def test_memory_low_runs_the_recurrence_on_kernels_loaded_at_load() -> None:
+    """memory "low" takes the numba scan (heads in parallel for a long prefill, one thread for a
+    decode step), compiled or loaded at load: no forward compiles more."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    def overloads() -> dict[str, int]:
+        return {f"{name}.{key}": len(value.overloads) for name, module in list(sys.modules.items())
+                if name.startswith("mnnllm_backends.cpu.kernels") for key, value in vars(module).items()
+                if isinstance(value, CPUDispatcher)}
+
+    llm = load("tiny-qwen3_5-mnn-q4", memory="low", overrides=TEXT_ONLY)
+    assert all(e.scan.__module__.endswith("kernels.delta_rule") for e in _executions(llm))
+    before = overloads()
+    assert before.get("mnnllm_backends.cpu.kernels.delta_rule._scan_parallel")
+    llm.forward(list(range(100, 200)))
+    llm.forward([5])
+    assert overloads() == before

@@ -73,18 +73,17 @@ class DeltaRuleHistory(KVCache):
         self.state = self.checkpoints[self.folded].copy() if self.folded else np.zeros(state_shape, np.float32)
         return self.folded
 
-    def fold(self, at: int) -> None:
-        """S now holds the first `at` tokens: keep a copy when `at` is a checkpoint."""
+    def reach(self, at: int, step_start: bool = False) -> None:
+        """S now holds the first `at` tokens: keep a copy when `at` is a checkpoint, or (with
+        `step_start`) the start of a step's new tokens (until the next such step)."""
         self.folded = at
-        if at % self.checkpoint_interval == 0:
+        if step_start:
+            if self.step_start is not None and self.step_start % self.checkpoint_interval:
+                self.checkpoints.pop(self.step_start, None)
+            self.step_start = at
             self.checkpoints[at] = self.state.copy()
-
-    def mark_step_start(self) -> None:
-        """Keep S now, before a step's new tokens, until the next such step."""
-        if self.step_start is not None and self.step_start % self.checkpoint_interval:
-            self.checkpoints.pop(self.step_start, None)
-        self.step_start = self.folded
-        self.checkpoints[self.folded] = self.state.copy()
+        elif at % self.checkpoint_interval == 0:
+            self.checkpoints[at] = self.state.copy()
 
     saveable = True  # the rows suffice: a restored history replays them from zeros
 
@@ -121,21 +120,39 @@ def token_major(qkv: np.ndarray) -> np.ndarray:
     return qkv[0].T if qkv.ndim == 3 else qkv.reshape(qkv.shape[0], -1)
 
 
+def scan(q: np.ndarray, k: np.ndarray, v: np.ndarray, decay: np.ndarray, beta: np.ndarray, state: np.ndarray,
+         out: np.ndarray, out_from: int) -> None:
+    """The recurrence over a run of tokens: q, k [n, H, dk], v [n, H, dv], decay (exp(g)) and beta
+    [n, H]; `state` [H, dk, dv] updated in place; out [n - out_from, H, dv]: S^T q of the tokens
+    from `out_from` on. (memory "low": the numba kernel `kernels.delta_rule.delta_rule_scan`.)"""
+    for t in range(k.shape[0]):
+        state *= decay[t][:, None, None]
+        predicted = np.matmul(k[t][:, None, :], state)[:, 0]  # S^T k, [H, dv]
+        delta = beta[t][:, None] * (v[t] - predicted)
+        state += k[t][:, :, None] * delta[:, None, :]
+        if t >= out_from:
+            out[t - out_from] = np.matmul(q[t][:, None, :], state)[:, 0]
+
+
 class GatedDeltaRuleExecution(Execution):
     def __init__(self, backend, params: LinearAttentionParams, history: DeltaRuleHistory | None = None):
         super().__init__(backend)
         self.params = params
         width = 2 * params.num_k_heads * params.head_k_dim + (params.head_v_dim + 2) * params.num_v_heads
         self.history = history if history is not None else DeltaRuleHistory(width)
+        self.scan = scan
+        if backend.low_memory():
+            from ..kernels.delta_rule import delta_rule_scan
+            self.scan = delta_rule_scan
 
     def on_execute(self, inputs, outputs) -> None:
         p = self.params
         heads, key_dim = p.num_v_heads, p.num_k_heads * p.head_k_dim
         qkv = token_major(inputs[0].storage)
-        tokens = qkv.shape[0]
+        tokens, channels = qkv.shape
         gate = inputs[1].storage.reshape(tokens, heads)
         beta = inputs[2].storage.reshape(tokens, heads)
-        weight = inputs[3].storage.reshape(qkv.shape[1], -1)  # [D, K]
+        weight = inputs[3].storage.reshape(channels, -1)  # [D, K]
         taps = weight.shape[1]
 
         history = self.history
@@ -146,34 +163,36 @@ class GatedDeltaRuleExecution(Execution):
         rows = history.rows[:end]
 
         first = start - (taps - 1)  # the convolution's inputs reach K - 1 tokens back (zeros before 0)
-        conv_in = np.zeros((taps - 1 + end - start, qkv.shape[1]), np.float32)
-        conv_in[max(0, -first):] = rows[max(0, first):end, :qkv.shape[1]]
+        conv_in = np.zeros((taps - 1 + end - start, channels), np.float32)
+        conv_in[max(0, -first):] = rows[max(0, first):end, :channels]
         x = causal_conv_silu(conv_in, weight, end - start)
 
         n = end - start
         q = x[:, :key_dim].reshape(n, p.num_k_heads, p.head_k_dim)
         k = x[:, key_dim:2 * key_dim].reshape(n, p.num_k_heads, p.head_k_dim)
-        v = x[:, 2 * key_dim:].reshape(n, heads, p.head_v_dim)
+        v = np.ascontiguousarray(x[:, 2 * key_dim:]).reshape(n, heads, p.head_v_dim)
         if p.use_qk_l2norm:
             q, k = l2_normalize(q), l2_normalize(k)
         q = q * np.float32(1.0 / np.sqrt(p.head_k_dim))
         group = heads // p.num_k_heads
         q, k = np.repeat(q, group, axis=1), np.repeat(k, group, axis=1)
-        decay = np.exp(rows[start:end, qkv.shape[1]:qkv.shape[1] + heads])
-        betas = rows[start:end, qkv.shape[1] + heads:]
-
+        decay = np.exp(rows[start:end, channels:channels + heads])
+        betas = np.ascontiguousarray(rows[start:end, channels + heads:])
         out = outputs[0].storage.reshape(tokens, heads, p.head_v_dim)
-        state = history.state
-        for t in range(n):
-            if t == n - tokens and tokens > 1:
-                history.mark_step_start()
-            state *= decay[t][:, None, None]
-            predicted = np.matmul(k[t][:, None, :], state)[:, 0]  # S^T k, [H, dv]
-            delta = betas[t][:, None] * (v[t] - predicted)
-            state += k[t][:, :, None] * delta[:, None, :]
-            if t >= n - tokens:
-                out[t - (n - tokens)] = np.matmul(q[t][:, None, :], state)[:, 0]
-            history.fold(start + t + 1)
+
+        # runs of tokens between the points where S is kept: checkpoints, and this step's start
+        interval = history.checkpoint_interval
+        stops = set(range(start - start % interval + interval, end, interval)) | {end}
+        if tokens > 1:
+            stops.add(past)
+        at = start
+        for stop in sorted(stops):
+            if stop > at:
+                a, b, emit = at - start, stop - start, max(at, past) - start
+                self.scan(q[a:b], k[a:b], v[a:b], decay[a:b], betas[a:b], history.state,
+                          out[emit - (past - start):max(emit, b) - (past - start)], emit - a)
+            history.reach(stop, step_start=tokens > 1 and stop == past)
+            at = stop
 
     def on_clone(self, backend, op):
         return GatedDeltaRuleExecution(backend, self.params, self.history)
