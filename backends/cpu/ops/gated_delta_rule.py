@@ -19,8 +19,8 @@ dk * dv floats a head per token. So `DeltaRuleHistory` keeps per token only the 
 (the qkv row, g and beta: a row like a KV cache's) plus S every `checkpoint_interval` tokens and S
 before the last step of several tokens (a speculative step's verified drafts: rejecting some cuts
 back into that step); a cut-back restores the last checkpoint at or before the cut and replays the
-rows from there (at most an interval of tokens, the same per-token arithmetic, so the same values
-as a fresh start). The convolution needs nothing more: its inputs are the rows themselves.
+rows from there (at most an interval of tokens, with the same per-token arithmetic: S comes out as
+it was at the cut). The convolution needs nothing more: its inputs are the rows themselves.
 """
 from __future__ import annotations
 
@@ -32,9 +32,10 @@ L2_EPS = 1e-6
 
 
 class DeltaRuleHistory(KVCache):
-    """Every cached token's row [qkv (D), g (H), beta (H)] in `rows` [capacity, width = D + 2H]; S after
-    the first `folded` tokens in `state` [H, dk, dv]; in `checkpoints`, S after each multiple of
-    `checkpoint_interval` tokens and S at `step_start`, before the last step of several tokens."""
+    """Every cached token's row [qkv (D), g (H), beta (H)] in `rows` [capacity, width = D + 2H];
+    S after the first `folded` tokens in `state` [H, dk, dv]; in `checkpoints`, S after each
+    multiple of `checkpoint_interval` tokens and S at `step_start`, before the last step of
+    several tokens."""
 
     checkpoint_interval = 64
 
@@ -63,7 +64,8 @@ class DeltaRuleHistory(KVCache):
         """Make `state` S after some token count <= `past` (the last checkpoint when the history
         was cut back below what S has folded); that count, from which the rows must be replayed."""
         if self.state is None or self.state.shape != state_shape:
-            self.state, self.folded, self.checkpoints, self.step_start = np.zeros(state_shape, np.float32), 0, {}, None
+            self.clear()
+            self.state = np.zeros(state_shape, np.float32)
         if self.folded <= past:
             return self.folded
         self.checkpoints = {at: s for at, s in self.checkpoints.items() if at <= past}
@@ -97,8 +99,13 @@ class DeltaRuleHistory(KVCache):
         return padded[:, :half].copy(), padded[:, half:].copy()
 
     def restore(self, k: np.ndarray, v: np.ndarray) -> None:
-        self.length, self.state, self.folded, self.checkpoints, self.step_start = 0, None, 0, {}, None
+        self.length = 0
+        self.clear()
         self.add(np.concatenate([k, v], axis=1)[:, :self.width])
+
+    def clear(self) -> None:
+        """Forget S and its checkpoints (the next step replays every row from zeros)."""
+        self.state, self.folded, self.checkpoints, self.step_start = None, 0, {}, None
 
 
 def causal_conv_silu(inputs: np.ndarray, weight: np.ndarray, tokens: int) -> np.ndarray:
@@ -180,18 +187,19 @@ class GatedDeltaRuleExecution(Execution):
         betas = np.ascontiguousarray(rows[start:end, channels + heads:])
         out = outputs[0].storage.reshape(tokens, heads, p.head_v_dim)
 
-        # runs of tokens between the points where S is kept: checkpoints, and this step's start
+        # the run in pieces between the points where S is kept: checkpoints, and this step's start
         interval = history.checkpoint_interval
         stops = set(range(start - start % interval + interval, end, interval)) | {end}
         if tokens > 1:
             stops.add(past)
-        at = start
-        for stop in sorted(stops):
+        new = past - start  # the run's first new token: outputs from there on
+        at = 0
+        for stop in sorted(point - start for point in stops):
             if stop > at:
-                a, b, emit = at - start, stop - start, max(at, past) - start
-                self.scan(q[a:b], k[a:b], v[a:b], decay[a:b], betas[a:b], history.state,
-                          out[emit - (past - start):max(emit, b) - (past - start)], emit - a)
-            history.reach(stop, step_start=tokens > 1 and stop == past)
+                emit = max(at, new)
+                self.scan(q[at:stop], k[at:stop], v[at:stop], decay[at:stop], betas[at:stop], history.state,
+                          out[emit - new:max(emit, stop) - new], emit - at)
+            history.reach(start + stop, step_start=tokens > 1 and stop == new)
             at = stop
 
     def on_clone(self, backend, op):

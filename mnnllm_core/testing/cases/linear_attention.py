@@ -130,7 +130,8 @@ def _delta_rule_cases() -> list[Case]:
     plain = LinearAttentionParams("gated_delta_rule", 3, 3, 4, 6, False)
     shapes = [(qwen, 4, (1,), 0, False), (qwen, 4, (7,), 0, False), (qwen, 4, (7, 1, 1), 0, False),
               (odd, 4, (1, 1, 1), 0, False), (odd, 3, (6, 2, 1), 0, False), (wide, 4, (9, 1, 3), 4, False),
-              (plain, 2, (5, 1), 0, False), (wide, 4, (7,), 0, True)]
+              (plain, 2, (5, 1), 0, False), (wide, 4, (7,), 0, True),
+              (odd, 4, (70, 2, 3), 7, False)]  # past the cpu history's checkpoint at 64 tokens, and back
     found = [Case("LinearAttention",
                   f"gated_delta_rule k_heads={p.num_k_heads} v_heads={p.num_v_heads} dk={p.head_k_dim} "
                   f"dv={p.head_v_dim} l2norm={p.use_qk_l2norm} kernel={k} runs={runs} remove={r}"
