@@ -3,8 +3,9 @@ as MNN 3.6.1's exporter wrote them (../shared/models/arch3), run by our engine: 
 tokens, the three reference prompts' `mnn_prompt_ids`, each equal to the list reference.json names,
 on cpu with memory "normal" and "low", and on opencl/vulkan with LinearAttention handed to cpu
 (the reason in the placement summary). The recurrent state follows the KV cache: a prompt that
-keeps the cached system prompt, and a prefill in pieces or token by token, give what a fresh
-whole prefill gives.
+keeps the cached system prompt, a cut-back into a step (rejected drafts), the prefix cache on disk,
+and a prefill in pieces or token by token give what a fresh whole prefill gives. The kernel itself
+is checked against transformers' Qwen3.5 code here and against float64 in the conformance cases.
 
 The configs ship `is_visual: true` and a Qwen3-VL-style `visual.mnn`, whose encoder our engine
 cannot load yet: the runs "as shipped" are expected to fail at load (VISION_XFAIL) until it can;
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
 
 import numpy as np
 import pytest
@@ -241,8 +243,6 @@ def test_the_kernel_matches_transformers_chunked_gated_delta_net() -> None:
 def test_memory_low_runs_the_recurrence_on_kernels_loaded_at_load() -> None:
     """memory "low" takes the numba scan (heads in parallel for a long prefill, one thread for a
     decode step), compiled or loaded at load: no forward compiles more."""
-    import sys
-
     from numba.core.registry import CPUDispatcher
 
     def overloads() -> dict[str, int]:
