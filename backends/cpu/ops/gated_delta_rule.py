@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import Execution, KVCache, LinearAttentionParams
+from mnnllm_core.backend_api import Execution, LinearAttentionParams
+
+from .token_rows import TokenRows
 
 L2_EPS = 1e-6
 
 
-class DeltaRuleHistory(KVCache):
+class DeltaRuleHistory(TokenRows):
     """Every cached token's row [qkv (D), g (H), beta (H)] in `rows` [capacity, width = D + 2H];
     S after the first `folded` tokens in `state` [H, dk, dv]; in `checkpoints`, S after each
     multiple of `checkpoint_interval` tokens and S at `step_start`, before the last step of
@@ -40,25 +42,11 @@ class DeltaRuleHistory(KVCache):
     checkpoint_interval = 64
 
     def __init__(self, width: int) -> None:
-        super().__init__()
-        self.rows: np.ndarray | None = None
-        self.width = width
+        super().__init__(width)
         self.state: np.ndarray | None = None
         self.folded = 0
         self.checkpoints: dict[int, np.ndarray] = {}
         self.step_start: int | None = None
-
-    def grow(self, capacity: int) -> None:
-        grown = np.zeros((capacity, self.width), np.float32)
-        if self.rows is not None:
-            grown[:self.length] = self.rows[:self.length]
-        self.rows = grown
-
-    def write(self, k: np.ndarray, v, seq: int) -> None:
-        self.rows[self.length:self.length + seq] = k
-
-    def add(self, rows: np.ndarray) -> None:
-        self.append(rows, None, rows.shape[0])
 
     def rewind(self, past: int, state_shape: tuple[int, int, int]) -> int:
         """Make `state` S after some token count <= `past` (the last checkpoint when the history

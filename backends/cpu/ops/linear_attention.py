@@ -12,31 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import Execution, KVCache, Refused
+from mnnllm_core.backend_api import Execution, Refused
 
 from .gated_delta_rule import GatedDeltaRuleExecution
+from .token_rows import TokenRows
 
 
-class ConvHistory(KVCache):
+class ConvHistory(TokenRows):
     """B * x of every cached token, [capacity, H]."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: np.ndarray | None = None
-        self.width = 0
-
-    def grow(self, capacity: int) -> None:
-        grown = np.zeros((capacity, self.width), np.float32)
-        if self.rows is not None:
-            grown[:self.length] = self.rows[:self.length]
-        self.rows = grown
-
-    def write(self, k: np.ndarray, v, seq: int) -> None:
-        self.rows[self.length:self.length + seq] = k
-
-    def add(self, bx: np.ndarray) -> None:
-        self.width = bx.shape[1]
-        self.append(bx, None, bx.shape[0])
 
 
 class ShortConvExecution(Execution):
