@@ -349,6 +349,21 @@ class LinearAttentionParams:
     head_v_dim: int = 0
     use_qk_l2norm: bool = False
 
+    def gated_delta_rule_problem(self, channels: int | None = None, conv_channels: int | None = None) -> str | None:
+        """Why a gated_delta_rule op cannot run (None when it can): positive heads and dims, v heads
+        a multiple of k heads (each k head serves a group of v heads), and, once the shapes are
+        known, a qkv input of `channels` and a conv weight of `conv_channels` rows = 2 * Hk * dk + Hv * dv."""
+        counts = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim)
+        if min(counts) <= 0:
+            return f"heads and dims (num_k_heads, num_v_heads, head_k_dim, head_v_dim) {counts} must be positive"
+        if self.num_v_heads % self.num_k_heads:
+            return f"num_v_heads {self.num_v_heads} is not a multiple of num_k_heads {self.num_k_heads}"
+        need = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+        if channels is not None and (channels != need or conv_channels != need):
+            return (f"qkv has {channels} channels and the conv weight {conv_channels}, but the heads need "
+                    f"2 * {self.num_k_heads} * {self.head_k_dim} + {self.num_v_heads} * {self.head_v_dim} = {need}")
+        return None
+
 
 @dataclass(frozen=True)
 class ReluParams:
