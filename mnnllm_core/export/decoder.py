@@ -32,6 +32,7 @@ import math
 
 import numpy as np
 
+from mnnllm_core.errors import UnsupportedError
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.Axis import AxisT
 from mnnllm_core.schema.MNN.BinaryOpOperation import BinaryOpOperation
@@ -41,6 +42,7 @@ from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from mnnllm_core.schema.MNN.DataType import DataType
 from mnnllm_core.schema.MNN.IDSTQuan import IDSTQuanT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
+from mnnllm_core.schema.MNN.LinearAttentionParam import LinearAttentionParamT
 from mnnllm_core.schema.MNN.OpParameter import OpParameter
 from mnnllm_core.schema.MNN.OpType import OpType
 from mnnllm_core.schema.MNN.ReductionParam import ReductionParamT
@@ -75,6 +77,7 @@ class DecoderGraph:
         self.subgraphs: list[SubGraphProtoT] = []
         self.tables: dict[tuple[RopeSpec, float], tuple[str, str]] = {}
         self.masks: dict[bool, str] = {}
+        self.rotary_dims: dict[tuple[RopeSpec, float], int] = {}
 
     def build(self, model_id: str) -> tuple[bytes, LinearInfo]:
         """The packed llm.mnn and where the lm_head's block went (for `tie_embeddings`)."""
@@ -113,7 +116,7 @@ class DecoderGraph:
         """One cos/sin table per distinct rotary of the layers, in the order the layers first use them."""
         g, a = self.g, self.args
         keys = []
-        for i in range(a.num_hidden_layers):
+        for i in self._attention_layers():
             key = self._table_key(i)
             if key not in keys:
                 keys.append(key)
@@ -127,6 +130,7 @@ class DecoderGraph:
         for n, (spec, gain) in enumerate(keys):
             p = "/rotary" if n == 0 else f"/rotary_{n}"
             inv = np.zeros(a.head_dim // 2, np.float32) if spec is _NOPE else spec.inv_freq(a.head_dim)
+            self.rotary_dims[(spec, gain)] = 2 * inv.size
             freq = g.const_float(f"{p}/Constant_1_output_0", inv)
             angle = g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, pos, freq)
             parts = [g.unsqueeze(f"{p}/Unsqueeze_{tag}", g.unary(f"{p}/{tag}_output_0", fn, angle), self.axis0)
@@ -140,6 +144,9 @@ class DecoderGraph:
             names = [f"/blocks.{n}/self_attn/Gather_2_output_0", f"/blocks.{n}/self_attn/Gather_3_output_0"]
             cos, sin = g.planes(table, 2, names, self.one, self.axis1)
             self.tables[(spec, gain)] = (cos, sin)
+
+    def _attention_layers(self) -> list[int]:
+        return [i for i in range(self.args.num_hidden_layers) if self.model.mixer(i) == "attention"]
 
     def _table_key(self, layer: int) -> tuple[RopeSpec, float]:
         spec = self.model.attention(layer)
@@ -157,7 +164,7 @@ class DecoderGraph:
         h = self._layernorm("/blocks.0/input_layernorm/Mul_1_output_0", m.input_norm(0), [x],
                             ["/blocks.0/input_layernorm/Mul_1_output_0"], NC4HW4)
         for i in range(a.num_hidden_layers):
-            attn = self._attention(i, h)
+            attn = self._short_conv(i, h) if m.mixer(i) == "short_conv" else self._attention(i, h)
             residual, h = self._fused_norm(f"/blocks.{i}/post_attention_layernorm/Mul_1_output_0",
                                            m.post_attention_norm(i), residual, attn, f"/blocks.{i}/Add_output_0")
             gate = self._conv(f"/layers.{i}/mlp/gate_proj/Linear", h, m.linear_weight(self.source, i, "gate_proj"))
@@ -174,7 +181,8 @@ class DecoderGraph:
         x = g.strided_slice("/Slice_output_0", [last, "logits_index", end, self.axis0, self.axis1],
                             DataType.DT_INVALID, 1, NC4HW4)
         hidden_states = self._layernorm("hidden_states", m.final_norm(), [x], ["hidden_states"], NC4HW4)
-        logits, info = self._linear("/lm/lm_head/Linear", hidden_states, self.source.tensor(m.lm_head()))
+        logits, info = self._linear("/lm/lm_head/Linear", hidden_states, self.source.tensor(m.lm_head()),
+                                    self._tensor_or_none(m.lm_head_bias()))
         logits = g.convert("/lm/lm_head/Linear/post_convert", logits, NC4HW4, NCHW, NHWC)
         logits = g.reshape("/lm/lm_head/Linear/post_reshape", [logits], [1, -1, a.vocab_size], NHWC,
                            output=self._logits_name())
@@ -184,8 +192,12 @@ class DecoderGraph:
         g, a, m = self.g, self.args, self.model
         for i in range(a.num_hidden_layers):
             h = self._layernorm(f"/blocks.{i}/input_layernorm/Mul_1_output_0", m.input_norm(i), [x])
-            h = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
-            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", self._attention(i, h), a.hidden_size)
+            h_c4 = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
+            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", self._attention(i, h_c4), a.hidden_size)
+            if m.parallel:
+                both = g.binary(f"/blocks.{i}/Add_output_0", BinaryOpOperation.ADD, attn, self._plain_mlp(i, h))
+                x = g.binary(f"/blocks.{i}/Add_1_output_0", BinaryOpOperation.ADD, both, x)
+                continue
             if m.sandwich_norms:
                 attn = self._layernorm(f"/blocks.{i}/post_attention_layernorm/Mul_1_output_0",
                                        m.post_attention_norm(i), [attn])
@@ -204,7 +216,7 @@ class DecoderGraph:
         hidden_states = self._layernorm("hidden_states", m.final_norm(), [x], ["hidden_states"])
         name = "/lm/lm_head/Linear"
         logits, info = self._linear(name, self._to_c4(name, hidden_states, a.hidden_size),
-                                    self.source.tensor(m.lm_head()))
+                                    self.source.tensor(m.lm_head()), self._tensor_or_none(m.lm_head_bias()))
         return self._softcap(self._from_c4(name, logits, a.vocab_size, output=self._logits_name())), info
 
     def _logits_name(self) -> str:
@@ -228,8 +240,9 @@ class DecoderGraph:
         param.axis = [-1]
         param.epsilon = float(self.args.rms_norm_eps)
         param.group = 1
-        param.useRmsnorm = True
-        param.external = self.weights.layernorm(self.source.tensor(weight), self.model.norm_offset)
+        param.useRmsnorm = self.model.rms_norm
+        param.external = self.weights.layernorm(self.source.tensor(weight), self.model.norm_offset,
+                                                self._tensor_or_none(self.model.norm_bias(weight)))
         outputs = outputs or [name]
         self.g.op(OpType.LayerNorm, name, inputs, outputs, OpParameter.LayerNorm, param, fmt)
         return outputs[-1]
@@ -250,6 +263,9 @@ class DecoderGraph:
         gamma = self.source.tensor(weight).load().astype(np.float32) + np.float32(self.model.norm_offset)
         param.gamma = gamma.astype(np.float32).tolist()
         return param
+
+    def _tensor_or_none(self, name: str | None) -> LazyTensor | None:
+        return None if name is None else self.source.tensor(name)
 
     def _linear(self, name: str, x: str, weight: LazyTensor, bias: LazyTensor | None = None,
                 output: str | None = None, g: GraphBuilder | None = None) -> tuple[str, LinearInfo]:
@@ -272,15 +288,10 @@ class DecoderGraph:
         spec: AttentionSpec = m.attention(i)
         proj = {p: self._conv(f"/layers.{i}/self_attn/{p}/Linear", h, m.linear_weight(self.source, i, p),
                               m.linear_bias(self.source, i, p)) for p in ("q_proj", "k_proj", "v_proj")}
-        rope = RoPEParamT()
-        rope.ropeCutHeadDim = a.head_dim
-        rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
-        cos, sin = self.tables[self._table_key(i)]
-        q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
-        k_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_1"
-        g.op(OpType.RoPE, f"/layers.{i}/self_attn/FusedRoPE", [proj["q_proj"], proj["k_proj"], cos, sin],
-             [q_out, k_out], OpParameter.RoPEParam, rope)
+        if spec.norm_after_rope:
+            q_out, k_out = self._rope_then_norm(i, proj["q_proj"], proj["k_proj"], spec)
+        else:
+            q_out, k_out = self._fused_rope(i, proj["q_proj"], proj["k_proj"], spec)
         attn = AttentionParamT()
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
         ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention",
@@ -288,6 +299,77 @@ class DecoderGraph:
                    [f"/layers.{i}/self_attn/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, attn)
         return self._conv(f"/layers.{i}/self_attn/o_proj/Linear", ctx, m.linear_weight(self.source, i, "o_proj"),
                           m.linear_bias(self.source, i, "o_proj"))
+
+    def _fused_rope(self, i: int, q: str, k: str, spec: AttentionSpec) -> tuple[str, str]:
+        """MNN's RoPE op on the packed q and k, with the per-head norms before the rotation."""
+        a = self.args
+        key = self._table_key(i)
+        rope = RoPEParamT()
+        rope.ropeCutHeadDim = self.rotary_dims[key]
+        rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
+        cos, sin = self.tables[key]
+        q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
+        k_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_1"
+        self.g.op(OpType.RoPE, f"/layers.{i}/self_attn/FusedRoPE", [q, k, cos, sin], [q_out, k_out],
+                  OpParameter.RoPEParam, rope)
+        return q_out, k_out
+
+    def _rope_then_norm(self, i: int, q: str, k: str, spec: AttentionSpec) -> tuple[str, str]:
+        """HunYuan's order, as MNN writes it without the RoPE op: each of q, k to [1, seq, heads, dim],
+        x * cos + rotate_half(x) * sin from plain ops (rotate_half = concat(-x2, x1)), then the per-head
+        RMSNorm (a LayerNorm whose gamma goes to the weight file)."""
+        g, a = self.g, self.args
+        key = self._table_key(i)
+        if self.rotary_dims[key] != a.head_dim:
+            raise UnsupportedError(f"{a.model_type}: partial rotary with norms after the rotation", field="rope")
+        cos, sin = self.tables[key]
+        p = f"/blocks.{i}/self_attn"
+        half = a.head_dim // 2
+        axis = g.const_int(f"{p}/last_axis", [-1], [1])
+        bounds = [g.const_int(f"{p}/bound_{v}", [v], [1]) for v in (0, half, _SLICE_END)]
+        out = []
+        for n, (x, heads, name, norm) in enumerate(((q, a.num_attention_heads, "q", spec.q_norm),
+                                                    (k, a.num_key_value_heads, "k", spec.k_norm))):
+            lin = f"/layers.{i}/self_attn/{name}_proj/Linear"
+            x = self._from_c4(lin, x, heads * a.head_dim)
+            x = g.reshape(f"{p}/Reshape_{n}_output_0", [x], [1, -1, heads, a.head_dim], NHWC)
+            first = g.strided_slice(f"{p}/Slice_{2 * n}_output_0", [x, bounds[0], bounds[1], axis],
+                                    DataType.DT_INVALID, 1)
+            second = g.strided_slice(f"{p}/Slice_{2 * n + 1}_output_0", [x, bounds[1], bounds[2], axis],
+                                     DataType.DT_INVALID, 1)
+            rotated = g.concat(f"{p}/Concat_{n}_output_0",
+                               [g.unary(f"{p}/Neg_{n}_output_0", UnaryOpOperation.NEG, second), first], -1)
+            x = g.binary(f"{p}/Add_{n}_output_0", BinaryOpOperation.ADD,
+                         g.binary(f"{p}/Mul_{2 * n}_output_0", BinaryOpOperation.MUL, x, cos),
+                         g.binary(f"{p}/Mul_{2 * n + 1}_output_0", BinaryOpOperation.MUL, rotated, sin))
+            out.append(self._layernorm(f"{p}/{name}_norm/Mul_1_output_0", norm, [x]) if norm else x)
+        return out[0], out[1]
+
+    def _short_conv(self, i: int, h: str) -> str:
+        """LFM2's gated short convolution as MNN writes it: in_proj (B, C, x) -> LinearAttention
+        "short_conv" over zeros of the state's shape and the [H, 1, K] conv weight (an inline
+        constant) -> out_proj."""
+        g, a, m = self.g, self.args, self.model
+        p = f"/blocks.{i}/self_attn"
+        bcx = self._conv(f"/layers.{i}/self_attn/in_proj/Linear", h, m.conv_weight(self.source, i, "in_proj"))
+        shape = g.op(OpType.Shape, f"{p}/Shape_output_0", [h], [f"{p}/Shape_output_0"], fmt=NCHW)
+        rows, cols = g.planes(shape, 2, [f"{p}/Gather_output_0", f"{p}/Gather_1_output_0"], self.one, self.axis1)
+        dims = [g.unsqueeze(f"{p}/Unsqueeze_{n}_output_0", d, self.axis0) for n, d in enumerate((rows, cols))]
+        state_shape = g.concat(f"{p}/Concat_output_0", dims + [self.axis1], 0)
+        zeros = g.op(OpType.Fill, f"{p}/ConstantOfShape_output_0",
+                     [state_shape, g.const_float(f"{p}/fill_value", np.zeros(1, np.float32), [1])],
+                     [f"{p}/ConstantOfShape_output_0"], fmt=NCHW)
+        kernel = m.conv_kernel(self.source, i)
+        weight = g.const_float(f"{p}/conv_weight", kernel, list(kernel.shape))
+        param = LinearAttentionParamT()
+        param.attnType = "short_conv"
+        param.numKHeads = param.numVHeads = 1
+        param.headKDim = param.headVDim = a.hidden_size
+        param.useQkL2norm = False
+        out = g.op(OpType.LinearAttention, f"/layers.{i}/self_attn/FusedLinearAttention", [bcx, zeros, zeros, weight],
+                   [f"{p}/fused_attn/FusedLinearAttention_output_0"], OpParameter.LinearAttentionParam, param, NC4HW4)
+        return self._conv(f"/layers.{i}/self_attn/out_proj/Linear", out, m.conv_weight(self.source, i, "out_proj"))
 
     def _activation(self, prefix: str, x: str, act: str, g: GraphBuilder | None = None) -> str:
         """silu, or gelu_tanh spelled out as MNN writes it: 0.5 x (1 + tanh(c (x + 0.044715 x^3)))."""
@@ -313,6 +395,8 @@ class DecoderGraph:
         g, a, m = self.g, self.args, self.model
         act = m.mlp(i).act
         ffn = a.intermediate_size
+        if not m.mlp(i).gated:
+            return self._ungated_mlp(i, h, act)
         pre = self._to_c4(f"/layers.{i}/mlp/gate_proj/Linear", h, a.hidden_size)
         gate = self._from_c4(f"/layers.{i}/mlp/gate_proj/Linear",
                              self._conv(f"/layers.{i}/mlp/gate_proj/Linear", pre,
@@ -324,6 +408,18 @@ class DecoderGraph:
         y = g.binary(f"/blocks.{i}/mlp/Mul_output_0", BinaryOpOperation.MUL, gate, up)
         name = f"/layers.{i}/mlp/down_proj/Linear"
         down = self._conv(name, self._to_c4(name, y, ffn), m.linear_weight(self.source, i, "down_proj"))
+        return self._from_c4(name, down, a.hidden_size)
+
+    def _ungated_mlp(self, i: int, h: str, act: str) -> str:
+        """up (fc1) -> act -> down (fc2), each with its bias when the model has one."""
+        a, m = self.args, self.model
+        name = f"/layers.{i}/mlp/up_proj/Linear"
+        up = self._conv(name, self._to_c4(name, h, a.hidden_size), m.linear_weight(self.source, i, "up_proj"),
+                        m.linear_bias(self.source, i, "up_proj"))
+        y = self._activation(f"/blocks.{i}/mlp", self._from_c4(name, up, a.intermediate_size), act)
+        name = f"/layers.{i}/mlp/down_proj/Linear"
+        down = self._conv(name, self._to_c4(name, y, a.intermediate_size),
+                          m.linear_weight(self.source, i, "down_proj"), m.linear_bias(self.source, i, "down_proj"))
         return self._from_c4(name, down, a.hidden_size)
 
     def _moe(self, i: int, h: str) -> str:

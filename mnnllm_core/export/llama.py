@@ -106,6 +106,7 @@ class AttentionSpec:
     q_norm: str | None = None      # per-head RMSNorm weights (Qwen3, Gemma 3)
     k_norm: str | None = None
     scale: float | None = None     # None: 1/sqrt(head_dim)
+    norm_after_rope: bool = False  # HunYuan: q/k norms after the rotation (not the RoPE op's, which come before)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ class MlpSpec:
     experts: int = 0
     top_k: int = 0
     norm_topk: bool = False
+    gated: bool = True             # False: up -> act -> down (Phi's fc1, fc2)
 
 
 class Model:
@@ -124,6 +126,8 @@ class Model:
     style = "c4"                   # c4: MNN's transformer_c4 fused graph; plain: one Linear after another
     norm_offset = 0.0              # Gemma stores RMSNorm weights as w - 1
     sandwich_norms = False         # Gemma 2/3: norms after attention and after the MLP too
+    rms_norm = True                # False: LayerNorm with mean and bias (Phi)
+    parallel = False               # Phi: x + attention(norm(x)) + mlp(norm(x)), one norm per layer
 
     def __init__(self, args: ModelArgs):
         self.args = args
@@ -144,6 +148,10 @@ class Model:
     def mlp(self, layer: int) -> MlpSpec:
         return MlpSpec(self.args.act)
 
+    def mixer(self, layer: int) -> str:
+        """What mixes the tokens in a layer: "attention", or "short_conv" (LFM2)."""
+        return "attention"
+
     def llm_config(self) -> dict[str, Any]:
         """The llm_config.json keys that describe attention: MNN builds a 2-plane mask for "mix"."""
         windows = {self.attention(i).window for i in range(self.args.num_hidden_layers)} - {None}
@@ -161,6 +169,13 @@ class Model:
 
     def lm_head(self) -> str:
         return "model.embed_tokens.weight" if self.args.tie_word_embeddings else "lm_head.weight"
+
+    def lm_head_bias(self) -> str | None:
+        return None
+
+    def norm_bias(self, weight: str) -> str | None:
+        """The bias (beta) of the norm whose weight is `weight`; None for an RMSNorm."""
+        return None
 
     def input_norm(self, layer: int) -> str:
         return f"model.layers.{layer}.input_layernorm.weight"
