@@ -55,7 +55,8 @@ ARCHS = [
     Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}),
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
-    Arch("phi", "phi", {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}}),
+    Arch("phi", "phi", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}),
+    Arch("lfm2", "lfm2", {"layer_types": ["conv", "full_attention", "conv"], "block_auto_adjust_ff_dim": False}),
 ]
 
 
