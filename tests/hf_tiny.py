@@ -57,6 +57,7 @@ ARCHS = [
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
     Arch("phi", "phi", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}),
     Arch("lfm2", "lfm2", {"layer_types": ["conv", "full_attention", "conv"], "block_auto_adjust_ff_dim": False}),
+    Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {"rope_type": "dynamic", "alpha": 4.0, "factor": 1.0, "rope_theta": 1e4}}),
 ]
 
 

@@ -18,6 +18,7 @@ from mnnllm_core.progress import Progress
 from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
 from . import phi
 from . import lfm2
+from . import hunyuan_v1_dense
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -34,6 +35,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "gemma3_text": gemma3_text, "mistral": mistral, "phi3": phi3, "smollm3": smollm3,
     "phi": phi,
     "lfm2": lfm2,
+    "hunyuan_v1_dense": hunyuan_v1_dense,
 }
 ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")
