@@ -23,6 +23,9 @@ WINDOW = 6
 PROMPTS = [[1, 40, 80, 200, 262, 120, 9, 33, 71, 140], [5, 17, 99, 250, 3, 64, 128, 11]]
 NEW_TOKENS = 12
 STOP = 2  # <|im_end|>, the tokenizer's eos: both runtimes stop there
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+CONV_ATTN_CONV = ["conv", "full_attention", "conv"]  # LFM2's layer_types
 
 
 @dataclass(frozen=True)
@@ -55,9 +58,10 @@ ARCHS = [
     Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}),
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
-    Arch("phi", "phi", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}}),
-    Arch("lfm2", "lfm2", {"layer_types": ["conv", "full_attention", "conv"], "block_auto_adjust_ff_dim": False}),
-    Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {"rope_type": "dynamic", "alpha": 4.0, "factor": 1.0, "rope_theta": 1e4}}),
+    Arch("phi", "phi", {"rope_parameters": {**ROPE, "partial_rotary_factor": 0.5}}),
+    Arch("lfm2", "lfm2", {"layer_types": CONV_ATTN_CONV, "block_auto_adjust_ff_dim": False}),
+    Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {**ROPE, "rope_type": "dynamic", "alpha": 4.0, "factor": 1.0}}),
+    Arch("lfm2_moe", "lfm2_moe", {"layer_types": CONV_ATTN_CONV, "num_dense_layers": 1, **MOE}),
 ]
 
 
@@ -80,6 +84,9 @@ def build(arch: Arch, folder: Path):
             else:
                 values = rng.standard_normal(p.shape) * (1.2 / np.sqrt(p.shape[-1]))
             p.copy_(torch.from_numpy(on_grid(values)))
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):  # LFM2-MoE's selection bias: zeros would leave it untested
+                b.copy_(torch.from_numpy(on_grid(0.2 * rng.standard_normal(b.shape))))
     model.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (folder / "tokenizer_config.json").write_text(json.dumps(

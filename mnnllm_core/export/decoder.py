@@ -40,6 +40,7 @@ from mnnllm_core.schema.MNN.CastParam import CastParamT
 from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
 from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from mnnllm_core.schema.MNN.DataType import DataType
+from mnnllm_core.schema.MNN.GatherV2 import GatherV2T
 from mnnllm_core.schema.MNN.IDSTQuan import IDSTQuanT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 from mnnllm_core.schema.MNN.LinearAttentionParam import LinearAttentionParamT
@@ -193,7 +194,8 @@ class DecoderGraph:
         for i in range(a.num_hidden_layers):
             h = self._layernorm(f"/blocks.{i}/input_layernorm/Mul_1_output_0", m.input_norm(i), [x])
             h_c4 = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
-            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", self._attention(i, h_c4), a.hidden_size)
+            mixed = self._short_conv(i, h_c4) if m.mixer(i) == "short_conv" else self._attention(i, h_c4)
+            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", mixed, a.hidden_size)
             if m.parallel:
                 both = g.binary(f"/blocks.{i}/Add_output_0", BinaryOpOperation.ADD, attn, self._plain_mlp(i, h))
                 x = g.binary(f"/blocks.{i}/Add_1_output_0", BinaryOpOperation.ADD, both, x)
@@ -423,7 +425,9 @@ class DecoderGraph:
         return self._from_c4(name, down, a.hidden_size)
 
     def _moe(self, i: int, h: str) -> str:
-        """Router -> Softmax -> TopKV2 (-> renormalise) -> MoE over the `/expert/{i}_{e}` subgraphs."""
+        """Router -> Softmax (or Sigmoid) -> TopKV2 (-> renormalise, scale) -> MoE over the
+        `/expert/{i}_{e}` subgraphs. A selection bias (LFM2-MoE) is added to the scores for TopKV2 and
+        taken off its values again (GatherV2 of the bias at the chosen experts)."""
         g, a, m = self.g, self.args, self.model
         spec = m.mlp(i)
         p = f"/blocks.{i}/mlp"
@@ -432,23 +436,41 @@ class DecoderGraph:
         name = f"/layers.{i}/mlp/gate/Linear"
         logits = self._from_c4(name, self._conv(name, self._to_c4(name, flat, a.hidden_size),
                                                 self.source.tensor(m.router(i))), spec.experts)
-        softmax = AxisT()
-        softmax.axis = -1
-        probs = g.op(OpType.Softmax, f"{p}/Softmax_output_0", [logits], [f"{p}/Softmax_output_0"], OpParameter.Axis,
-                     softmax)
+        if spec.scoring == "sigmoid":
+            probs = g.unary(f"{p}/Sigmoid_output_0", UnaryOpOperation.SIGMOID, logits)
+        else:
+            softmax = AxisT()
+            softmax.axis = -1
+            probs = g.op(OpType.Softmax, f"{p}/Softmax_output_0", [logits], [f"{p}/Softmax_output_0"],
+                         OpParameter.Axis, softmax)
+        bias = None
+        if spec.selection_bias is not None:
+            values = self.source.tensor(spec.selection_bias).load().astype(np.float32).reshape(-1)
+            bias = g.const_float(f"{p}/expert_bias", values, [spec.experts])
+            probs = g.binary(f"{p}/Add_output_0", BinaryOpOperation.ADD, probs, bias)
         topk = TopKV2T()
         topk.t, topk.sorted, topk.largest = DataType.DT_FLOAT, True, True
         k = g.const_int(f"{p}/top_k", [spec.top_k], [1])
         last = g.const_int(f"{p}/last_axis", [-1], None)
         weights, experts = f"{p}/TopK_output_0", f"{p}/TopK_output_1"
         g.op(OpType.TopKV2, f"{p}/TopK_output_0", [probs, k, last], [weights, experts], OpParameter.TopKV2, topk)
+        if bias is not None:
+            chosen = g.op(OpType.GatherV2, f"{p}/Gather_output_0", [bias, experts], [f"{p}/Gather_output_0"],
+                          OpParameter.GatherV2, GatherV2T())
+            weights = g.binary(f"{p}/Sub_output_0", BinaryOpOperation.SUB, weights, chosen)
         if spec.norm_topk:
             reduce = ReductionParamT()
             reduce.operation, reduce.keepDims, reduce.dType = ReductionType.SUM, True, DataType.DT_FLOAT
             axes = g.const_int(f"{p}/reduce_axes", [-1], [1])
             total = g.op(OpType.Reduction, f"{p}/ReduceSum_output_0", [weights, axes], [f"{p}/ReduceSum_output_0"],
                          OpParameter.ReductionParam, reduce)
+            if spec.norm_eps:
+                total = g.binary(f"{p}/Add_1_output_0", BinaryOpOperation.ADD, total,
+                                 g.const_float(f"{p}/norm_eps", spec.norm_eps))
             weights = g.binary(f"{p}/Div_output_0", BinaryOpOperation.REALDIV, weights, total)
+        if spec.routed_scale != 1.0:
+            weights = g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, weights,
+                               g.const_float(f"{p}/routed_scale", spec.routed_scale))
         for e in range(spec.experts):
             self.subgraphs.append(self._expert(i, e))
         return g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [flat, weights, experts],

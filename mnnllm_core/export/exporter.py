@@ -19,6 +19,7 @@ from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwe
 from . import phi
 from . import lfm2
 from . import hunyuan_v1_dense
+from . import lfm2_moe
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -36,6 +37,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "phi": phi,
     "lfm2": lfm2,
     "hunyuan_v1_dense": hunyuan_v1_dense,
+    "lfm2_moe": lfm2_moe,
 }
 ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")

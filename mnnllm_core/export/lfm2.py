@@ -92,8 +92,14 @@ class Model(llama.Model):
         return [self.input_norm(layer), self.post_attention_norm(layer)]
 
     def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        return [source.tensor(n) for n in self.norms(layer)] + self.mixer_tensors(source, layer) + \
+            self.mlp_tensors(source, layer)
+
+    def mixer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        """The token mixer's weights that go to the weight file (the conv kernel is inline)."""
         if self.mixer(layer) == "attention":
-            return super().layer_tensors(source, layer)
-        return ([source.tensor(n) for n in self.norms(layer)] +
-                [self.conv_weight(source, layer, p) for p in ("in_proj", "out_proj")] +
-                [self.linear_weight(source, layer, p) for p in ("gate_proj", "up_proj", "down_proj")])
+            return [self.linear_weight(source, layer, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        return [self.conv_weight(source, layer, p) for p in ("in_proj", "out_proj")]
+
+    def mlp_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        return [self.linear_weight(source, layer, p) for p in ("gate_proj", "up_proj", "down_proj")]

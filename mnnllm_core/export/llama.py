@@ -118,6 +118,10 @@ class MlpSpec:
     top_k: int = 0
     norm_topk: bool = False
     gated: bool = True             # False: up -> act -> down (Phi's fc1, fc2)
+    scoring: str = "softmax"       # the routing: softmax | sigmoid (LFM2-MoE) over the router's logits
+    selection_bias: str | None = None  # a tensor added to the scores to pick the experts, not to weigh them
+    norm_eps: float = 0.0          # added to the sum of the top-k weights when they are renormalised
+    routed_scale: float = 1.0      # the routing weights' final factor
 
 
 class Model:
