@@ -26,6 +26,8 @@ STOP = 2  # <|im_end|>, the tokenizer's eos: both runtimes stop there
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 CONV_ATTN_CONV = ["conv", "full_attention", "conv"]  # LFM2's layer_types
+GPT_OSS = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+           "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ ARCHS = [
     Arch("lfm2", "lfm2", {"layer_types": CONV_ATTN_CONV, "block_auto_adjust_ff_dim": False}),
     Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {**ROPE, "rope_type": "dynamic", "alpha": 4.0, "factor": 1.0}}),
     Arch("lfm2_moe", "lfm2_moe", {"layer_types": CONV_ATTN_CONV, "num_dense_layers": 1, **MOE}),
+    Arch("gpt_oss", "gpt_oss", {**GPT_OSS, "sliding_window": WINDOW, "rope_parameters": ROPE, "swiglu_limit": 1.0}),
 ]
 
 
@@ -121,18 +124,25 @@ def greedy(model, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> li
 
 def dequantize_into(model, bits: int, block: int) -> None:
     """Replace the model's weights by what a `bits`-bit export stores: every Linear (and a tied
-    embedding, which is read from the lm_head's block) dequantized; norms stay fp32. transformers 5
-    holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is quantized alone."""
+    embedding, which is read from the lm_head's block) dequantized; norms and biases stay fp32.
+    transformers 5 holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is
+    quantized alone, along its input (gpt-oss stores them input-major: [experts, in, out])."""
     import torch
 
     tied = model.config.tie_word_embeddings
+    input_major = model.config.model_type == "gpt_oss"  # its experts are [experts, in, out]
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() < 2 or ("embed_tokens" in name and not tied):
+            if p.dim() < 2 or name.endswith("bias") or ("embed_tokens" in name and not tied):
                 continue
             matrices = p.numpy().reshape((-1,) + tuple(p.shape[-2:]))
-            stored = np.stack([dequantized(w, bits, block) for w in matrices]).reshape(p.shape)
-            p.copy_(torch.from_numpy(stored.astype(np.float32)))
+            flip = input_major and ".experts." in name
+            if flip:
+                matrices = matrices.transpose(0, 2, 1)
+            stored = np.stack([dequantized(w, bits, block) for w in matrices])
+            if flip:
+                stored = stored.transpose(0, 2, 1)
+            p.copy_(torch.from_numpy(np.ascontiguousarray(stored.reshape(p.shape), dtype=np.float32)))
 
 
 def until_stop(tokens: list[int]) -> list[int]:

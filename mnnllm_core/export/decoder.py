@@ -296,8 +296,11 @@ class DecoderGraph:
             q_out, k_out = self._fused_rope(i, proj["q_proj"], proj["k_proj"], spec)
         attn = AttentionParamT()
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
-        ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention",
-                   [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]],
+        inputs = [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]]
+        if spec.sinks is not None:  # MNN's Attention takes them as a fifth input, one value per head
+            sinks = self.source.tensor(spec.sinks).load().astype(np.float32).reshape(-1)
+            inputs.append(g.const_float(f"/layers.{i}/self_attn/sinks", sinks, [a.num_attention_heads]))
+        ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention", inputs,
                    [f"/layers.{i}/self_attn/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, attn)
         return self._conv(f"/layers.{i}/self_attn/o_proj/Linear", ctx, m.linear_weight(self.source, i, "o_proj"),
                           m.linear_bias(self.source, i, "o_proj"))
@@ -435,8 +438,11 @@ class DecoderGraph:
                          None, NHWC)
         name = f"/layers.{i}/mlp/gate/Linear"
         logits = self._from_c4(name, self._conv(name, self._to_c4(name, flat, a.hidden_size),
-                                                self.source.tensor(m.router(i))), spec.experts)
-        if spec.scoring == "sigmoid":
+                                                self.source.tensor(m.router(i)),
+                                                self._tensor_or_none(m.router_bias(i))), spec.experts)
+        if spec.scoring == "topk_softmax":
+            probs = logits
+        elif spec.scoring == "sigmoid":
             probs = g.unary(f"{p}/Sigmoid_output_0", UnaryOpOperation.SIGMOID, logits)
         else:
             softmax = AxisT()
@@ -454,6 +460,11 @@ class DecoderGraph:
         last = g.const_int(f"{p}/last_axis", [-1], None)
         weights, experts = f"{p}/TopK_output_0", f"{p}/TopK_output_1"
         g.op(OpType.TopKV2, f"{p}/TopK_output_0", [probs, k, last], [weights, experts], OpParameter.TopKV2, topk)
+        if spec.scoring == "topk_softmax":
+            softmax = AxisT()
+            softmax.axis = -1
+            weights = g.op(OpType.Softmax, f"{p}/Softmax_output_0", [weights], [f"{p}/Softmax_output_0"],
+                           OpParameter.Axis, softmax)
         if bias is not None:
             chosen = g.op(OpType.GatherV2, f"{p}/Gather_output_0", [bias, experts], [f"{p}/Gather_output_0"],
                           OpParameter.GatherV2, GatherV2T())
@@ -478,24 +489,43 @@ class DecoderGraph:
                        {"layer_id": i, "num_experts": spec.experts, "top_k": spec.top_k})
 
     def _expert(self, i: int, e: int) -> SubGraphProtoT:
-        """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> silu(gate) * up -> down."""
+        """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> silu(gate) * up -> down
+        (or gpt-oss's clamped swiglu, and the Linears' biases where the model has them)."""
         g, a, m = GraphBuilder(), self.args, self.model
         name = f"/expert/{i}_{e}"
         ffn = m.args.moe_intermediate_size
         x = g.input("hidden_states.1", [1, a.hidden_size], DataType.DT_FLOAT)
         lin = f"{name}/gate_up_proj_linear"
         both = self._conv(lin, self._to_c4(lin, x, a.hidden_size, g), m.expert_weight(self.source, i, e, "gate_up"),
-                          g=g)
+                          m.expert_bias(self.source, i, e, "gate_up"), g=g)
         both = self._from_c4(lin, both, 2 * ffn, rows=0, g=g)
         axis = g.const_int("/axis", [-1], [1])
         halves = [g.const_int(f"/bound_{v}", [v], [1]) for v in (0, ffn, 2 * ffn)]
         gate = g.strided_slice("/Slice_output_0", [both, halves[0], halves[1], axis], DataType.DT_INVALID, 1)
         up = g.strided_slice("/Slice_1_output_0", [both, halves[1], halves[2], axis], DataType.DT_INVALID, 1)
-        y = g.binary("/Mul_2_output_0", BinaryOpOperation.MUL, up, self._activation("", gate, "silu", g))
+        spec = m.mlp(i)
+        if spec.act == "clamped_swiglu":
+            y = self._clamped_swiglu(g, gate, up, spec.glu_alpha, spec.glu_limit)
+        else:
+            y = g.binary("/Mul_2_output_0", BinaryOpOperation.MUL, up, self._activation("", gate, "silu", g))
         lin = f"{name}/down_proj_linear"
-        down = self._conv(lin, self._to_c4(lin, y, ffn, g), m.expert_weight(self.source, i, e, "down"), g=g)
+        down = self._conv(lin, self._to_c4(lin, y, ffn, g), m.expert_weight(self.source, i, e, "down"),
+                          m.expert_bias(self.source, i, e, "down"), g=g)
         out = self._from_c4(lin, down, a.hidden_size, rows=0, g=g, output="hidden_states")
         return g.subgraph(name, [x], [out])
+
+
+    @staticmethod
+    def _clamped_swiglu(g: GraphBuilder, gate: str, up: str, alpha: float, limit: float) -> str:
+        """gpt-oss: g = min(gate, limit), u = clamp(up, -limit, limit); (u + 1) * g * sigmoid(alpha * g)."""
+        b = BinaryOpOperation
+        gate = g.binary("/glu/gate_clamped", b.MINIMUM, gate, g.const_float("/glu/limit", limit))
+        up = g.binary("/glu/up_clamped", b.MAXIMUM, g.binary("/glu/up_upper", b.MINIMUM, up, "/glu/limit"),
+                      g.const_float("/glu/minus_limit", -limit))
+        scaled = g.binary("/glu/gate_alpha", b.MUL, gate, g.const_float("/glu/alpha", alpha))
+        glu = g.binary("/glu/glu", b.MUL, gate, g.unary("/glu/sigmoid", UnaryOpOperation.SIGMOID, scaled))
+        return g.binary("/glu/out", b.MUL, g.binary("/glu/up_plus_one", b.ADD, up, g.const_float("/glu/one", 1.0)),
+                        glu)
 
 
 def linear(g: GraphBuilder, weights: WeightWriter, name: str, x: str, weight: LazyTensor,

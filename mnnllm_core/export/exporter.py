@@ -20,6 +20,7 @@ from . import phi
 from . import lfm2
 from . import hunyuan_v1_dense
 from . import lfm2_moe
+from . import gpt_oss
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -38,6 +39,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "lfm2": lfm2,
     "hunyuan_v1_dense": hunyuan_v1_dense,
     "lfm2_moe": lfm2_moe,
+    "gpt_oss": gpt_oss,
 }
 ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")

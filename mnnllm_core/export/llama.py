@@ -107,21 +107,25 @@ class AttentionSpec:
     k_norm: str | None = None
     scale: float | None = None     # None: 1/sqrt(head_dim)
     norm_after_rope: bool = False  # HunYuan: q/k norms after the rotation (not the RoPE op's, which come before)
+    sinks: str | None = None       # gpt-oss: a learned logit per head that joins each softmax (and is dropped)
 
 
 @dataclass(frozen=True)
 class MlpSpec:
     """A dense gated MLP (`act` on gate, times up) or a routed mixture of such experts."""
 
-    act: str = "silu"              # silu | gelu_tanh
+    act: str = "silu"              # silu | gelu_tanh | clamped_swiglu (gpt-oss experts, see glu_alpha)
     experts: int = 0
     top_k: int = 0
     norm_topk: bool = False
     gated: bool = True             # False: up -> act -> down (Phi's fc1, fc2)
-    scoring: str = "softmax"       # the routing: softmax | sigmoid (LFM2-MoE) over the router's logits
+    scoring: str = "softmax"       # the routing: softmax | sigmoid (LFM2-MoE) of the router's logits, or
+                                   # topk_softmax (gpt-oss): the top-k logits chosen, then their softmax
     selection_bias: str | None = None  # a tensor added to the scores to pick the experts, not to weigh them
     norm_eps: float = 0.0          # added to the sum of the top-k weights when they are renormalised
     routed_scale: float = 1.0      # the routing weights' final factor
+    glu_alpha: float = 1.0         # clamped_swiglu: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g),
+    glu_limit: float = 0.0         # g = min(gate, limit)
 
 
 class Model:
@@ -175,6 +179,13 @@ class Model:
         return "model.embed_tokens.weight" if self.args.tie_word_embeddings else "lm_head.weight"
 
     def lm_head_bias(self) -> str | None:
+        return None
+
+    def router_bias(self, layer: int) -> str | None:
+        return None
+
+    def expert_bias(self, source: Source, layer: int, expert: int, name: str) -> LazyTensor | None:
+        """The bias of an expert's gate_up or down Linear (gpt-oss); None without."""
         return None
 
     def norm_bias(self, weight: str) -> str | None:
