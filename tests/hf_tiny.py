@@ -26,6 +26,7 @@ STOP = 2  # <|im_end|>, the tokenizer's eos: both runtimes stop there
 ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
 CONV_ATTN_CONV = ["conv", "full_attention", "conv"]  # LFM2's layer_types
+NTK_ALPHA = {"alpha": 4.0, "factor": 1.0}  # HunYuan's "dynamic" rope: a fixed alpha, a static theta
 GPT_OSS = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
 
@@ -62,9 +63,9 @@ ARCHS = [
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
     Arch("phi", "phi", {"rope_parameters": {**ROPE, "partial_rotary_factor": 0.5}}),
     Arch("lfm2", "lfm2", {"layer_types": CONV_ATTN_CONV, "block_auto_adjust_ff_dim": False}),
-    Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {**ROPE, "rope_type": "dynamic", "alpha": 4.0, "factor": 1.0}}),
+    Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {**ROPE, "rope_type": "dynamic", **NTK_ALPHA}}),
     Arch("lfm2_moe", "lfm2_moe", {"layer_types": CONV_ATTN_CONV, "num_dense_layers": 1, **MOE}),
-    Arch("gpt_oss", "gpt_oss", {**GPT_OSS, "sliding_window": WINDOW, "rope_parameters": ROPE, "swiglu_limit": 1.0}),
+    Arch("gpt_oss", "gpt_oss", {**GPT_OSS, "sliding_window": WINDOW, "swiglu_limit": 1.0}),  # its own yarn rope
 ]
 
 

@@ -152,6 +152,8 @@ class DecoderGraph:
     def _table_key(self, layer: int) -> tuple[RopeSpec, float]:
         spec = self.model.attention(layer)
         gain = 1.0 if spec.scale is None else math.sqrt(spec.scale * math.sqrt(self.args.head_dim))
+        if spec.rope is not None:
+            gain *= spec.rope.attention_factor  # YaRN: q and k both carry it, as cos and sin do in transformers
         return spec.rope or _NOPE, gain
 
     # -- the two graph shapes ------------------------------------------------

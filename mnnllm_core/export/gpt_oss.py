@@ -6,8 +6,9 @@ columns interleave (gate_up[..., ::2], [..., 1::2]) and whose activation is the 
 
 transformers 5 keeps the experts stacked and input-major ([experts, hidden, 2 * ffn]): each expert's
 Linear is its slice transposed, gate rows first then up rows, as the expert subgraph slices them.
-Checkpoints in MXFP4 (`quantization_config`) and the YaRN rope of the released models are refused by
-the config reader, naming the field."""
+Its YaRN rope (the released models') is written as the frequencies transformers computes and a
+cos/sin table scaled by the attention factor. Checkpoints in MXFP4 (`quantization_config`) are
+refused by the config reader, naming the field."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -55,7 +56,7 @@ class ModelArgs(llama.ModelArgs):
     @classmethod
     def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
         types = r.layer_types(layers, [SLIDING if (i + 1) % 2 else FULL for i in range(layers)])
-        rope = r.rope(cls.default_theta)
+        rope = r.rope(cls.default_theta, yarn=True)
         return dict(layer_types=types, sliding_window=cls.window_from(r, types, 128), ropes=[rope] * layers)
 
 
