@@ -84,9 +84,11 @@ def test_lfm2_moe_routes_by_sigmoid_with_the_bias_for_the_choice_only():
     assert model("lfm2_moe", **MOE, use_expert_bias=False).mlp(3).selection_bias is None
 
 
-def test_hunyuan_ntk_alpha_rope_is_transformers_static_theta():
+def test_hunyuan_ntk_alpha_rope_is_transformers_static_theta_in_both_layouts():
     rope = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
     spec = args("hunyuan_v1_dense", rope_parameters=rope).ropes[0]
+    t4 = args("hunyuan_v1_dense", rope_theta=10000.0, rope_scaling={"type": "dynamic", "alpha": 1000.0, "factor": 1.0})
+    assert t4.ropes[0] == spec
     inv, _ = transformers_inv_freq("hunyuan_v1_dense", rope_parameters=rope)
     np.testing.assert_allclose(spec.inv_freq(16), inv, rtol=2e-7, atol=0)
 

@@ -8,11 +8,15 @@ shape computations left behind by its optimizer). Shared by both shapes:
         one such table per distinct rotary (Gemma 3: local and global; a NoPE layer: inv_freq 0);
         a query scale other than 1/sqrt(head_dim) (Gemma's query_pre_attn_scalar) multiplies the
         table by sqrt(scale * sqrt(head_dim)): q and k both carry it, so q.k does once. MNN 3.6.1's
-        runtime ignores AttentionParam.attnScale, so the scale cannot go there.
+        runtime ignores AttentionParam.attnScale, so the scale cannot go there. YaRN's attention
+        factor multiplies the table too (partial rotary: a table of rotary_dim, RoPE's ropeCutHeadDim).
     attention_mask: [1,1,-1,-1] (full attention: the causal mask lives in Attention), or for
         "mix" attention [2,1,1,-1,-1], plane 0 full, plane 1 sliding, picked per layer by GatherV2
     per layer: q, k, v Convolution 1x1 (the quantized linear, NC4HW4 in and out) -> RoPE(q, k, cos,
-        sin) with the optional per-head q/k norm tables -> Attention(q, k, v, mask) -> o_proj
+        sin) with the optional per-head q/k norm tables -> Attention(q, k, v, mask[, sinks]) -> o_proj;
+        HunYuan (norms after the rotation): q, k to [1,seq,heads,d], x*cos + concat(-x2, x1)*sin from
+        plain ops, then a LayerNorm each; LFM2's conv layers: in_proj -> LinearAttention "short_conv"
+        (over Fill zeros and the inline [H,1,K] conv weight) -> out_proj
 
 `c4` (MNN's transformer_c4 fusion, llama-like models): the hidden state stays NC4HW4 [seq,H,1,1];
 each LayerNorm from layer 1 on is fused with the residual add (inputs (residual, x), outputs
@@ -20,8 +24,10 @@ each LayerNorm from layer 1 on is fused with the residual add (inputs (residual,
 
 `plain` (Gemma, MoE models): the hidden state is NCHW [1,seq,H]; every Linear is Reshape [-1,ic,1,1]
 -> ConvertTensor -> Convolution -> ConvertTensor -> Reshape [1,-1,oc]; residual adds are BinaryOps;
-Gemma's sandwich norms, GELU-tanh (spelled out as MNN writes it) and final soft-cap; MoE layers are
-a router Linear -> Softmax -> TopKV2 (-> Reduction SUM, RealDiv) -> MoE op over expert subgraphs.
+Gemma's sandwich norms, GELU-tanh (spelled out as MNN writes it) and final soft-cap; Phi's parallel
+block (x + attention(h) + mlp(h)), LayerNorms with bias and ungated fc1 -> GELU-tanh -> fc2; MoE layers
+are a router Linear -> Softmax (Sigmoid, + selection bias) -> TopKV2 (-> Softmax of the top-k, or
+Reduction SUM, RealDiv) -> MoE op over expert subgraphs (silu or gpt-oss's clamped swiglu).
 
 Weights are written as the ops that use them are built, so llm.mnn.weight comes out in MNN's
 order: each layer's input norm, q, k, v, o, its norms and MLP; then the final norm and the lm_head.
