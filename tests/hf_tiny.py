@@ -23,6 +23,12 @@ WINDOW = 6
 PROMPTS = [[1, 40, 80, 200, 262, 120, 9, 33, 71, 140], [5, 17, 99, 250, 3, 64, 128, 11]]
 NEW_TOKENS = 12
 STOP = 2  # <|im_end|>, the tokenizer's eos: both runtimes stop there
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+CONV_ATTN_CONV = ["conv", "full_attention", "conv"]  # LFM2's layer_types
+NTK_ALPHA = {"alpha": 4.0, "factor": 1.0}  # HunYuan's "dynamic" rope: a fixed alpha, a static theta
+GPT_OSS = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+           "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,11 @@ ARCHS = [
     Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}),
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
+    Arch("phi", "phi", {"rope_parameters": {**ROPE, "partial_rotary_factor": 0.5}}),
+    Arch("lfm2", "lfm2", {"layer_types": CONV_ATTN_CONV, "block_auto_adjust_ff_dim": False}),
+    Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {**ROPE, "rope_type": "dynamic", **NTK_ALPHA}}),
+    Arch("lfm2_moe", "lfm2_moe", {"layer_types": CONV_ATTN_CONV, "num_dense_layers": 1, **MOE}),
+    Arch("gpt_oss", "gpt_oss", {**GPT_OSS, "sliding_window": WINDOW, "swiglu_limit": 1.0}),  # its own yarn rope
 ]
 
 
@@ -77,6 +88,9 @@ def build(arch: Arch, folder: Path):
             else:
                 values = rng.standard_normal(p.shape) * (1.2 / np.sqrt(p.shape[-1]))
             p.copy_(torch.from_numpy(on_grid(values)))
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):  # LFM2-MoE's selection bias: zeros would leave it untested
+                b.copy_(torch.from_numpy(on_grid(0.2 * rng.standard_normal(b.shape))))
     model.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (folder / "tokenizer_config.json").write_text(json.dumps(
@@ -111,18 +125,25 @@ def greedy(model, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> li
 
 def dequantize_into(model, bits: int, block: int) -> None:
     """Replace the model's weights by what a `bits`-bit export stores: every Linear (and a tied
-    embedding, which is read from the lm_head's block) dequantized; norms stay fp32. transformers 5
-    holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is quantized alone."""
+    embedding, which is read from the lm_head's block) dequantized; norms and biases stay fp32.
+    transformers 5 holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is
+    quantized alone, along its input (gpt-oss stores them input-major: [experts, in, out])."""
     import torch
 
     tied = model.config.tie_word_embeddings
+    input_major = model.config.model_type == "gpt_oss"  # its experts are [experts, in, out]
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() < 2 or ("embed_tokens" in name and not tied):
+            if p.dim() < 2 or name.endswith("bias") or ("embed_tokens" in name and not tied):
                 continue
             matrices = p.numpy().reshape((-1,) + tuple(p.shape[-2:]))
-            stored = np.stack([dequantized(w, bits, block) for w in matrices]).reshape(p.shape)
-            p.copy_(torch.from_numpy(stored.astype(np.float32)))
+            flip = input_major and ".experts." in name
+            if flip:
+                matrices = matrices.transpose(0, 2, 1)
+            stored = np.stack([dequantized(w, bits, block) for w in matrices])
+            if flip:
+                stored = stored.transpose(0, 2, 1)
+            p.copy_(torch.from_numpy(np.ascontiguousarray(stored.reshape(p.shape), dtype=np.float32)))
 
 
 def until_stop(tokens: list[int]) -> list[int]:

@@ -16,6 +16,11 @@ from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.progress import Progress
 
 from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
+from . import phi
+from . import lfm2
+from . import hunyuan_v1_dense
+from . import lfm2_moe
+from . import gpt_oss
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -30,6 +35,11 @@ logger = logging.getLogger(__name__)
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma2": gemma2,
     "gemma3_text": gemma3_text, "mistral": mistral, "phi3": phi3, "smollm3": smollm3,
+    "phi": phi,
+    "lfm2": lfm2,
+    "hunyuan_v1_dense": hunyuan_v1_dense,
+    "lfm2_moe": lfm2_moe,
+    "gpt_oss": gpt_oss,
 }
 ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")

@@ -106,16 +106,26 @@ class AttentionSpec:
     q_norm: str | None = None      # per-head RMSNorm weights (Qwen3, Gemma 3)
     k_norm: str | None = None
     scale: float | None = None     # None: 1/sqrt(head_dim)
+    norm_after_rope: bool = False  # HunYuan: q/k norms after the rotation (not the RoPE op's, which come before)
+    sinks: str | None = None       # gpt-oss: a learned logit per head that joins each softmax (and is dropped)
 
 
 @dataclass(frozen=True)
 class MlpSpec:
     """A dense gated MLP (`act` on gate, times up) or a routed mixture of such experts."""
 
-    act: str = "silu"              # silu | gelu_tanh
+    act: str = "silu"              # silu | gelu_tanh | clamped_swiglu (gpt-oss experts, see glu_alpha)
     experts: int = 0
     top_k: int = 0
     norm_topk: bool = False
+    gated: bool = True             # False: up -> act -> down (Phi's fc1, fc2)
+    scoring: str = "softmax"       # the routing: softmax | sigmoid (LFM2-MoE) of the router's logits, or
+                                   # topk_softmax (gpt-oss): the top-k logits chosen, then their softmax
+    selection_bias: str | None = None  # a tensor added to the scores to pick the experts, not to weigh them
+    norm_eps: float = 0.0          # added to the sum of the top-k weights when they are renormalised
+    routed_scale: float = 1.0      # the routing weights' final factor
+    glu_alpha: float = 1.0         # clamped_swiglu: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g),
+    glu_limit: float = 0.0         # g = min(gate, limit)
 
 
 class Model:
@@ -124,6 +134,8 @@ class Model:
     style = "c4"                   # c4: MNN's transformer_c4 fused graph; plain: one Linear after another
     norm_offset = 0.0              # Gemma stores RMSNorm weights as w - 1
     sandwich_norms = False         # Gemma 2/3: norms after attention and after the MLP too
+    rms_norm = True                # False: LayerNorm with mean and bias (Phi)
+    parallel = False               # Phi: x + attention(norm(x)) + mlp(norm(x)), one norm per layer
 
     def __init__(self, args: ModelArgs):
         self.args = args
@@ -144,6 +156,10 @@ class Model:
     def mlp(self, layer: int) -> MlpSpec:
         return MlpSpec(self.args.act)
 
+    def mixer(self, layer: int) -> str:
+        """What mixes the tokens in a layer: "attention", or "short_conv" (LFM2)."""
+        return "attention"
+
     def llm_config(self) -> dict[str, Any]:
         """The llm_config.json keys that describe attention: MNN builds a 2-plane mask for "mix"."""
         windows = {self.attention(i).window for i in range(self.args.num_hidden_layers)} - {None}
@@ -161,6 +177,20 @@ class Model:
 
     def lm_head(self) -> str:
         return "model.embed_tokens.weight" if self.args.tie_word_embeddings else "lm_head.weight"
+
+    def lm_head_bias(self) -> str | None:
+        return None
+
+    def router_bias(self, layer: int) -> str | None:
+        return None
+
+    def expert_bias(self, source: Source, layer: int, expert: int, name: str) -> LazyTensor | None:
+        """The bias of an expert's gate_up or down Linear (gpt-oss); None without."""
+        return None
+
+    def norm_bias(self, weight: str) -> str | None:
+        """The bias (beta) of the norm whose weight is `weight`; None for an RMSNorm."""
+        return None
 
     def input_norm(self, layer: int) -> str:
         return f"model.layers.{layer}.input_layernorm.weight"
