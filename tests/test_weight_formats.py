@@ -261,3 +261,83 @@ def test_a_field_the_sizes_contradict_is_a_config_error_naming_it(change, field,
     with pytest.raises(ConfigError) as err:
         DiskEmbedding(LlmConfig.from_file(model / "config.json"))
     assert err.value.field == field and err.value.file.endswith("llm_config.json")
+
+
+# -- our exporter: the same formats, MNN's runtime on them = our engine -----------------------
+EXPORTS = {  # name: (tied source, export_model keywords)
+    "q2-b64-sep": (True, dict(quant_bit=2, quant_block=64, separate_embed=True)),
+    "q3-b64-sep": (True, dict(quant_bit=3, quant_block=64, separate_embed=True)),
+    "q4-sym": (True, dict(quant_bit=4, quant_block=64, sym=True)),
+    "q8-sym": (True, dict(quant_bit=8, quant_block=32, sym=True)),
+    "q4-b128": (True, dict(quant_bit=4, quant_block=128)),
+    "q4-lm8": (True, dict(quant_bit=4, quant_block=64, lm_quant_bit=8)),
+    "q4-emb8-sep": (False, dict(quant_bit=4, quant_block=64, embed_bit=8, separate_embed=True)),
+    "q4-emb4-sep-sym": (False, dict(quant_bit=4, quant_block=64, embed_bit=4, separate_embed=True, sym=True)),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_sources(tmp_path_factory) -> dict[bool, Path]:
+    from test_export import random_weights, write_hf_folder
+    root = tmp_path_factory.mktemp("hf")
+    return {tied: write_hf_folder(root / f"llama-{tied}", "llama", random_weights("llama", tied, 3), tied)
+            for tied in (True, False)}
+
+
+def export(hf_sources, tmp_path: Path, name: str) -> Path:
+    from mnnllm_core.export import export_model
+    tied, keywords = EXPORTS[name]
+    export_model(str(hf_sources[tied]), str(tmp_path / name), **keywords)
+    return tmp_path / name
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", sorted(EXPORTS))
+def test_mnns_runtime_on_our_export_gives_our_ids(name, hf_sources, tmp_path):
+    from test_export import PROMPT
+    model = export(hf_sources, tmp_path, name)
+    ids = [PROMPT, [1, 40, 41, 42, 43]]
+    theirs = mnn_generate(model, ids, 12)
+    assert all(len(t) > 0 for t in theirs)
+    assert generate(model, ids, n=12) == theirs
+    assert generate(model, ids, memory="low", n=12) == theirs
+
+
+@pytest.mark.parametrize("name, quant_bit, block, per_block", [
+    ("q4-sym", 4, 64, 1), ("q8-sym", 8, 32, 1), ("q4-b128", 4, 64, 2), ("q4-lm8", 8, 64, 2), ("q4-emb8-sep", 8, 64, 2),
+    ("q4-emb4-sep-sym", 4, 64, 1)])
+def test_our_export_writes_mnns_layout(name, quant_bit, block, per_block, hf_sources, tmp_path):
+    """tie_embeddings as MNN's exporter writes it, but with the block the scales hold (q4-b128: 64);
+    symmetric convs with readType 0 and aMin 0, asymmetric ones with readType = rows x blocks."""
+    from mnnllm_core.schema.reader import read_net_file
+    model = export(hf_sources, tmp_path, name)
+    tie = json.loads((model / "llm_config.json").read_text())["tie_embeddings"]
+    config = json.loads((model / "config.json").read_text())
+    vocab = DiskEmbedding(LlmConfig.from_file(model / "config.json")).vocab
+    per_value = 4 if tie["alpha_dtype"] == "fp32" else 2
+    assert (tie["quant_bit"], tie["quant_block"]) == (quant_bit, block)
+    assert tie["alpha_size"] == vocab * (64 // block) * per_block * per_value
+    if "emb" in name:
+        assert tie["weight_offset"] == 0 and config["embedding_file"] == f"embeddings_int{quant_bit}.bin"
+        assert (model / config["embedding_file"]).stat().st_size == tie["alpha_offset"] + tie["alpha_size"]
+    convs = [op.main.quanParameter for op in read_net_file(str(model / "llm.mnn")).oplists
+             if op.main is not None and getattr(op.main, "quanParameter", None) is not None]
+    assert convs
+    for quant in convs:
+        assert (quant.readType == 0, quant.aMin) == ((True, 0) if "sym" in name else (False, 1))
+
+
+@pytest.mark.parametrize("bits", [2, 3])
+def test_our_2_and_3_bit_tied_export_reads_back_as_quantized(bits, hf_sources, tmp_path):
+    """The tied rows hold what the quantizer made of the embedding (MNN's runtime misreads them, see above)."""
+    from mnnllm_core.export.weights import quantize_rows
+    from test_export import random_weights
+    from mnnllm_core.export import export_model
+    export_model(str(hf_sources[True]), str(tmp_path / "m"), quant_bit=bits, quant_block=64)
+    table = random_weights("llama", True, 3)["model.embed_tokens.weight"]
+    codes, alpha = quantize_rows(table, bits, 64)
+    alpha = alpha.astype(np.float32)
+    want = alpha[:, :, :1] + alpha[:, :, 1:] * (codes.reshape(len(table), 1, 64) - 2.0 ** (bits - 1))
+    embedding = DiskEmbedding(LlmConfig.from_file(tmp_path / "m" / "config.json"))
+    tokens = list(range(0, len(table), 7))
+    np.testing.assert_allclose(embedding.embedding(tokens)[:, 0], want.reshape(len(table), 64)[tokens], atol=1e-6)
