@@ -100,6 +100,19 @@ def test_every_backend_gives_mnns_ids(folder, backend, memory):
     assert generate(FORMATS / folder, prompts(folder), backend, memory, n) == expected(folder)
 
 
+OTHERS = [("cpu", "low"), ("opencl", "normal"), ("vulkan", "normal")]
+
+
+@pytest.mark.parametrize("backend,memory", OTHERS, ids=[f"{b}-{m}" for b, m in OTHERS])
+@pytest.mark.parametrize("folder", ["q2-b64", "q3-b64"])
+def test_2_and_3_bit_models_give_the_ids_of_our_cpu_on_every_backend(folder, backend, memory):
+    """MNN's ids for these are no reference (below); the 2/3-bit layers run everywhere as on cpu."""
+    if backend != "cpu":
+        available(backend)
+    ids = prompts(folder)
+    assert generate(FORMATS / folder, ids, backend, memory) == generate(FORMATS / folder, ids)
+
+
 # -- 2- and 3-bit tied rows -----------------------------------------------------------------
 def reference_rows(folder: str, tokens: list[int]) -> np.ndarray:
     """The rows in float64, bit by bit from the file (MSB first, (zero, scale) per row): the decoder's oracle."""
@@ -301,6 +314,18 @@ def test_mnns_runtime_on_our_export_gives_our_ids(name, hf_sources, tmp_path):
     assert all(len(t) > 0 for t in theirs)
     assert generate(model, ids, n=12) == theirs
     assert generate(model, ids, memory="low", n=12) == theirs
+
+
+DEVICE_EXPORTS = [(b, n) for b in ("opencl", "vulkan") for n in ("q3-b64-sep", "q8-sym", "q4-emb4-sep-sym")]
+
+
+@pytest.mark.parametrize("backend,name", DEVICE_EXPORTS, ids=[f"{b}-{n}" for b, n in DEVICE_EXPORTS])
+def test_device_backends_on_our_exports_give_our_cpu_ids(backend, name, hf_sources, tmp_path):
+    from test_export import PROMPT
+    available(backend)
+    model = export(hf_sources, tmp_path, name)
+    ids = [PROMPT, [1, 40, 41, 42, 43]]
+    assert generate(model, ids, backend, n=12) == generate(model, ids, n=12)
 
 
 @pytest.mark.parametrize("name, quant_bit, block, per_block", [
