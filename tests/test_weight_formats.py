@@ -193,7 +193,9 @@ def test_q4_b128_with_the_block_its_scales_hold_gives_mnns_ids(tmp_path):
     tie = json.loads((model / "llm_config.json").read_text())["tie_embeddings"]
     edit_json(model / "llm_config.json", tie_embeddings={**tie, "quant_block": 64})
     ids = prompts("q4-b128")
-    assert generate(model, ids) == mnn_generate(model, ids)
+    theirs = mnn_generate(model, ids)
+    assert generate(model, ids) == theirs
+    assert generate(model, ids, memory="low") == theirs
 
 
 # -- embedding files --------------------------------------------------------------------------
