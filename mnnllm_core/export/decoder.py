@@ -65,6 +65,7 @@ from .rope import RopeSpec
 from .sources import LazyTensor, Source
 from .weights import LinearInfo, WeightWriter
 
+LM_HEAD = "/lm/lm_head/Linear"  # the op whose bits are `--lm-quant-bit`
 # The end index of the logits slice: "to the end" in MNN's graph.
 _SLICE_END = 1 << 30
 _SCALE_FP16 = 1
@@ -190,7 +191,7 @@ class DecoderGraph:
         x = g.strided_slice("/Slice_output_0", [last, "logits_index", end, self.axis0, self.axis1],
                             DataType.DT_INVALID, 1, NC4HW4)
         hidden_states = self._layernorm("hidden_states", m.final_norm(), [x], ["hidden_states"], NC4HW4)
-        logits, info = self._linear("/lm/lm_head/Linear", hidden_states, self.source.tensor(m.lm_head()),
+        logits, info = self._linear(LM_HEAD, hidden_states, self.source.tensor(m.lm_head()),
                                     self._tensor_or_none(m.lm_head_bias()))
         logits = g.convert("/lm/lm_head/Linear/post_convert", logits, NC4HW4, NCHW, NHWC)
         logits = g.reshape("/lm/lm_head/Linear/post_reshape", [logits], [1, -1, a.vocab_size], NHWC,
@@ -224,7 +225,7 @@ class DecoderGraph:
         x = g.strided_slice("/Slice_output_0", [x, "logits_index", end, self.axis1, self.axis1],
                             DataType.DT_INVALID, 1)
         hidden_states = self._layernorm("hidden_states", m.final_norm(), [x], ["hidden_states"])
-        name = "/lm/lm_head/Linear"
+        name = LM_HEAD
         logits, info = self._linear(name, self._to_c4(name, hidden_states, a.hidden_size),
                                     self.source.tensor(m.lm_head()), self._tensor_or_none(m.lm_head_bias()))
         return self._softcap(self._from_c4(name, logits, a.vocab_size, output=self._logits_name())), info
@@ -539,8 +540,8 @@ class DecoderGraph:
 def linear(g: GraphBuilder, weights: WeightWriter, name: str, x: str, weight: LazyTensor,
            bias: LazyTensor | None = None, output: str | None = None) -> tuple[str, LinearInfo]:
     """A Linear as MNN writes it: a 1x1 Convolution on NC4HW4 [rows, ic, 1, 1], its weight
-    quantized into the weight file at the writer's bits."""
-    info = weights.linear(weight, bias)
+    quantized into the weight file at the writer's bits (the lm_head at its own)."""
+    info = weights.linear(weight, bias, lm_head=name == LM_HEAD)
     common = Convolution2DCommonT()
     common.outputCount, common.inputCount = info.oc, info.ic
     quant = IDSTQuanT()
@@ -550,8 +551,8 @@ def linear(g: GraphBuilder, weights: WeightWriter, name: str, x: str, weight: La
         quant.type = 1
         quant.quantScale = 1.0
         quant.aMaxOrBits = info.bits
-        quant.aMin = 1
-        quant.readType = info.oc * (info.ic // info.block_size)
+        quant.aMin = 0 if info.symmetric else 1  # as MNN's exporter: a symmetric conv has readType 0, aMin 0
+        quant.readType = 0 if info.symmetric else info.oc * (info.ic // info.block_size)
         quant.shapeInt32 = info.shape_int32
         quant.scaleStorage = _SCALE_FP16
     conv = Convolution2DT()
