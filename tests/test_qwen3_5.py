@@ -7,9 +7,9 @@ keeps the cached system prompt, a cut-back into a step (rejected drafts), the pr
 and a prefill in pieces or token by token give what a fresh whole prefill gives. The kernel itself
 is checked against transformers' Qwen3.5 code here and against float64 in the conformance cases.
 
-The configs ship `is_visual: true` and a Qwen3-VL-style `visual.mnn`, whose encoder our engine
-cannot load yet: the runs "as shipped" are expected to fail at load (VISION_XFAIL) until it can;
-the text prompts never reach the encoder, so every check also runs with `is_visual: false`.
+The configs ship `is_visual: true` and a Qwen3-VL-style `visual.mnn`, so "as shipped" they load as
+Omni with its vision encoder; the text prompts never reach the encoder, so the checks also run with
+`is_visual: false` (a plain Llm, which keeps the prefix cache on disk that Omni turns off).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import pytest
 from mnnllm_backends.cpu.ops.gated_delta_rule import DeltaRuleHistory, GatedDeltaRuleExecution
 from mnnllm_core.core import op_params
 from mnnllm_core.core.op_params import LinearAttentionParams
-from mnnllm_core.errors import FormatError, UnsupportedError
+from mnnllm_core.errors import UnsupportedError
 from mnnllm_core.llm.config import LlmConfig
 from mnnllm_core.llm.llm import Llm, create
 from mnnllm_core.plugins.manager import registry
@@ -36,11 +36,8 @@ ARCH3 = SHARED / "models" / "arch3"
 REFERENCE = json.loads((ARCH3 / "reference.json").read_text()) if (ARCH3 / "reference.json").exists() else {}
 FOLDERS = ["tiny-qwen3_5-mnn-fp16", "tiny-qwen3_5-mnn-q4", "tiny-qwen3_5_moe-mnn-q4"]
 NEW_TOKENS = 24
-VISION_XFAIL = pytest.mark.xfail(strict=False, raises=FormatError,
-                                 reason="needs the Qwen3-VL vision encoder (vision branch): visual.mnn.weight's "
-                                        "patch_embed does not load yet")
 TEXT_ONLY = {"is_visual": False}
-CONFIGS = [pytest.param({}, id="as-shipped", marks=VISION_XFAIL), pytest.param(TEXT_ONLY, id="text-only")]
+CONFIGS = [pytest.param({}, id="as-shipped"), pytest.param(TEXT_ONLY, id="text-only")]
 
 pytestmark = pytest.mark.skipif(not all(f in REFERENCE for f in FOLDERS), reason=f"arch3 models missing at {ARCH3}")
 
