@@ -144,7 +144,9 @@ def test_inverse_frequencies_are_transformers_own(rope, theta, head_dim):
         ref = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / head_dim))
     else:
         ref = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")[0].numpy()
-    np.testing.assert_allclose(spec.inv_freq(head_dim), ref, rtol=2e-7, atol=0)
+    # a few float32 ulps (2^-23 = 1.2e-7 each): torch's vectorized pow rounds differently on some CPUs
+    # (2.9e-7 measured on llama3 at theta 5e5, head_dim 64)
+    np.testing.assert_allclose(spec.inv_freq(head_dim), ref, rtol=5e-7, atol=0)
 
 
 @pytest.mark.parametrize("folder", ["tiny-gemma2-mnn-fp16", "tiny-gemma3_text-mnn-fp16", "tiny-qwen3_moe-mnn-fp16"])
