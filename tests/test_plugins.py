@@ -417,7 +417,8 @@ def test_the_minimal_example_passes_the_conformance_suite_running_binary_ops_and
     results = run_suite("minimal")
     assert [r.case.id for r in results if r.status == "fail"] == []
     assert all(r.matches for r in results), "the fallback to cpu must give the right numbers"
-    ran = {(r.case.op_type, r.case.operation) for r in results if r.status == "pass"}
+    # a case whose op is refused before any backend sees it (bad LinearAttention params) passes everywhere
+    ran = {(r.case.op_type, r.case.operation) for r in results if r.status == "pass" and r.outputs is not None}
     assert ran == {("BinaryOp", op) for op in ("ADD", "SUB", "MUL", "REALDIV")}
     binary = [r for r in results if r.case.op_type == "BinaryOp" and r.case.operation in ("ADD", "SUB", "MUL")
               and r.case.dtype == "float32" and "fused" not in r.case.name]
