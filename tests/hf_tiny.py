@@ -20,6 +20,10 @@ BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB, "max_position_embeddings": 256,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 WINDOW = 6
+QWEN3_5 = {"layer_types": ["linear_attention", "full_attention", "linear_attention"], "linear_num_key_heads": 2,
+           "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
+           "linear_conv_kernel_dim": 4, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                            "partial_rotary_factor": 0.5}}
 PROMPTS = [[1, 40, 80, 200, 262, 120, 9, 33, 71, 140], [5, 17, 99, 250, 3, 64, 128, 11]]
 NEW_TOKENS = 12
 STOP = 2  # <|im_end|>, the tokenizer's eos: both runtimes stop there
@@ -35,6 +39,8 @@ class Arch:
     norm_centre: float = 1.0          # Gemma stores w - 1: weights centred on 0
     embed_std: float = 0.5            # Gemma scales embeddings by sqrt(hidden): smaller, or they drown the layers
     seed: int = 0
+    unit_norms: tuple[str, ...] = ()  # norm weights (name suffixes) used as w, not 1 + w, whatever norm_centre says
+    unquantized: tuple[str, ...] = ()  # parameters (name parts) an export keeps in fp32: no 4-bit rounding
 
 
 ARCHS = [
@@ -55,6 +61,8 @@ ARCHS = [
     Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}),
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
+    Arch("qwen3_5", "qwen3_5_text", {**QWEN3_5, "tie_word_embeddings": True}, norm_centre=0.0, embed_std=0.2,
+         unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
 ]
 
 
@@ -70,7 +78,9 @@ def build(arch: Arch, folder: Path):
     rng = np.random.default_rng(arch.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
+            if name.endswith(arch.unit_norms) and arch.unit_norms:
+                values = 1.0 + 0.1 * rng.standard_normal(p.shape)
+            elif name.endswith("norm.weight"):
                 values = arch.norm_centre + 0.1 * rng.standard_normal(p.shape)
             elif "embed_tokens" in name:
                 values = arch.embed_std * rng.standard_normal(p.shape)
@@ -109,7 +119,7 @@ def greedy(model, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> li
     return out
 
 
-def dequantize_into(model, bits: int, block: int) -> None:
+def dequantize_into(model, bits: int, block: int, unquantized: tuple[str, ...] = ()) -> None:
     """Replace the model's weights by what a `bits`-bit export stores: every Linear (and a tied
     embedding, which is read from the lm_head's block) dequantized; norms stay fp32. transformers 5
     holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is quantized alone."""
@@ -118,7 +128,7 @@ def dequantize_into(model, bits: int, block: int) -> None:
     tied = model.config.tie_word_embeddings
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() < 2 or ("embed_tokens" in name and not tied):
+            if p.dim() < 2 or ("embed_tokens" in name and not tied) or any(u in name for u in unquantized):
                 continue
             matrices = p.numpy().reshape((-1,) + tuple(p.shape[-2:]))
             stored = np.stack([dequantized(w, bits, block) for w in matrices]).reshape(p.shape)

@@ -19,6 +19,13 @@ pytest.importorskip("transformers", reason="transformers builds the tiny referen
 BLOCK = 32
 CASES = [(arch, bits) for arch in ARCHS for bits in (16, 4)]
 IDS = [f"{arch.name}-{bits}bit" for arch, bits in CASES]
+# Architectures our engine cannot run yet: the op or input it lacks, and the branch that adds it.
+ENGINE_PENDING = {
+    "qwen3_5": "engine: LinearAttention (gated_delta_rule), branch qwen35",
+}
+ENGINE_CASES = [pytest.param(arch, bits, id=f"{arch.name}-{bits}bit", marks=pytest.mark.xfail(
+    strict=False, reason=ENGINE_PENDING[arch.name])) if arch.name in ENGINE_PENDING else
+    pytest.param(arch, bits, id=f"{arch.name}-{bits}bit") for arch, bits in CASES]
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,7 @@ def exports(tmp_path_factory):
                 cache[arch.name] = build(arch, src)
             model = copy.deepcopy(cache[arch.name])
             if bits != 16:
-                dequantize_into(model, bits, BLOCK)
+                dequantize_into(model, bits, BLOCK, arch.unquantized)
             dst = root / arch.name / f"q{bits}"
             export_cli(src, dst, bits)
             cache[(arch.name, bits)] = dst / "config.json", greedy(model)
@@ -60,7 +67,7 @@ def test_mnn_runtime_on_our_export_gives_the_transformers_tokens(exports, arch, 
     assert [until_stop(t) for t in got] == expected
 
 
-@pytest.mark.parametrize("arch,bits", CASES, ids=IDS)
+@pytest.mark.parametrize("arch,bits", ENGINE_CASES)
 def test_our_engine_on_our_export_gives_the_transformers_tokens(exports, arch, bits):
     config, expected = exports(arch, bits)
     got = engine_generate(config, PROMPTS, NEW_TOKENS)

@@ -101,9 +101,12 @@ class ConfigReader:
         return list(types)
 
     def rope(self, default_theta: float, layer_type: str | None = None,
-             legacy_theta_key: str = "rope_theta", legacy_scaling: bool = True) -> RopeSpec:
+             legacy_theta_key: str = "rope_theta", legacy_scaling: bool = True, partial: bool = False,
+             text_mrope: bool = False) -> RopeSpec:
         """The rotary table of one layer type, from `rope_parameters` (nested by layer type or not) or from
-        the transformers 4 keys (`legacy_theta_key`, `rope_scaling`, `partial_rotary_factor`)."""
+        the transformers 4 keys (`legacy_theta_key`, `rope_scaling`, `partial_rotary_factor`).
+        `partial`: the architecture's graph rotates only the first partial_rotary_factor of each head;
+        `text_mrope`: M-RoPE sections are accepted, as text positions are equal in every section."""
         params = self.get("rope_parameters")
         if params is not None:
             if not isinstance(params, dict):
@@ -113,7 +116,7 @@ class ConfigReader:
             elif any(isinstance(v, dict) for v in params.values()):
                 raise self.error(f"rope_parameters has no entry for {layer_type!r}", "rope_parameters")
             theta = params.get("rope_theta", self.get(legacy_theta_key, default_theta))
-            return self._rope_spec(dict(params, rope_theta=theta), "rope_parameters")
+            return self._rope_spec(dict(params, rope_theta=theta), "rope_parameters", partial, text_mrope)
         scaling = self.get("rope_scaling") if legacy_scaling else None
         if scaling is not None and not isinstance(scaling, dict):
             raise self.error(f"rope_scaling must be an object, got {scaling!r}", "rope_scaling")
@@ -121,15 +124,20 @@ class ConfigReader:
         spec["rope_theta"] = self.number(legacy_theta_key, default_theta)
         if self.has("partial_rotary_factor"):
             spec.setdefault("partial_rotary_factor", self.get("partial_rotary_factor"))
-        return self._rope_spec(spec, "rope_scaling")
+        return self._rope_spec(spec, "rope_scaling", partial, text_mrope)
 
-    def _rope_spec(self, p: dict[str, Any], key: str) -> RopeSpec:
+    def _rope_spec(self, p: dict[str, Any], key: str, allow_partial: bool = False, text_mrope: bool = False) -> RopeSpec:
         kind = p.get("rope_type", p.get("type", "default"))
         if kind not in ROPE_TYPES:
             raise self.unsupported(f"rope type {kind!r} (supported: {', '.join(ROPE_TYPES)})", key)
-        if float(p.get("partial_rotary_factor", 1.0)) != 1.0:
+        partial = p.get("partial_rotary_factor", 1.0)
+        if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+            raise self.error(f"partial_rotary_factor must be in (0, 1], got {partial!r}", key)
+        if partial != 1.0 and not allow_partial:
             raise self.unsupported(f"partial_rotary_factor {p['partial_rotary_factor']!r}", key)
         known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
+        if text_mrope:
+            known |= {"mrope_section", "mrope_interleaved"}
         if kind == "linear":
             known |= {"factor"}
         if kind == "llama3":
@@ -141,7 +149,7 @@ class ConfigReader:
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
             raise self.error(f"rope_theta must be a positive number, got {theta!r}", key)
         if kind == "default":
-            return RopeSpec(float(theta))
+            return RopeSpec(float(theta), partial=float(partial))
         try:
             factor = float(p["factor"])
             if kind == "linear":

@@ -51,6 +51,7 @@ from mnnllm_core.schema.MNN.TopKV2 import TopKV2T
 from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
 
 from .graph import NC4HW4, NCHW, NHWC, GraphBuilder
+from .linear_attention import gated_delta_net
 from .llama import AttentionSpec, Model
 from .rope import RopeSpec
 from .sources import LazyTensor, Source
@@ -114,6 +115,8 @@ class DecoderGraph:
         g, a = self.g, self.args
         keys = []
         for i in range(a.num_hidden_layers):
+            if self.model.linear_attention(i) is not None:
+                continue
             key = self._table_key(i)
             if key not in keys:
                 keys.append(key)
@@ -157,7 +160,7 @@ class DecoderGraph:
         h = self._layernorm("/blocks.0/input_layernorm/Mul_1_output_0", m.input_norm(0), [x],
                             ["/blocks.0/input_layernorm/Mul_1_output_0"], NC4HW4)
         for i in range(a.num_hidden_layers):
-            attn = self._attention(i, h)
+            attn = self._mixer(i, h)
             residual, h = self._fused_norm(f"/blocks.{i}/post_attention_layernorm/Mul_1_output_0",
                                            m.post_attention_norm(i), residual, attn, f"/blocks.{i}/Add_output_0")
             gate = self._conv(f"/layers.{i}/mlp/gate_proj/Linear", h, m.linear_weight(self.source, i, "gate_proj"))
@@ -185,7 +188,7 @@ class DecoderGraph:
         for i in range(a.num_hidden_layers):
             h = self._layernorm(f"/blocks.{i}/input_layernorm/Mul_1_output_0", m.input_norm(i), [x])
             h = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
-            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", self._attention(i, h), a.hidden_size)
+            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", self._mixer(i, h), a.hidden_size)
             if m.sandwich_norms:
                 attn = self._layernorm(f"/blocks.{i}/post_attention_layernorm/Mul_1_output_0",
                                        m.post_attention_norm(i), [attn])
@@ -266,6 +269,11 @@ class DecoderGraph:
                  output: str | None = None) -> str:
         return from_c4(g or self.g, name, x, oc, rows, output)
 
+    def _mixer(self, i: int, h: str) -> str:
+        """A layer's token mixer: attention, or (Qwen3.5) a gated delta-net linear attention."""
+        spec = self.model.linear_attention(i)
+        return self._attention(i, h) if spec is None else gated_delta_net(self, i, h, spec)
+
     def _attention(self, i: int, h: str) -> str:
         """q, k, v from the NC4HW4 `h` -> RoPE -> Attention -> o_proj (its NC4HW4 output)."""
         g, a, m = self.g, self.args, self.model
@@ -273,7 +281,7 @@ class DecoderGraph:
         proj = {p: self._conv(f"/layers.{i}/self_attn/{p}/Linear", h, m.linear_weight(self.source, i, p),
                               m.linear_bias(self.source, i, p)) for p in ("q_proj", "k_proj", "v_proj")}
         rope = RoPEParamT()
-        rope.ropeCutHeadDim = a.head_dim
+        rope.ropeCutHeadDim = a.head_dim if spec.rope is None else spec.rope.rotary_dim(a.head_dim)
         rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
         rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
         cos, sin = self.tables[self._table_key(i)]
@@ -283,9 +291,16 @@ class DecoderGraph:
              [q_out, k_out], OpParameter.RoPEParam, rope)
         attn = AttentionParamT()
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
+        ctx_name = (f"/blocks.{i}/self_attn/fused_attn/FusedAttention_output_0" if spec.output_gate
+                    else f"/layers.{i}/self_attn/o_proj/Linear/pre_convert")
         ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention",
-                   [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]],
-                   [f"/layers.{i}/self_attn/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, attn)
+                   [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]], [ctx_name],
+                   OpParameter.AttentionParam, attn)
+        if spec.output_gate:
+            gate = self._conv(f"/layers.{i}/self_attn/q_gate_proj/Linear", h,
+                              m.linear_weight(self.source, i, "q_gate_proj"))
+            gate = g.unary(f"/blocks.{i}/self_attn/Sigmoid_output_0", UnaryOpOperation.SIGMOID, gate, NC4HW4)
+            ctx = g.binary(f"/blocks.{i}/self_attn/Mul_output_0", BinaryOpOperation.MUL, ctx, gate, NC4HW4)
         return self._conv(f"/layers.{i}/self_attn/o_proj/Linear", ctx, m.linear_weight(self.source, i, "o_proj"),
                           m.linear_bias(self.source, i, "o_proj"))
 

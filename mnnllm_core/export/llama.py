@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .config import FULL, SLIDING, ConfigReader
+from .linear_attention import LinearAttentionSpec
 from .rope import RopeSpec
 from .sources import LazyTensor, Source
 
@@ -106,6 +107,7 @@ class AttentionSpec:
     q_norm: str | None = None      # per-head RMSNorm weights (Qwen3, Gemma 3)
     k_norm: str | None = None
     scale: float | None = None     # None: 1/sqrt(head_dim)
+    output_gate: bool = False      # Qwen3.5: q_proj also yields a per-head gate, out * sigmoid(gate)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class Model:
     style = "c4"                   # c4: MNN's transformer_c4 fused graph; plain: one Linear after another
     norm_offset = 0.0              # Gemma stores RMSNorm weights as w - 1
     sandwich_norms = False         # Gemma 2/3: norms after attention and after the MLP too
+    base = "model"                 # the decoder's tensor prefix (a composite VL checkpoint: model.language_model)
 
     def __init__(self, args: ModelArgs):
         self.args = args
@@ -144,6 +147,10 @@ class Model:
     def mlp(self, layer: int) -> MlpSpec:
         return MlpSpec(self.args.act)
 
+    def linear_attention(self, layer: int) -> "LinearAttentionSpec | None":
+        """The layer's linear-attention mixer, or None: it attends (every layer but Qwen3.5's delta-net ones)."""
+        return None
+
     def llm_config(self) -> dict[str, Any]:
         """The llm_config.json keys that describe attention: MNN builds a 2-plane mask for "mix"."""
         windows = {self.attention(i).window for i in range(self.args.num_hidden_layers)} - {None}
@@ -154,24 +161,24 @@ class Model:
     # -- tensor names -----------------------------------------------------------
 
     def embedding(self) -> str:
-        return "model.embed_tokens.weight"
+        return f"{self.base}.embed_tokens.weight"
 
     def final_norm(self) -> str:
-        return "model.norm.weight"
+        return f"{self.base}.norm.weight"
 
     def lm_head(self) -> str:
-        return "model.embed_tokens.weight" if self.args.tie_word_embeddings else "lm_head.weight"
+        return self.embedding() if self.args.tie_word_embeddings else "lm_head.weight"
 
     def input_norm(self, layer: int) -> str:
-        return f"model.layers.{layer}.input_layernorm.weight"
+        return f"{self.base}.layers.{layer}.input_layernorm.weight"
 
     def post_attention_norm(self, layer: int) -> str:
-        return f"model.layers.{layer}.post_attention_layernorm.weight"
+        return f"{self.base}.layers.{layer}.post_attention_layernorm.weight"
 
     def linear(self, layer: int, name: str) -> str:
         """`name` is one of PROJECTIONS."""
         group = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-        return f"model.layers.{layer}.{group}.{name}"
+        return f"{self.base}.layers.{layer}.{group}.{name}"
 
     def linear_weight(self, source: Source, layer: int, name: str) -> LazyTensor:
         return source.tensor(f"{self.linear(layer, name)}.weight")

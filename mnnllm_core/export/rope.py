@@ -24,10 +24,16 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    partial: float = 1.0           # partial_rotary_factor: only the first dims of each head rotate
+
+    def rotary_dim(self, head_dim: int) -> int:
+        """How many leading dims of a head rotate (MNN's RoPEParam.ropeCutHeadDim)."""
+        return int(head_dim * self.partial)
 
     def inv_freq(self, head_dim: int) -> np.ndarray:
-        """fp32 [head_dim / 2], computed in fp32 like transformers' rope init functions."""
-        exponent = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+        """fp32 [rotary_dim / 2], computed in fp32 like transformers' rope init functions."""
+        dim = self.rotary_dim(head_dim)
+        exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
         inv = (np.float32(1.0) / np.power(np.float32(self.theta), exponent)).astype(np.float32)
         if self.kind == "linear":
             return (inv / np.float32(self.factor)).astype(np.float32)
