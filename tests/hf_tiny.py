@@ -20,6 +20,11 @@ BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num
         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": VOCAB, "max_position_embeddings": 256,
         "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
 WINDOW = 6
+GEMMA4 = {"layer_types": ["sliding_attention", "sliding_attention", "full_attention"], "sliding_window": WINDOW,
+          "hidden_size_per_layer_input": 4, "vocab_size_per_layer_input": VOCAB, "final_logit_softcapping": 30.0,
+          "global_head_dim": 32, "rope_parameters": {
+              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+              "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}}
 QWEN3_5 = {"layer_types": ["linear_attention", "full_attention", "linear_attention"], "linear_num_key_heads": 2,
            "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
            "linear_conv_kernel_dim": 4, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
@@ -61,6 +66,7 @@ ARCHS = [
     Arch("mistral", "mistral", {"sliding_window": WINDOW, "tie_word_embeddings": False}),
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
+    Arch("gemma4", "gemma4_text", GEMMA4, norm_centre=1.0, embed_std=0.1, unquantized=("embed_tokens_per_layer",)),
     Arch("qwen3_5", "qwen3_5_text", {**QWEN3_5, "tie_word_embeddings": True}, norm_centre=0.0, embed_std=0.2,
          unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
 ]
@@ -87,6 +93,9 @@ def build(arch: Arch, folder: Path):
             else:
                 values = rng.standard_normal(p.shape) * (1.2 / np.sqrt(p.shape[-1]))
             p.copy_(torch.from_numpy(on_grid(values)))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):  # Gemma 4: a per-layer constant, 1 at init
+                b.copy_(torch.from_numpy(on_grid(0.8 + 0.4 * rng.random(b.shape))))
     model.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (folder / "tokenizer_config.json").write_text(json.dumps(

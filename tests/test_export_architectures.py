@@ -21,8 +21,12 @@ CASES = [(arch, bits) for arch in ARCHS for bits in (16, 4)]
 IDS = [f"{arch.name}-{bits}bit" for arch, bits in CASES]
 # Architectures our engine cannot run yet: the op or input it lacks, and the branch that adds it.
 ENGINE_PENDING = {
+    "gemma4": "engine: the ple_embeddings input (per-layer embeddings), branch gemma4",
     "qwen3_5": "engine: LinearAttention (gated_delta_rule), branch qwen35",
 }
+# MNN 3.6.1's runtime keeps per-layer-embedding state across reset(): a second prompt in the same
+# process decodes wrongly (the first, and Llm::forward step by step, agree with transformers).
+MNN_PROMPT_PER_PROCESS = {"gemma4"}
 ENGINE_CASES = [pytest.param(arch, bits, id=f"{arch.name}-{bits}bit", marks=pytest.mark.xfail(
     strict=False, reason=ENGINE_PENDING[arch.name])) if arch.name in ENGINE_PENDING else
     pytest.param(arch, bits, id=f"{arch.name}-{bits}bit") for arch, bits in CASES]
@@ -63,7 +67,10 @@ def export_cli(src: Path, dst: Path, bits: int) -> dict:
 def test_mnn_runtime_on_our_export_gives_the_transformers_tokens(exports, arch, bits):
     config, expected = exports(arch, bits)
     assert any(len(t) > 3 for t in expected)
-    got = mnn_generate(config, PROMPTS, NEW_TOKENS)
+    if arch.name in MNN_PROMPT_PER_PROCESS:
+        got = [mnn_generate(config, [prompt], NEW_TOKENS)[0] for prompt in PROMPTS]
+    else:
+        got = mnn_generate(config, PROMPTS, NEW_TOKENS)
     assert [until_stop(t) for t in got] == expected
 
 

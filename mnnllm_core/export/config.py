@@ -36,6 +36,21 @@ INERT_KEYS = frozenset({
 })
 
 
+def language_part(config: dict[str, Any], file: str | None, outer_keys: tuple[str, ...]) -> tuple[dict[str, Any], bool]:
+    """A composite (vision-language) config's `text_config`, with the outer `tie_word_embeddings`, and True;
+    a text-only config unchanged, and False. `outer_keys`: the composite's keys that leave the text model
+    alone (token ids, the other towers' configs); any other outer key is refused like an unread one."""
+    if "text_config" not in config:
+        return config, False
+    outer = ConfigReader(config, file)
+    outer.ignore("text_config", "tie_word_embeddings", *outer_keys)
+    outer.finish()
+    text = dict(config["text_config"])
+    if "tie_word_embeddings" in config:
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    return text, True
+
+
 class ConfigReader:
     """One architecture's view of config.json: typed getters that remember what was read."""
 
@@ -126,19 +141,20 @@ class ConfigReader:
             spec.setdefault("partial_rotary_factor", self.get("partial_rotary_factor"))
         return self._rope_spec(spec, "rope_scaling", partial, text_mrope)
 
-    def _rope_spec(self, p: dict[str, Any], key: str, allow_partial: bool = False, text_mrope: bool = False) -> RopeSpec:
+    def _rope_spec(self, p: dict[str, Any], key: str, allow_partial: bool = False,
+                   text_mrope: bool = False) -> RopeSpec:
         kind = p.get("rope_type", p.get("type", "default"))
         if kind not in ROPE_TYPES:
             raise self.unsupported(f"rope type {kind!r} (supported: {', '.join(ROPE_TYPES)})", key)
         partial = p.get("partial_rotary_factor", 1.0)
         if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
             raise self.error(f"partial_rotary_factor must be in (0, 1], got {partial!r}", key)
-        if partial != 1.0 and not allow_partial:
+        if partial != 1.0 and not allow_partial and kind != "proportional":
             raise self.unsupported(f"partial_rotary_factor {p['partial_rotary_factor']!r}", key)
         known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
         if text_mrope:
             known |= {"mrope_section", "mrope_interleaved"}
-        if kind == "linear":
+        if kind in ("linear", "proportional"):
             known |= {"factor"}
         if kind == "llama3":
             known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
@@ -148,6 +164,8 @@ class ConfigReader:
         theta = p["rope_theta"]
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
             raise self.error(f"rope_theta must be a positive number, got {theta!r}", key)
+        if kind == "proportional":
+            return RopeSpec(float(theta), kind, float(p.get("factor", 1.0)), partial=float(partial))
         if kind == "default":
             return RopeSpec(float(theta), partial=float(partial))
         try:

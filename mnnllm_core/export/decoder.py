@@ -52,6 +52,7 @@ from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
 
 from .graph import NC4HW4, NCHW, NHWC, GraphBuilder
 from .linear_attention import gated_delta_net
+from .per_layer_embedding import per_layer_block, per_layer_inputs
 from .llama import AttentionSpec, Model
 from .rope import RopeSpec
 from .sources import LazyTensor, Source
@@ -74,7 +75,7 @@ class DecoderGraph:
         self.weights = weights
         self.g = GraphBuilder()
         self.subgraphs: list[SubGraphProtoT] = []
-        self.tables: dict[tuple[RopeSpec, float], tuple[str, str]] = {}
+        self.tables: dict[tuple[RopeSpec, float, int], tuple[str, str]] = {}
         self.masks: dict[bool, str] = {}
 
     def build(self, model_id: str) -> tuple[bytes, LinearInfo]:
@@ -88,12 +89,14 @@ class DecoderGraph:
     # -- inputs, rotary tables, masks ---------------------------------------
 
     def _inputs(self) -> str:
-        g, hidden = self.g, self.args.hidden_size
+        g, a, hidden = self.g, self.args, self.args.hidden_size
         windows = any(self.model.attention(i).window for i in range(self.args.num_hidden_layers))
         g.input("input_ids", [1, 1, hidden], DataType.DT_FLOAT)
         g.input("attention_mask", [2, 1, 1, -1, -1] if windows else [1, 1, -1, -1], DataType.DT_FLOAT)
         g.input("position_ids", [1, -1], DataType.DT_INT32)
         g.input("logits_index", [1], DataType.DT_INT32)
+        if self.model.per_layer_dim:
+            g.input("ple_embeddings", [1, -1, a.num_hidden_layers * self.model.per_layer_dim], DataType.DT_FLOAT)
         self.one = g.const_int("/rotary/one", [1], None)
         self.axis1 = g.const_int("/rotary/axis_1", [1], [1])
         self.axis0 = g.const_int("/rotary/Constant_3_output_0", [0], [1])
@@ -127,9 +130,9 @@ class DecoderGraph:
         column = g.const_int("/rotary/Constant_output_0", [-1, 1], [2])
         pos = g.reshape("/rotary/Reshape_output_0", [pos, column], None, NHWC)
         axis2 = g.const_int("/rotary/Constant_5_output_0", [2], [1])
-        for n, (spec, gain) in enumerate(keys):
+        for n, (spec, gain, head_dim) in enumerate(keys):
             p = "/rotary" if n == 0 else f"/rotary_{n}"
-            inv = np.zeros(a.head_dim // 2, np.float32) if spec is _NOPE else spec.inv_freq(a.head_dim)
+            inv = np.zeros(head_dim // 2, np.float32) if spec is _NOPE else spec.inv_freq(head_dim)
             freq = g.const_float(f"{p}/Constant_1_output_0", inv)
             angle = g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, pos, freq)
             parts = [g.unsqueeze(f"{p}/Unsqueeze_{tag}", g.unary(f"{p}/{tag}_output_0", fn, angle), self.axis0)
@@ -142,12 +145,13 @@ class DecoderGraph:
             table = g.unsqueeze(f"{p}/Unsqueeze_3_output_0", both, self.axis1)
             names = [f"/blocks.{n}/self_attn/Gather_2_output_0", f"/blocks.{n}/self_attn/Gather_3_output_0"]
             cos, sin = g.planes(table, 2, names, self.one, self.axis1)
-            self.tables[(spec, gain)] = (cos, sin)
+            self.tables[(spec, gain, head_dim)] = (cos, sin)
 
-    def _table_key(self, layer: int) -> tuple[RopeSpec, float]:
+    def _table_key(self, layer: int) -> tuple[RopeSpec, float, int]:
         spec = self.model.attention(layer)
-        gain = 1.0 if spec.scale is None else math.sqrt(spec.scale * math.sqrt(self.args.head_dim))
-        return spec.rope or _NOPE, gain
+        head_dim = spec.head_dim or self.args.head_dim
+        gain = 1.0 if spec.scale is None else math.sqrt(spec.scale * math.sqrt(head_dim))
+        return spec.rope or _NOPE, gain, head_dim
 
     # -- the two graph shapes ------------------------------------------------
 
@@ -185,6 +189,7 @@ class DecoderGraph:
 
     def _plain_body(self, x: str) -> tuple[str, LinearInfo]:
         g, a, m = self.g, self.args, self.model
+        ple = per_layer_inputs(self, x) if m.per_layer_dim else None
         for i in range(a.num_hidden_layers):
             h = self._layernorm(f"/blocks.{i}/input_layernorm/Mul_1_output_0", m.input_norm(i), [x])
             h = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
@@ -201,6 +206,12 @@ class DecoderGraph:
                 mlp = self._layernorm(f"/blocks.{i}/post_feedforward_layernorm/Mul_1_output_0", m.mlp_norms(i)[1],
                                       [mlp])
             x = g.binary(f"/blocks.{i}/Add_1_output_0", BinaryOpOperation.ADD, x, mlp)
+            if ple is not None:
+                x = per_layer_block(self, i, x, ple[i])
+            scalar = m.layer_scalar(self.source, i)
+            if scalar is not None:
+                x = g.binary(f"/blocks.{i}/Mul_1_output_0", BinaryOpOperation.MUL, x,
+                             g.const_float(f"/blocks.{i}/Constant_1_output_0", [scalar], [1]))
         end = g.const_int("/Constant_2_output_0", [_SLICE_END], [1])
         x = g.strided_slice("/Slice_output_0", [x, "logits_index", end, self.axis1, self.axis1],
                             DataType.DT_INVALID, 1)
@@ -241,6 +252,13 @@ class DecoderGraph:
         norm = self._layernorm(name, weight, [residual, x], [sum_name, name], NC4HW4)
         return sum_name, norm
 
+    def _unit_norm(self, name: str, x: str, size: int) -> str:
+        """An RMSNorm without a weight over the last axis (gamma 1 inline)."""
+        param = LayerNormT()
+        param.axis, param.epsilon, param.group, param.useRmsnorm = [-1], float(self.args.rms_norm_eps), 1, True
+        param.gamma, param.beta = [1.0] * size, [0.0] * size
+        return self.g.op(OpType.LayerNorm, name, [x], [name], OpParameter.LayerNorm, param)
+
     def _head_norm(self, weight: str | None) -> LayerNormT | None:
         """A per-head RMSNorm as RoPEParam carries it: gamma inline."""
         if weight is None:
@@ -280,9 +298,10 @@ class DecoderGraph:
         spec: AttentionSpec = m.attention(i)
         proj = {p: self._conv(f"/layers.{i}/self_attn/{p}/Linear", h, m.linear_weight(self.source, i, p),
                               m.linear_bias(self.source, i, p)) for p in ("q_proj", "k_proj", "v_proj")}
+        head_dim, kv_heads = spec.head_dim or a.head_dim, spec.kv_heads or a.num_key_value_heads
         rope = RoPEParamT()
-        rope.ropeCutHeadDim = a.head_dim if spec.rope is None else spec.rope.rotary_dim(a.head_dim)
-        rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        rope.ropeCutHeadDim = head_dim if spec.rope is None else spec.rope.rotary_dim(head_dim)
+        rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, kv_heads, head_dim
         rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
         cos, sin = self.tables[self._table_key(i)]
         q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
@@ -293,8 +312,13 @@ class DecoderGraph:
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
         ctx_name = (f"/blocks.{i}/self_attn/fused_attn/FusedAttention_output_0" if spec.output_gate
                     else f"/layers.{i}/self_attn/o_proj/Linear/pre_convert")
+        v = proj["v_proj"]
+        if spec.v_norm:
+            v = self._from_c4(f"/layers.{i}/self_attn/v_proj/Linear", v, kv_heads * head_dim)
+            v = g.reshape(f"/blocks.{i}/self_attn/Reshape_2_output_0", [v], [1, -1, kv_heads, head_dim], NHWC)
+            v = self._unit_norm(f"/blocks.{i}/self_attn/v_norm/Mul_output_0", v, head_dim)
         ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention",
-                   [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]], [ctx_name],
+                   [q_out, k_out, v, self.masks[spec.window is not None]], [ctx_name],
                    OpParameter.AttentionParam, attn)
         if spec.output_gate:
             gate = self._conv(f"/layers.{i}/self_attn/q_gate_proj/Linear", h,

@@ -16,7 +16,7 @@ from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.progress import Progress
 
 from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
-from . import qwen3_5
+from . import gemma4, qwen3_5
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -32,6 +32,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma2": gemma2,
     "gemma3_text": gemma3_text, "mistral": mistral, "phi3": phi3, "smollm3": smollm3,
     "qwen3_5": qwen3_5, "qwen3_5_text": qwen3_5,
+    "gemma4": gemma4, "gemma4_text": gemma4,
 }
 ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")
@@ -136,6 +137,8 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
                 "tied to the lm_head" if tied else "in embeddings_bf16.bin")
 
     embed_total = 0 if tied else source.tensor(model.embedding()).shape[0] * args.hidden_size
+    tables = {name: source.tensor(tensor) for name, tensor in model.extra_tables().items()}
+    embed_total += sum(t.shape[0] * t.shape[1] for t in tables.values())
     progress = Progress(report.parameters + embed_total, "export", unit="M params", scale=1e6)
     with open(out / "llm.mnn.weight", "wb") as f:
         graph_bytes, lm_head = DecoderGraph(model, source, WeightWriter(f, quant_bit, quant_block,
@@ -145,6 +148,9 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
     if not tied:
         with open(out / "embeddings_bf16.bin", "wb") as f:
             write_bf16_embedding(f, source.tensor(model.embedding()), progress.update)
+    for name, table in tables.items():
+        with open(out / name, "wb") as f:
+            write_bf16_embedding(f, table, progress.update)
     progress.close()
 
     tokenizer_file = _write_tokenizer(out, tokenizer, spec)

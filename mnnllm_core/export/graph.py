@@ -41,6 +41,7 @@ class GraphBuilder:
         self.tensors: list[str] = []
         self.index: dict[str, int] = {}
         self.ops: list[OpT] = []
+        self.produced: set[str] = set()
 
     def tensor(self, name: str) -> int:
         if name not in self.index:
@@ -54,6 +55,10 @@ class GraphBuilder:
         op.type = op_type
         op.name = name
         op.inputIndexes = [self.index[i] for i in inputs] if inputs else None
+        for o in outputs:
+            if o in self.produced:
+                raise ValueError(f"tensor {o!r} is produced twice (op {name!r})")
+            self.produced.add(o)
         op.outputIndexes = [self.tensor(o) for o in outputs]
         op.mainType = main_type
         op.main = main

@@ -108,6 +108,9 @@ class AttentionSpec:
     k_norm: str | None = None
     scale: float | None = None     # None: 1/sqrt(head_dim)
     output_gate: bool = False      # Qwen3.5: q_proj also yields a per-head gate, out * sigmoid(gate)
+    v_norm: bool = False           # Gemma 4: values RMS-normed per head, no weight
+    head_dim: int | None = None    # per-layer overrides (Gemma 4's full layers); None: the model's
+    kv_heads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,7 @@ class Model:
     norm_offset = 0.0              # Gemma stores RMSNorm weights as w - 1
     sandwich_norms = False         # Gemma 2/3: norms after attention and after the MLP too
     base = "model"                 # the decoder's tensor prefix (a composite VL checkpoint: model.language_model)
+    per_layer_dim = 0              # Gemma 4: per-layer embedding width (the `ple_embeddings` input); 0: none
 
     def __init__(self, args: ModelArgs):
         self.args = args
@@ -146,6 +150,14 @@ class Model:
 
     def mlp(self, layer: int) -> MlpSpec:
         return MlpSpec(self.args.act)
+
+    def layer_scalar(self, source: Source, layer: int) -> float | None:
+        """A constant the layer's output is multiplied by (Gemma 4's `layer_scalar`); None: none."""
+        return None
+
+    def extra_tables(self) -> dict[str, str]:
+        """bf16 tables written beside the model, file name -> tensor (Gemma 4's per-layer embeddings)."""
+        return {}
 
     def linear_attention(self, layer: int) -> "LinearAttentionSpec | None":
         """The layer's linear-attention mixer, or None: it attends (every layer but Qwen3.5's delta-net ones)."""

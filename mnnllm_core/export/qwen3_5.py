@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import llama
-from .config import FULL, ConfigReader
+from .config import FULL, ConfigReader, language_part
 from .linear_attention import LinearAttentionSpec
 from .sources import LazyTensor, Source, concat_rows
 
@@ -25,8 +25,7 @@ logger = logging.getLogger(__name__)
 
 LINEAR = "linear_attention"
 # Keys of the composite (vision-language) config beside text_config: none changes the text model.
-_COMPOSITE_KEYS = ("text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
-                   "vision_end_token_id", "tie_word_embeddings")
+_COMPOSITE_KEYS = ("vision_config", "image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
 
 
 @dataclass
@@ -43,17 +42,10 @@ class ModelArgs(llama.ModelArgs):
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], file: str | None = None) -> "ModelArgs":
-        composite = "text_config" in config
+        config, composite = language_part(config, file, _COMPOSITE_KEYS)
         if composite:
-            text = dict(config["text_config"])
-            if "tie_word_embeddings" in config:
-                text["tie_word_embeddings"] = config["tie_word_embeddings"]
-            outer = ConfigReader(config, file)
-            outer.ignore(*_COMPOSITE_KEYS)
-            outer.finish()
             logger.info("%s: exporting the language model of a composite checkpoint; the vision tower is left out",
-                        config.get("model_type"))
-            config = text
+                        file)
         reader = ConfigReader(_with_partial_default(config), file)
         args = cls(**cls.read(reader), composite=composite)
         reader.finish()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "proportional")
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,14 @@ class RopeSpec:
     partial: float = 1.0           # partial_rotary_factor: only the first dims of each head rotate
 
     def rotary_dim(self, head_dim: int) -> int:
-        """How many leading dims of a head rotate (MNN's RoPEParam.ropeCutHeadDim)."""
-        return int(head_dim * self.partial)
+        """How many leading dims of a head rotate (MNN's RoPEParam.ropeCutHeadDim); proportional rope
+        rotates the whole head (its tail frequencies are 0)."""
+        return head_dim if self.kind == "proportional" else int(head_dim * self.partial)
 
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """fp32 [rotary_dim / 2], computed in fp32 like transformers' rope init functions."""
+        if self.kind == "proportional":
+            return _proportional(self, head_dim)
         dim = self.rotary_dim(head_dim)
         exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
         inv = (np.float32(1.0) / np.power(np.float32(self.theta), exponent)).astype(np.float32)
@@ -53,3 +56,13 @@ def _llama3(inv: np.ndarray, spec: RopeSpec) -> np.ndarray:
     blended = (1 - smooth) * scaled / np.float32(spec.factor) + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def _proportional(spec: RopeSpec, head_dim: int) -> np.ndarray:
+    """Gemma 4's rule: the first partial * head_dim / 2 frequencies spaced over the whole head
+    (theta^(-2j / head_dim)), the rest 0 (those dims pass unrotated), all divided by `factor`."""
+    angles = int(spec.partial * head_dim // 2)
+    exponent = np.arange(0, 2 * angles, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv = np.zeros(head_dim // 2, np.float32)
+    inv[:angles] = np.float32(1.0) / np.power(np.float32(spec.theta), exponent)
+    return (inv / np.float32(spec.factor)).astype(np.float32)

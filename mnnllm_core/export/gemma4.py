@@ -1,0 +1,178 @@
+"""Gemma 4 (text): Gemma 3's sandwich-norm layout with
+
+- RMSNorm weights used as they are (not 1 + w), a weightless RMSNorm on the values, attention scale 1
+  (written as llm_config's `attn_scale`, which MNN's runtime gives every Attention op);
+- full-attention layers with their own head size (`per_layer_config`, `global_head_dim`) and
+  proportional RoPE (`partial_rotary_factor` of the frequencies spread over the whole head, the rest 0);
+- per-layer embeddings (PLE, see per_layer_embedding.py) in `ple_embeddings_bf16.bin`;
+- a constant `layer_scalar` per layer and the final logit soft-cap.
+
+Refused: KV sharing between layers (`num_kv_shared_layers`), `attention_k_eq_v`, the MoE block and
+bidirectional attention. A composite checkpoint (Gemma4ForConditionalGeneration) exports its language model.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from . import gemma2, llama
+from .config import FULL, SLIDING, ConfigReader, language_part
+from .sources import LazyTensor, Source
+
+logger = logging.getLogger(__name__)
+
+_COMPOSITE_KEYS = ("vision_config", "audio_config", "audio_token_id", "boa_token_id", "boi_token_id",
+                   "eoa_token_index", "eoi_token_id", "image_token_id", "video_token_id", "initializer_range")
+_PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")
+
+
+@dataclass
+class ModelArgs(llama.ModelArgs):
+    final_logit_softcapping: float | None = None
+    per_layer: dict[int, dict[str, int]] = field(default_factory=dict)
+    per_layer_input: int = 0
+    per_layer_vocab: int = 0
+    composite: bool = False
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any], file: str | None = None) -> "ModelArgs":
+        config, composite = language_part(config, file, _COMPOSITE_KEYS)
+        if composite:
+            logger.info("%s: exporting the language model of a composite checkpoint; vision and audio are left out",
+                        file)
+        reader = ConfigReader(config, file)
+        args = cls(**cls.read(reader), composite=composite)
+        reader.finish()
+        return args
+
+    @classmethod
+    def read(cls, r: ConfigReader) -> dict[str, Any]:
+        kw = super().read(r)
+        layers = kw["num_hidden_layers"]
+        kw["head_dim"] = r.size("head_dim", 256)
+        kw["tie_word_embeddings"] = r.flag("tie_word_embeddings", True)
+        cap = r.get("final_logit_softcapping")
+        kw["final_logit_softcapping"] = None if cap is None else r.number("final_logit_softcapping", 0.0)
+        for key, allowed in (("attention_k_eq_v", (False,)), ("num_kv_shared_layers", (0,)),
+                             ("enable_moe_block", (False,)), ("use_bidirectional_attention", (None,)),
+                             ("num_experts", (None,)), ("top_k_experts", (None,)), ("moe_intermediate_size", (None,))):
+            r.require(key, allowed, allowed[0])
+        r.ignore("use_double_wide_mlp")  # only widens KV-shared layers, refused above
+        r.ignore("allow_global_per_layer_attribute_access")  # a flag MNN's exporter needs; no math
+        kw["per_layer"] = cls.per_layer_overrides(r, kw["layer_types"])
+        width = r.get("hidden_size_per_layer_input", 256)
+        kw["per_layer_input"] = 0 if not width else r.size("hidden_size_per_layer_input")
+        kw["per_layer_vocab"] = r.size("vocab_size_per_layer_input", 262144) if width else 0
+        r.ignore("vocab_size_per_layer_input")  # without PLE nothing reads it
+        return kw
+
+    @classmethod
+    def activation(cls, r: ConfigReader) -> str:
+        r.require("hidden_activation", ("gelu_pytorch_tanh",), "gelu_pytorch_tanh")
+        r.ignore("hidden_act")
+        return "gelu_tanh"
+
+    @classmethod
+    def biases(cls, r: ConfigReader) -> tuple[bool, bool]:
+        r.require("attention_bias", (False,), False)
+        return False, False
+
+    @classmethod
+    def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
+        types = r.layer_types(layers, [SLIDING if (i + 1) % 6 else FULL for i in range(layers)])
+        if types[-1] != FULL:
+            types[-1] = FULL  # transformers forces the last layer to full attention
+        ropes = {t: r.rope(1000000.0 if t == FULL else 10000.0, t) for t in set(types)}
+        return dict(layer_types=types, sliding_window=cls.window_from(r, types, 512), ropes=[ropes[t] for t in types])
+
+    @staticmethod
+    def per_layer_overrides(r: ConfigReader, types: list[str]) -> dict[int, dict[str, int]]:
+        """`per_layer_config` {layer: {head_dim, num_key_value_heads}}, or transformers' default when
+        absent: `global_head_dim` (512) on the full-attention layers."""
+        given = r.get("per_layer_config")
+        if given is None:
+            head = r.size("global_head_dim", 512)
+            r.ignore("num_global_key_value_heads")  # used by transformers only with attention_k_eq_v
+            return {i: {"head_dim": head} for i, t in enumerate(types) if t == FULL}
+        r.ignore("global_head_dim", "num_global_key_value_heads")
+        if not isinstance(given, dict):
+            raise r.error(f"per_layer_config must be an object, got {given!r}", "per_layer_config")
+        out: dict[int, dict[str, int]] = {}
+        for key, values in given.items():
+            if not str(key).isdigit() or int(key) >= len(types) or not isinstance(values, dict):
+                raise r.error(f"per_layer_config entry {key!r}: {values!r}", "per_layer_config")
+            unknown = sorted(set(values) - set(_PER_LAYER_KEYS))
+            if unknown:
+                raise r.unsupported(f"per_layer_config key(s) {', '.join(unknown)}", "per_layer_config")
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values.values()):
+                raise r.error(f"per_layer_config entry {key!r} must hold positive integers", "per_layer_config")
+            out[int(key)] = dict(values)
+        return out
+
+
+class Model(gemma2.Model):
+    norm_offset = 0.0
+
+    def __init__(self, args: ModelArgs):
+        super().__init__(args)
+        self.base = "model.language_model" if args.composite else "model"
+        self.per_layer_dim = args.per_layer_input
+
+    @property
+    def final_softcap(self) -> float | None:
+        return self.args.final_logit_softcapping
+
+    def attention(self, layer: int) -> llama.AttentionSpec:
+        spec = llama.Model.attention(self, layer)
+        base = f"{self.base}.layers.{layer}.self_attn"
+        over = self.args.per_layer.get(layer, {})
+        return replace(spec, q_norm=f"{base}.q_norm.weight", k_norm=f"{base}.k_norm.weight", v_norm=True,
+                       head_dim=over.get("head_dim"), kv_heads=over.get("num_key_value_heads"))
+
+    def llm_config(self) -> dict[str, Any]:
+        config = {**super().llm_config(), "attn_scale": 1.0}
+        if self.per_layer_dim:
+            config.update(ple_embed_file="ple_embeddings_bf16.bin", ple_embed_scale=math.sqrt(self.per_layer_dim),
+                          ple_embed_dim=self.args.num_hidden_layers * self.per_layer_dim)
+        return config
+
+    def extra_tables(self) -> dict[str, str]:
+        return {"ple_embeddings_bf16.bin": self.ple_tensor("embedding")} if self.per_layer_dim else {}
+
+    def layer_scalar(self, source: Source, layer: int) -> float | None:
+        name = f"{self.base}.layers.{layer}.layer_scalar"
+        if not source.has(name):
+            return None
+        value = float(source.tensor(name).load().reshape(-1)[0])
+        return None if value == 1.0 else value
+
+    def ple_tensor(self, part: str) -> str:
+        """The model-wide PLE tensors: embedding, projection, projection_norm."""
+        return {"embedding": f"{self.base}.embed_tokens_per_layer.weight",
+                "projection": f"{self.base}.per_layer_model_projection.weight",
+                "projection_norm": f"{self.base}.per_layer_projection_norm.weight"}[part]
+
+    def ple_layer_tensor(self, layer: int, part: str) -> str:
+        """A layer's PLE tensors: gate, projection, norm."""
+        name = {"gate": "per_layer_input_gate.weight", "projection": "per_layer_projection.weight",
+                "norm": "post_per_layer_input_norm.weight"}[part]
+        return f"{self.base}.layers.{layer}.{name}"
+
+    def norms(self, layer: int) -> list[str]:
+        return super().norms(layer) + ([self.ple_layer_tensor(layer, "norm")] if self.per_layer_dim else [])
+
+    def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        tensors = super().layer_tensors(source, layer)
+        if self.per_layer_dim:
+            tensors += [source.tensor(self.ple_layer_tensor(layer, p)) for p in ("gate", "projection")]
+        return tensors
+
+    def parameter_count(self, source: Source) -> int:
+        extra = 0
+        if self.per_layer_dim:
+            for part in ("projection", "projection_norm"):
+                shape = source.tensor(self.ple_tensor(part)).shape
+                extra += math.prod(shape)
+        return super().parameter_count(source) + extra
