@@ -25,6 +25,8 @@ GEMMA4 = {"layer_types": ["sliding_attention", "sliding_attention", "full_attent
           "global_head_dim": 32, "rope_parameters": {
               "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
               "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}}}
+LLAMA4 = {"intermediate_size_mlp": 96, "intermediate_size": 32, "moe_layers": [], "no_rope_layers": [1, 0, 1],
+          "use_qk_norm": True, "attention_chunk_size": 256, "tie_word_embeddings": False}
 QWEN3_5 = {"layer_types": ["linear_attention", "full_attention", "linear_attention"], "linear_num_key_heads": 2,
            "linear_num_value_heads": 4, "linear_key_head_dim": 16, "linear_value_head_dim": 16,
            "linear_conv_kernel_dim": 4, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
@@ -67,6 +69,7 @@ ARCHS = [
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
     Arch("gemma4", "gemma4_text", GEMMA4, norm_centre=1.0, embed_std=0.1, unquantized=("embed_tokens_per_layer",)),
+    Arch("llama4_text", "llama4_text", LLAMA4),
     Arch("qwen3_5", "qwen3_5_text", {**QWEN3_5, "tie_word_embeddings": True}, norm_centre=0.0, embed_std=0.2,
          unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
 ]

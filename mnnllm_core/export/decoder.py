@@ -259,17 +259,20 @@ class DecoderGraph:
         param.gamma, param.beta = [1.0] * size, [0.0] * size
         return self.g.op(OpType.LayerNorm, name, [x], [name], OpParameter.LayerNorm, param)
 
-    def _head_norm(self, weight: str | None) -> LayerNormT | None:
-        """A per-head RMSNorm as RoPEParam carries it: gamma inline."""
-        if weight is None:
+    def _head_norm(self, weight: str | None, size: int, unit: bool = False) -> LayerNormT | None:
+        """A per-head RMSNorm as RoPEParam carries it: gamma inline (`unit`: gamma 1, no weight)."""
+        if weight is None and not unit:
             return None
         param = LayerNormT()
         param.axis = [-1]
         param.epsilon = float(self.args.rms_norm_eps)
         param.group = 1
         param.useRmsnorm = True
-        gamma = self.source.tensor(weight).load().astype(np.float32) + np.float32(self.model.norm_offset)
-        param.gamma = gamma.astype(np.float32).tolist()
+        if unit:
+            param.gamma = [1.0] * size
+        else:
+            gamma = self.source.tensor(weight).load().astype(np.float32) + np.float32(self.model.norm_offset)
+            param.gamma = gamma.astype(np.float32).tolist()
         return param
 
     def _linear(self, name: str, x: str, weight: LazyTensor, bias: LazyTensor | None = None,
@@ -302,7 +305,7 @@ class DecoderGraph:
         rope = RoPEParamT()
         rope.ropeCutHeadDim = head_dim if spec.rope is None else spec.rope.rotary_dim(head_dim)
         rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, kv_heads, head_dim
-        rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
+        rope.qNorm, rope.kNorm = (self._head_norm(n, head_dim, spec.unit_qk_norm) for n in (spec.q_norm, spec.k_norm))
         cos, sin = self.tables[self._table_key(i)]
         q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
         k_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_1"

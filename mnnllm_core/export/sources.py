@@ -49,6 +49,21 @@ class LazyTensor:
         return LazyTensor(name, (stop - start,) + self.shape[1:], lambda a, b: self.read_rows(start + a, start + b))
 
 
+def permute_rows(tensor: LazyTensor, order: np.ndarray, name: str) -> LazyTensor:
+    """Row r of the result is row order[r] of `tensor` (a per-head reordering of a projection)."""
+    order = np.asarray(order, dtype=np.int64)
+    if sorted(order.tolist()) != list(range(tensor.shape[0])):
+        raise FormatError(f"{name}: not a permutation of the {tensor.shape[0]} rows of {tensor.name!r}",
+                          field=tensor.name)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        wanted = order[start:stop]
+        low, high = int(wanted.min()), int(wanted.max()) + 1
+        return tensor.rows(low, high)[wanted - low]
+
+    return LazyTensor(name, tensor.shape, rows)
+
+
 def concat_rows(parts: list[LazyTensor], name: str) -> LazyTensor:
     """Tensors of the same row width stacked into one (MNN's fused gate_up Linear of an expert)."""
     if len({p.shape[1:] for p in parts}) != 1:

@@ -1,0 +1,101 @@
+"""Llama 4 (text): the llama layout with
+
+- RoPE on adjacent pairs (transformers rotates (2i, 2i+1) as complex numbers): q_proj / k_proj rows are
+  reordered per head to [even dims, odd dims], which turns it into MNN's half-split RoPE; q.k is unchanged;
+- NoPE layers (`no_rope_layers` 0, every `no_rope_layer_interval`-th by default): an angle-0 table;
+- `use_qk_norm`: a weightless RMSNorm on q and k of the RoPE layers after rotation. A rotation keeps a
+  head's norm, so it is the same before it: RoPEParam's q/k norm with gamma 1;
+- dense MLPs of `intermediate_size_mlp` (under `feed_forward`).
+
+Refused where MNN's runtime cannot follow: chunked attention within the context
+(`attention_chunk_size` < max_position_embeddings: MNN builds only full and sliding masks) and the
+NoPE layers' query temperature (`attn_temperature_tuning`) once positions reach `floor_scale`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import llama
+from .config import FULL, ConfigReader
+from .sources import LazyTensor, Source, permute_rows
+
+CHUNKED = "chunked_attention"
+
+
+@dataclass
+class ModelArgs(llama.ModelArgs):
+    qk_norm: bool = False
+    moe_layers: list[int] = field(default_factory=list)
+
+    default_theta = 500000.0
+
+    @classmethod
+    def read(cls, r: ConfigReader) -> dict[str, Any]:
+        kw = super().read(r)
+        layers, limit = kw["num_hidden_layers"], r.size("max_position_embeddings", 131072)
+        kw["intermediate_size"] = r.size("intermediate_size_mlp", 16384)
+        r.ignore("intermediate_size")  # the experts' width
+        step = r.size("interleave_moe_layer_step", 1)
+        moe = r.get("moe_layers", list(range(step - 1, layers, step)))
+        if moe:
+            raise r.unsupported(f"MoE layers {moe} (the export writes dense Llama 4 text models)", "moe_layers")
+        r.ignore("num_local_experts", "num_experts_per_tok")  # no MoE layer reads them
+        kw["qk_norm"] = r.flag("use_qk_norm", True)
+        chunk = r.get("attention_chunk_size", 8192)
+        types = r.get("layer_types")
+        chunked = CHUNKED in types if isinstance(types, list) else chunk is not None
+        if chunked and chunk is not None and chunk < limit:
+            raise r.unsupported(f"attention_chunk_size {chunk} < max_position_embeddings {limit}: chunked attention "
+                                "(MNN's runtime builds only full and sliding-window masks)", "attention_chunk_size")
+        nope = [i for i, use in enumerate(kw["ropes"]) if use is None]
+        if nope and r.flag("attn_temperature_tuning", True) and r.size("floor_scale", 8192) <= limit:
+            raise r.unsupported("attn_temperature_tuning: the NoPE layers' query scale grows from position "
+                                "floor_scale on, which MNN's Attention cannot follow", "attn_temperature_tuning")
+        r.ignore("attn_temperature_tuning", "floor_scale", "attn_scale")
+        return kw
+
+    @classmethod
+    def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
+        interval = r.size("no_rope_layer_interval", 4)
+        flags = r.get("no_rope_layers") or [int((i + 1) % interval != 0) for i in range(layers)]
+        if not isinstance(flags, list) or len(flags) != layers or any(f not in (0, 1) for f in flags):
+            raise r.error(f"no_rope_layers must list {layers} of 0/1, got {flags!r}", "no_rope_layers")
+        types = r.get("layer_types", [FULL] * layers)
+        if not isinstance(types, list) or len(types) != layers or any(t not in (FULL, CHUNKED) for t in types):
+            raise r.unsupported(f"layer_types must list {layers} of {FULL!r}/{CHUNKED!r}, got {types!r}", "layer_types")
+        rope = r.rope(cls.default_theta)
+        return dict(layer_types=[FULL] * layers, sliding_window=None,
+                    ropes=[rope if flag else None for flag in flags])
+
+
+class Model(llama.Model):
+    def attention(self, layer: int) -> llama.AttentionSpec:
+        spec = super().attention(layer)
+        if spec.rope is None or not self.args.qk_norm:
+            return spec
+        return replace(spec, unit_qk_norm=True)
+
+    def linear(self, layer: int, name: str) -> str:
+        group = "feed_forward" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+        return f"{self.base}.layers.{layer}.{group}.{name}"
+
+    def linear_weight(self, source: Source, layer: int, name: str) -> LazyTensor:
+        tensor = super().linear_weight(source, layer, name)
+        return self._pairs_to_halves(tensor) if name in ("q_proj", "k_proj") else tensor
+
+    def linear_bias(self, source: Source, layer: int, name: str) -> LazyTensor | None:
+        bias = super().linear_bias(source, layer, name)
+        return self._pairs_to_halves(bias) if bias is not None and name in ("q_proj", "k_proj") else bias
+
+    def _pairs_to_halves(self, tensor: LazyTensor) -> LazyTensor:
+        """Per head, rows (0, 2, 4, ..., 1, 3, 5, ...): adjacent rotary pairs become MNN's (i, i + d/2)."""
+        d = self.args.head_dim
+        within = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
+        order = (np.arange(tensor.shape[0] // d)[:, None] * d + within[None, :]).reshape(-1)
+        return permute_rows(tensor, order, f"{tensor.name}:halves")
+
+    def norms(self, layer: int) -> list[str]:
+        return [self.input_norm(layer), self.post_attention_norm(layer)]
