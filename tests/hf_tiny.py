@@ -72,6 +72,9 @@ ARCHS = [
     Arch("llama4_text", "llama4_text", LLAMA4),
     Arch("qwen3_5", "qwen3_5_text", {**QWEN3_5, "tie_word_embeddings": True}, norm_centre=0.0, embed_std=0.2,
          unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
+    Arch("qwen3_5_moe", "qwen3_5_moe_text", {**QWEN3_5, "num_experts": 4, "num_experts_per_tok": 2,
+                                             "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48},
+         norm_centre=0.0, embed_std=0.2, unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
 ]
 
 

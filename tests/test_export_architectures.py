@@ -23,6 +23,7 @@ IDS = [f"{arch.name}-{bits}bit" for arch, bits in CASES]
 ENGINE_PENDING = {
     "gemma4": "engine: the ple_embeddings input (per-layer embeddings), branch gemma4",
     "qwen3_5": "engine: LinearAttention (gated_delta_rule), branch qwen35",
+    "qwen3_5_moe": "engine: LinearAttention (gated_delta_rule), branch qwen35",
 }
 # MNN 3.6.1's runtime keeps per-layer-embedding state across reset(): a second prompt in the same
 # process decodes wrongly (the first, and Llm::forward step by step, agree with transformers).

@@ -397,9 +397,32 @@ class DecoderGraph:
             weights = g.binary(f"{p}/Div_output_0", BinaryOpOperation.REALDIV, weights, total)
         for e in range(spec.experts):
             self.subgraphs.append(self._expert(i, e))
-        return g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [flat, weights, experts],
-                       [f"{p}/custom_moe/MoE_output_0"],
-                       {"layer_id": i, "num_experts": spec.experts, "top_k": spec.top_k})
+        out = g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [flat, weights, experts],
+                      [f"{p}/custom_moe/MoE_output_0"],
+                      {"layer_id": i, "num_experts": spec.experts, "top_k": spec.top_k})
+        if spec.shared:
+            out = g.binary(f"{p}/Add_output_0", BinaryOpOperation.ADD, out, self._shared_expert(i, flat, spec.shared))
+        return out
+
+    def _shared_expert(self, i: int, flat: str, width: int) -> str:
+        """sigmoid(shared_expert_gate(x)) * down(silu(gate(x)) * up(x)) on the [n, H] tokens."""
+        g, a, m = self.g, self.args, self.model
+        p, lin = f"/blocks.{i}/mlp", f"/layers.{i}/mlp"
+        x = self._to_c4(f"{lin}/shared_expert_gate/Linear", flat, a.hidden_size)
+
+        def project(name: str, inp: str, oc: int) -> str:
+            return self._from_c4(f"{lin}/{name}/Linear", self._conv(f"{lin}/{name}/Linear", inp,
+                                                                      m.shared_weight(self.source, i, name)), oc, rows=0)
+
+        gate = g.unary(f"{p}/Sigmoid_output_0", UnaryOpOperation.SIGMOID, project("shared_expert_gate", x, 1))
+        act = self._activation(f"{p}/shared_expert", project("shared_expert/gate_proj", x, width), "silu")
+        y = g.binary(f"{p}/shared_expert/Mul_output_0", BinaryOpOperation.MUL, act,
+                     project("shared_expert/up_proj", x, width))
+        name = f"{lin}/shared_expert/down_proj/Linear"
+        y = self._from_c4(name, self._conv(name, self._to_c4(name, y, width),
+                                           m.shared_weight(self.source, i, "shared_expert/down_proj")),
+                          a.hidden_size, rows=0)
+        return g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, gate, y)
 
     def _expert(self, i: int, e: int) -> SubGraphProtoT:
         """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> silu(gate) * up -> down."""

@@ -16,7 +16,7 @@ from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.progress import Progress
 
 from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
-from . import gemma4, llama4, qwen3_5
+from . import gemma4, llama4, qwen3_5, qwen3_5_moe
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -34,6 +34,7 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "qwen3_5": qwen3_5, "qwen3_5_text": qwen3_5,
     "gemma4": gemma4, "gemma4_text": gemma4,
     "llama4_text": llama4,
+    "qwen3_5_moe": qwen3_5_moe, "qwen3_5_moe_text": qwen3_5_moe,
 }
 ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")

@@ -122,6 +122,7 @@ class MlpSpec:
     experts: int = 0
     top_k: int = 0
     norm_topk: bool = False
+    shared: int = 0                # Qwen3.5-MoE: a shared expert of this width, gated by sigmoid(shared_expert_gate)
 
 
 class Model:

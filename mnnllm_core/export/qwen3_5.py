@@ -46,10 +46,20 @@ class ModelArgs(llama.ModelArgs):
         if composite:
             logger.info("%s: exporting the language model of a composite checkpoint; the vision tower is left out",
                         file)
-        reader = ConfigReader(_with_partial_default(config), file)
+        reader = ConfigReader(cls.with_defaults(config), file)
         args = cls(**cls.read(reader), composite=composite)
         reader.finish()
         return args
+
+    @classmethod
+    def with_defaults(cls, config: dict[str, Any]) -> dict[str, Any]:
+        """transformers' Qwen3.5 defaults partial_rotary_factor to 0.25 (not 1) when the config omits it."""
+        params = config.get("rope_parameters")
+        if isinstance(params, dict) and "partial_rotary_factor" not in params and "partial_rotary_factor" not in config:
+            return {**config, "rope_parameters": {**params, "partial_rotary_factor": 0.25}}
+        if params is None and "partial_rotary_factor" not in config:
+            return {**config, "partial_rotary_factor": 0.25}
+        return config
 
     @classmethod
     def read(cls, r: ConfigReader) -> dict[str, Any]:
@@ -79,16 +89,6 @@ class ModelArgs(llama.ModelArgs):
     def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
         rope = r.rope(cls.default_theta, partial=True, text_mrope=True)
         return dict(layer_types=[FULL] * layers, sliding_window=None, ropes=[rope] * layers)
-
-
-def _with_partial_default(config: dict[str, Any]) -> dict[str, Any]:
-    """transformers' Qwen3.5 defaults partial_rotary_factor to 0.25 (not 1) when the config omits it."""
-    params = config.get("rope_parameters")
-    if isinstance(params, dict) and "partial_rotary_factor" not in params and "partial_rotary_factor" not in config:
-        return {**config, "rope_parameters": {**params, "partial_rotary_factor": 0.25}}
-    if params is None and "partial_rotary_factor" not in config:
-        return {**config, "partial_rotary_factor": 0.25}
-    return config
 
 
 class Model(llama.Model):

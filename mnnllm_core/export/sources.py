@@ -49,6 +49,14 @@ class LazyTensor:
         return LazyTensor(name, (stop - start,) + self.shape[1:], lambda a, b: self.read_rows(start + a, start + b))
 
 
+def expert_matrix(tensor: LazyTensor, expert: int, name: str) -> LazyTensor:
+    """Matrix `expert` of a fused [experts, rows, cols] tensor (transformers 5's MoE layout) as a 2-D tensor."""
+    if len(tensor.shape) != 3 or not 0 <= expert < tensor.shape[0]:
+        raise FormatError(f"tensor {tensor.name!r} of shape {tensor.shape} has no expert matrix {expert}",
+                          field=tensor.name)
+    return LazyTensor(name, tensor.shape[1:], lambda a, b: tensor.rows(expert, expert + 1)[0, a:b])
+
+
 def permute_rows(tensor: LazyTensor, order: np.ndarray, name: str) -> LazyTensor:
     """Row r of the result is row order[r] of `tensor` (a per-head reordering of a projection)."""
     order = np.asarray(order, dtype=np.int64)
