@@ -48,6 +48,7 @@ class Arch:
     seed: int = 0
     unit_norms: tuple[str, ...] = ()  # norm weights (name suffixes) used as w, not 1 + w, whatever norm_centre says
     unquantized: tuple[str, ...] = ()  # parameters (name parts) an export keeps in fp32: no 4-bit rounding
+    in_out: tuple[str, ...] = ()      # parameters (name parts) stored [in, out]: quantized as their transpose
 
 
 ARCHS = [
@@ -72,6 +73,8 @@ ARCHS = [
     Arch("llama4_text", "llama4_text", LLAMA4),
     Arch("qwen3_5", "qwen3_5_text", {**QWEN3_5, "tie_word_embeddings": True}, norm_centre=0.0, embed_std=0.2,
          unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
+    Arch("llama4_text_moe", "llama4_text", {**LLAMA4, "moe_layers": [1], "num_local_experts": 4,
+                                           "num_experts_per_tok": 1}, in_out=("feed_forward.experts",)),
     Arch("qwen3_5_moe", "qwen3_5_moe_text", {**QWEN3_5, "num_experts": 4, "num_experts_per_tok": 2,
                                              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48},
          norm_centre=0.0, embed_std=0.2, unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
@@ -134,7 +137,8 @@ def greedy(model, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> li
     return out
 
 
-def dequantize_into(model, bits: int, block: int, unquantized: tuple[str, ...] = ()) -> None:
+def dequantize_into(model, bits: int, block: int, unquantized: tuple[str, ...] = (),
+                    in_out: tuple[str, ...] = ()) -> None:
     """Replace the model's weights by what a `bits`-bit export stores: every Linear (and a tied
     embedding, which is read from the lm_head's block) dequantized; norms stay fp32. transformers 5
     holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is quantized alone."""
@@ -146,7 +150,10 @@ def dequantize_into(model, bits: int, block: int, unquantized: tuple[str, ...] =
             if p.dim() < 2 or ("embed_tokens" in name and not tied) or any(u in name for u in unquantized):
                 continue
             matrices = p.numpy().reshape((-1,) + tuple(p.shape[-2:]))
-            stored = np.stack([dequantized(w, bits, block) for w in matrices]).reshape(p.shape)
+            if any(u in name for u in in_out):
+                stored = np.stack([dequantized(w.T, bits, block).T for w in matrices]).reshape(p.shape)
+            else:
+                stored = np.stack([dequantized(w, bits, block) for w in matrices]).reshape(p.shape)
             p.copy_(torch.from_numpy(stored.astype(np.float32)))
 
 

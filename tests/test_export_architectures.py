@@ -46,7 +46,7 @@ def exports(tmp_path_factory):
                 cache[arch.name] = build(arch, src)
             model = copy.deepcopy(cache[arch.name])
             if bits != 16:
-                dequantize_into(model, bits, BLOCK, arch.unquantized)
+                dequantize_into(model, bits, BLOCK, arch.unquantized, arch.in_out)
             dst = root / arch.name / f"q{bits}"
             export_cli(src, dst, bits)
             cache[(arch.name, bits)] = dst / "config.json", greedy(model)

@@ -369,7 +369,9 @@ class DecoderGraph:
         return self._from_c4(name, down, a.hidden_size)
 
     def _moe(self, i: int, h: str) -> str:
-        """Router -> Softmax -> TopKV2 (-> renormalise) -> MoE over the `/expert/{i}_{e}` subgraphs."""
+        """Router -> Softmax -> TopKV2 (-> renormalise) -> MoE over the `/expert/{i}_{e}` subgraphs.
+        Llama 4 (`sigmoid_input`, top-1): TopKV2 on the logits, the token scaled by sigmoid(its top logit)
+        before the expert, and the MoE op's weight 1."""
         g, a, m = self.g, self.args, self.model
         spec = m.mlp(i)
         p = f"/blocks.{i}/mlp"
@@ -378,10 +380,13 @@ class DecoderGraph:
         name = f"/layers.{i}/mlp/gate/Linear"
         logits = self._from_c4(name, self._conv(name, self._to_c4(name, flat, a.hidden_size),
                                                 self.source.tensor(m.router(i))), spec.experts)
-        softmax = AxisT()
-        softmax.axis = -1
-        probs = g.op(OpType.Softmax, f"{p}/Softmax_output_0", [logits], [f"{p}/Softmax_output_0"], OpParameter.Axis,
-                     softmax)
+        if spec.sigmoid_input:
+            probs = logits
+        else:
+            softmax = AxisT()
+            softmax.axis = -1
+            probs = g.op(OpType.Softmax, f"{p}/Softmax_output_0", [logits], [f"{p}/Softmax_output_0"],
+                         OpParameter.Axis, softmax)
         topk = TopKV2T()
         topk.t, topk.sorted, topk.largest = DataType.DT_FLOAT, True, True
         k = g.const_int(f"{p}/top_k", [spec.top_k], [1])
@@ -395,26 +400,34 @@ class DecoderGraph:
             total = g.op(OpType.Reduction, f"{p}/ReduceSum_output_0", [weights, axes], [f"{p}/ReduceSum_output_0"],
                          OpParameter.ReductionParam, reduce)
             weights = g.binary(f"{p}/Div_output_0", BinaryOpOperation.REALDIV, weights, total)
+        tokens = flat
+        if spec.sigmoid_input:
+            tokens = g.binary(f"{p}/Mul_input_output_0", BinaryOpOperation.MUL, flat,
+                              g.unary(f"{p}/Sigmoid_router_output_0", UnaryOpOperation.SIGMOID, weights))
+            # MNN 3.6.1 sizes the MoE op's output 0 rows when its tokens come straight from a BinaryOp
+            tokens = g.reshape(f"{p}/Reshape_input_output_0", [tokens], [-1, a.hidden_size], NHWC)
+            zero = g.binary(f"{p}/Zero_output_0", BinaryOpOperation.MUL, weights, g.const_float(f"{p}/zero", 0.0))
+            weights = g.binary(f"{p}/Ones_output_0", BinaryOpOperation.ADD, zero, g.const_float(f"{p}/one", 1.0))
         for e in range(spec.experts):
             self.subgraphs.append(self._expert(i, e))
-        out = g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [flat, weights, experts],
+        out = g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [tokens, weights, experts],
                       [f"{p}/custom_moe/MoE_output_0"],
                       {"layer_id": i, "num_experts": spec.experts, "top_k": spec.top_k})
         if spec.shared:
-            out = g.binary(f"{p}/Add_output_0", BinaryOpOperation.ADD, out, self._shared_expert(i, flat, spec.shared))
+            shared = self._shared_expert(i, flat, spec.shared, spec.shared_gate)
+            out = g.binary(f"{p}/Add_output_0", BinaryOpOperation.ADD, out, shared)
         return out
 
-    def _shared_expert(self, i: int, flat: str, width: int) -> str:
-        """sigmoid(shared_expert_gate(x)) * down(silu(gate(x)) * up(x)) on the [n, H] tokens."""
+    def _shared_expert(self, i: int, flat: str, width: int, gated: bool) -> str:
+        """down(silu(gate(x)) * up(x)) on the [n, H] tokens, times sigmoid(shared_expert_gate(x)) if `gated`."""
         g, a, m = self.g, self.args, self.model
         p, lin = f"/blocks.{i}/mlp", f"/layers.{i}/mlp"
-        x = self._to_c4(f"{lin}/shared_expert_gate/Linear", flat, a.hidden_size)
+        x = self._to_c4(f"{lin}/shared_expert/Linear", flat, a.hidden_size)
 
         def project(name: str, inp: str, oc: int) -> str:
             return self._from_c4(f"{lin}/{name}/Linear", self._conv(f"{lin}/{name}/Linear", inp,
                                                                       m.shared_weight(self.source, i, name)), oc, rows=0)
 
-        gate = g.unary(f"{p}/Sigmoid_output_0", UnaryOpOperation.SIGMOID, project("shared_expert_gate", x, 1))
         act = self._activation(f"{p}/shared_expert", project("shared_expert/gate_proj", x, width), "silu")
         y = g.binary(f"{p}/shared_expert/Mul_output_0", BinaryOpOperation.MUL, act,
                      project("shared_expert/up_proj", x, width))
@@ -422,6 +435,9 @@ class DecoderGraph:
         y = self._from_c4(name, self._conv(name, self._to_c4(name, y, width),
                                            m.shared_weight(self.source, i, "shared_expert/down_proj")),
                           a.hidden_size, rows=0)
+        if not gated:
+            return y
+        gate = g.unary(f"{p}/Sigmoid_output_0", UnaryOpOperation.SIGMOID, project("shared_expert_gate", x, 1))
         return g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, gate, y)
 
     def _expert(self, i: int, e: int) -> SubGraphProtoT:

@@ -122,7 +122,9 @@ class MlpSpec:
     experts: int = 0
     top_k: int = 0
     norm_topk: bool = False
-    shared: int = 0                # Qwen3.5-MoE: a shared expert of this width, gated by sigmoid(shared_expert_gate)
+    shared: int = 0                # a shared expert of this width (Qwen3.5-MoE, Llama 4)
+    shared_gate: bool = False      # Qwen3.5-MoE: the shared expert times sigmoid(shared_expert_gate(x))
+    sigmoid_input: bool = False    # Llama 4: top-1 on the logits, the expert's input times sigmoid(logit)
 
 
 class Model:

@@ -5,7 +5,9 @@
 - NoPE layers (`no_rope_layers` 0, every `no_rope_layer_interval`-th by default): an angle-0 table;
 - `use_qk_norm`: a weightless RMSNorm on q and k of the RoPE layers after rotation. A rotation keeps a
   head's norm, so it is the same before it: RoPEParam's q/k norm with gamma 1;
-- dense MLPs of `intermediate_size_mlp` (under `feed_forward`).
+- dense MLPs of `intermediate_size_mlp` (under `feed_forward`); MoE layers (`moe_layers`): top-1 routing
+  on the router logits, the token scaled by sigmoid(logit) *before* its expert (so MNN's MoE op gets the
+  scaled token and weight 1; top-k > 1 is refused), plus an ungated shared expert.
 
 Refused where MNN's runtime cannot follow: chunked attention within the context
 (`attention_chunk_size` < max_position_embeddings: MNN builds only full and sliding masks) and the
@@ -20,7 +22,7 @@ import numpy as np
 
 from . import llama
 from .config import FULL, ConfigReader
-from .sources import LazyTensor, Source, permute_rows
+from .sources import LazyTensor, Source, expert_matrix, permute_rows
 
 CHUNKED = "chunked_attention"
 
@@ -29,6 +31,8 @@ CHUNKED = "chunked_attention"
 class ModelArgs(llama.ModelArgs):
     qk_norm: bool = False
     moe_layers: list[int] = field(default_factory=list)
+    num_experts: int = 0
+    moe_intermediate_size: int = 0
 
     default_theta = 500000.0
 
@@ -40,9 +44,18 @@ class ModelArgs(llama.ModelArgs):
         r.ignore("intermediate_size")  # the experts' width
         step = r.size("interleave_moe_layer_step", 1)
         moe = r.get("moe_layers", list(range(step - 1, layers, step)))
+        if not isinstance(moe, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < layers
+                                            for i in moe):
+            raise r.error(f"moe_layers must list layer indices below {layers}, got {moe!r}", "moe_layers")
+        kw["moe_layers"] = sorted(set(moe))
         if moe:
-            raise r.unsupported(f"MoE layers {moe} (the export writes dense Llama 4 text models)", "moe_layers")
-        r.ignore("num_local_experts", "num_experts_per_tok")  # no MoE layer reads them
+            kw["num_experts"] = r.size("num_local_experts", 16)
+            kw["moe_intermediate_size"] = r.size("intermediate_size", 8192)
+            if r.size("num_experts_per_tok", 1) != 1:
+                raise r.unsupported(f"num_experts_per_tok {r.get('num_experts_per_tok')}: Llama 4 scales each chosen "
+                                    "expert's input by its own router score, and MNN's MoE op gives every chosen "
+                                    "expert one input (exact only for top-1)", "num_experts_per_tok")
+        r.ignore("num_local_experts", "num_experts_per_tok")
         kw["qk_norm"] = r.flag("use_qk_norm", True)
         chunk = r.get("attention_chunk_size", 8192)
         types = r.get("layer_types")
@@ -72,6 +85,41 @@ class ModelArgs(llama.ModelArgs):
 
 
 class Model(llama.Model):
+    def __init__(self, args: ModelArgs):
+        super().__init__(args)
+        if args.moe_layers:
+            self.style = "plain"  # the MoE op's graph shape (as for qwen3_moe)
+
+    def mlp(self, layer: int) -> llama.MlpSpec:
+        a = self.args
+        if layer not in a.moe_layers:
+            return llama.MlpSpec(a.act)
+        return llama.MlpSpec(a.act, a.num_experts, 1, shared=a.moe_intermediate_size, sigmoid_input=True)
+
+    def router(self, layer: int) -> str:
+        return f"{self.base}.layers.{layer}.feed_forward.router.weight"
+
+    def expert_weight(self, source: Source, layer: int, expert: int, name: str) -> LazyTensor:
+        """`name`: gate_up ([gate; up] rows) or down, from the fused [E, in, out] checkpoint tensors."""
+        fused = source.tensor(f"{self.base}.layers.{layer}.feed_forward.experts.{name}_proj")
+        return expert_matrix(fused, expert, f"{fused.name}[{expert}]", transpose=True)
+
+    def shared_weight(self, source: Source, layer: int, name: str) -> LazyTensor:
+        """`name`: shared_expert/{gate,up,down}_proj."""
+        return source.tensor(f"{self.base}.layers.{layer}.feed_forward.{name.replace('/', '.')}.weight")
+
+    def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        if layer not in self.args.moe_layers:
+            return super().layer_tensors(source, layer)
+        tensors = [source.tensor(n) for n in self.norms(layer)]
+        tensors += [self.linear_weight(source, layer, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
+        tensors.append(source.tensor(self.router(layer)))
+        tensors += [self.shared_weight(source, layer, f"shared_expert/{p}") for p in ("gate_proj", "up_proj",
+                                                                                      "down_proj")]
+        for e in range(self.args.num_experts):
+            tensors += [self.expert_weight(source, layer, e, p) for p in ("gate_up", "down")]
+        return tensors
+
     def attention(self, layer: int) -> llama.AttentionSpec:
         spec = super().attention(layer)
         if spec.rope is None or not self.args.qk_norm:

@@ -46,7 +46,8 @@ class Model(qwen3_5.Model):
 
     def mlp(self, layer: int) -> llama.MlpSpec:
         a = self.args
-        return llama.MlpSpec(a.act, a.num_experts, a.num_experts_per_tok, True, a.shared_expert_intermediate_size)
+        return llama.MlpSpec(a.act, a.num_experts, a.num_experts_per_tok, True, a.shared_expert_intermediate_size,
+                             shared_gate=True)
 
     def router(self, layer: int) -> str:
         return f"{self.base}.layers.{layer}.mlp.gate.weight"

@@ -49,11 +49,14 @@ class LazyTensor:
         return LazyTensor(name, (stop - start,) + self.shape[1:], lambda a, b: self.read_rows(start + a, start + b))
 
 
-def expert_matrix(tensor: LazyTensor, expert: int, name: str) -> LazyTensor:
-    """Matrix `expert` of a fused [experts, rows, cols] tensor (transformers 5's MoE layout) as a 2-D tensor."""
+def expert_matrix(tensor: LazyTensor, expert: int, name: str, transpose: bool = False) -> LazyTensor:
+    """Matrix `expert` of a fused [experts, rows, cols] tensor as a 2-D tensor; `transpose` for a
+    checkpoint that stores it [in, out] (Llama 4) rather than a Linear's [out, in]."""
     if len(tensor.shape) != 3 or not 0 <= expert < tensor.shape[0]:
         raise FormatError(f"tensor {tensor.name!r} of shape {tensor.shape} has no expert matrix {expert}",
                           field=tensor.name)
+    if transpose:
+        return LazyTensor(name, tensor.shape[:0:-1], lambda a, b: tensor.rows(expert, expert + 1)[0].T[a:b])
     return LazyTensor(name, tensor.shape[1:], lambda a, b: tensor.rows(expert, expert + 1)[0, a:b])
 
 
