@@ -49,6 +49,7 @@ class Arch:
     unit_norms: tuple[str, ...] = ()  # norm weights (name suffixes) used as w, not 1 + w, whatever norm_centre says
     unquantized: tuple[str, ...] = ()  # parameters (name parts) an export keeps in fp32: no 4-bit rounding
     in_out: tuple[str, ...] = ()      # parameters (name parts) stored [in, out]: quantized as their transpose
+    composite: dict[str, Any] | None = None  # a vision-language checkpoint: its outer config (text: BASE + config)
 
 
 ARCHS = [
@@ -80,16 +81,30 @@ ARCHS = [
          norm_centre=0.0, embed_std=0.2, unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
 ]
 
+# Vision-language checkpoints whose language model the exporter writes (text-only prompts).
+COMPOSITES = [
+    Arch("qwen3_5_vl", "qwen3_5", QWEN3_5, norm_centre=0.0, embed_std=0.2, unit_norms=("linear_attn.norm.weight",),
+         composite={"tie_word_embeddings": False, "vision_config": {
+             "depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}}),
+    Arch("gemma4_vl", "gemma4", GEMMA4, norm_centre=1.0, embed_std=0.1,
+         composite={"vision_config": None, "audio_config": None}),
+]
+
 
 def build(arch: Arch, folder: Path):
     """Save the tiny model (safetensors, config, tokenizer) into `folder`; returns the torch model."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     torch.manual_seed(arch.seed)
-    config = AutoConfig.for_model(arch.model_type, **{**BASE, **arch.config})
-    config._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(config).eval()
+    if arch.composite is None:
+        config = AutoConfig.for_model(arch.model_type, **{**BASE, **arch.config})
+        config._attn_implementation = "eager"
+        model = AutoModelForCausalLM.from_config(config).eval()
+    else:
+        config = AutoConfig.for_model(arch.model_type, **arch.composite, text_config={**BASE, **arch.config})
+        config._attn_implementation = "eager"
+        model = AutoModelForImageTextToText.from_config(config).eval()
     rng = np.random.default_rng(arch.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

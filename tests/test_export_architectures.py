@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_tiny import ARCHS, PROMPTS, NEW_TOKENS, Arch, build, dequantize_into, greedy, until_stop
+from hf_tiny import ARCHS, COMPOSITES, PROMPTS, NEW_TOKENS, Arch, build, dequantize_into, greedy, until_stop
 from test_export import engine_generate, mnn_generate
 
 pytest.importorskip("transformers", reason="transformers builds the tiny reference models")
@@ -27,7 +27,7 @@ ENGINE_PENDING = {
 }
 # MNN 3.6.1's runtime keeps per-layer-embedding state across reset(): a second prompt in the same
 # process decodes wrongly (the first, and Llm::forward step by step, agree with transformers).
-MNN_PROMPT_PER_PROCESS = {"gemma4"}
+MNN_PROMPT_PER_PROCESS = {"gemma4", "gemma4_vl"}
 ENGINE_CASES = [pytest.param(arch, bits, id=f"{arch.name}-{bits}bit", marks=pytest.mark.xfail(
     strict=False, reason=ENGINE_PENDING[arch.name])) if arch.name in ENGINE_PENDING else
     pytest.param(arch, bits, id=f"{arch.name}-{bits}bit") for arch, bits in CASES]
@@ -64,8 +64,10 @@ def export_cli(src: Path, dst: Path, bits: int) -> dict:
 
 
 @pytest.mark.oracle
-@pytest.mark.parametrize("arch,bits", CASES, ids=IDS)
+@pytest.mark.parametrize("arch,bits", CASES + [(arch, 16) for arch in COMPOSITES],
+                         ids=IDS + [f"{arch.name}-16bit" for arch in COMPOSITES])
 def test_mnn_runtime_on_our_export_gives_the_transformers_tokens(exports, arch, bits):
+    """Composite (vision-language) checkpoints too: the export is their language model."""
     config, expected = exports(arch, bits)
     assert any(len(t) > 3 for t in expected)
     if arch.name in MNN_PROMPT_PER_PROCESS:

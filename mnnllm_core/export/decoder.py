@@ -425,8 +425,8 @@ class DecoderGraph:
         x = self._to_c4(f"{lin}/shared_expert/Linear", flat, a.hidden_size)
 
         def project(name: str, inp: str, oc: int) -> str:
-            return self._from_c4(f"{lin}/{name}/Linear", self._conv(f"{lin}/{name}/Linear", inp,
-                                                                      m.shared_weight(self.source, i, name)), oc, rows=0)
+            out = self._conv(f"{lin}/{name}/Linear", inp, m.shared_weight(self.source, i, name))
+            return self._from_c4(f"{lin}/{name}/Linear", out, oc, rows=0)
 
         act = self._activation(f"{p}/shared_expert", project("shared_expert/gate_proj", x, width), "silu")
         y = g.binary(f"{p}/shared_expert/Mul_output_0", BinaryOpOperation.MUL, act,

@@ -157,7 +157,8 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
 
     tokenizer_file = _write_tokenizer(out, tokenizer, spec)
     _write_json(out / "llm_config.json", _llm_config(model, spec, lm_head if tied else None, quant_block))
-    _write_json(out / "config.json", {**_RUNTIME_CONFIG, **(runtime_config or {}), "tokenizer_file": tokenizer_file})
+    _write_json(out / "config.json", {**_RUNTIME_CONFIG, **model.runtime_config(), **(runtime_config or {}),
+                                      "tokenizer_file": tokenizer_file})
     return _finish(report, out, start)
 
 

@@ -63,7 +63,7 @@ class ModelArgs(llama.ModelArgs):
         r.ignore("allow_global_per_layer_attribute_access")  # a flag MNN's exporter needs; no math
         kw["per_layer"] = cls.per_layer_overrides(r, kw["layer_types"])
         width = r.get("hidden_size_per_layer_input", 256)
-        kw["per_layer_input"] = 0 if not width else r.size("hidden_size_per_layer_input")
+        kw["per_layer_input"] = 0 if not width else r.size("hidden_size_per_layer_input", 256)
         kw["per_layer_vocab"] = r.size("vocab_size_per_layer_input", 262144) if width else 0
         r.ignore("vocab_size_per_layer_input")  # without PLE nothing reads it
         return kw
@@ -130,6 +130,10 @@ class Model(gemma2.Model):
         over = self.args.per_layer.get(layer, {})
         return replace(spec, q_norm=f"{base}.q_norm.weight", k_norm=f"{base}.k_norm.weight", v_norm=True,
                        head_dim=over.get("head_dim"), kv_heads=over.get("num_key_value_heads"))
+
+    def mlp_norms(self, layer: int) -> tuple[str, str]:
+        base = f"{self.base}.layers.{layer}"
+        return f"{base}.pre_feedforward_layernorm.weight", f"{base}.post_feedforward_layernorm.weight"
 
     def llm_config(self) -> dict[str, Any]:
         config = {**super().llm_config(), "attn_scale": 1.0}

@@ -159,6 +159,10 @@ class Model:
         """A constant the layer's output is multiplied by (Gemma 4's `layer_scalar`); None: none."""
         return None
 
+    def runtime_config(self) -> dict[str, Any]:
+        """config.json keys the model needs (Llama 4: a context cap); the user's overrides still win."""
+        return {}
+
     def extra_tables(self) -> dict[str, str]:
         """bf16 tables written beside the model, file name -> tensor (Gemma 4's per-layer embeddings)."""
         return {}

@@ -9,12 +9,15 @@
   on the router logits, the token scaled by sigmoid(logit) *before* its expert (so MNN's MoE op gets the
   scaled token and weight 1; top-k > 1 is refused), plus an ungated shared expert.
 
-Refused where MNN's runtime cannot follow: chunked attention within the context
-(`attention_chunk_size` < max_position_embeddings: MNN builds only full and sliding masks) and the
-NoPE layers' query temperature (`attn_temperature_tuning`) once positions reach `floor_scale`.
+MNN's runtime cannot follow chunked attention (it builds only full and sliding masks) nor the NoPE
+layers' query temperature (`attn_temperature_tuning`, which departs from 1 at position floor_scale - 1).
+Both leave the first tokens alone: the export caps the context there (config.json's `max_all_tokens`:
+attention_chunk_size, floor_scale - 1 or max_position_embeddings, the least), so it never runs a model
+other than transformers'.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +26,8 @@ import numpy as np
 from . import llama
 from .config import FULL, ConfigReader
 from .sources import LazyTensor, Source, expert_matrix, permute_rows
+
+logger = logging.getLogger(__name__)
 
 CHUNKED = "chunked_attention"
 
@@ -33,6 +38,8 @@ class ModelArgs(llama.ModelArgs):
     moe_layers: list[int] = field(default_factory=list)
     num_experts: int = 0
     moe_intermediate_size: int = 0
+    context_limit: int = 0         # tokens the export is exact for (config.json's max_all_tokens)
+    context_reason: str = "max_position_embeddings"
 
     default_theta = 500000.0
 
@@ -57,17 +64,21 @@ class ModelArgs(llama.ModelArgs):
                                     "expert one input (exact only for top-1)", "num_experts_per_tok")
         r.ignore("num_local_experts", "num_experts_per_tok")
         kw["qk_norm"] = r.flag("use_qk_norm", True)
-        chunk = r.get("attention_chunk_size", 8192)
+        chunk = r.config.get("attention_chunk_size", 8192)  # null (not missing) means no chunking
+        r.ignore("attention_chunk_size")
         types = r.get("layer_types")
         chunked = CHUNKED in types if isinstance(types, list) else chunk is not None
-        if chunked and chunk is not None and chunk < limit:
-            raise r.unsupported(f"attention_chunk_size {chunk} < max_position_embeddings {limit}: chunked attention "
-                                "(MNN's runtime builds only full and sliding-window masks)", "attention_chunk_size")
-        nope = [i for i, use in enumerate(kw["ropes"]) if use is None]
-        if nope and r.flag("attn_temperature_tuning", True) and r.size("floor_scale", 8192) <= limit:
-            raise r.unsupported("attn_temperature_tuning: the NoPE layers' query scale grows from position "
-                                "floor_scale on, which MNN's Attention cannot follow", "attn_temperature_tuning")
-        r.ignore("attn_temperature_tuning", "floor_scale", "attn_scale")
+        exact = {"max_position_embeddings": limit}
+        if chunked and chunk is not None:
+            if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+                raise r.error(f"attention_chunk_size must be a positive integer, got {chunk!r}",
+                              "attention_chunk_size")
+            exact["attention_chunk_size"] = chunk
+        if any(use is None for use in kw["ropes"]) and r.flag("attn_temperature_tuning", True):
+            exact["attn_temperature_tuning"] = r.size("floor_scale", 8192) - 1
+        r.ignore("floor_scale", "attn_scale")
+        kw["context_limit"] = min(exact.values())
+        kw["context_reason"] = min(exact, key=exact.get)
         return kw
 
     @classmethod
@@ -89,6 +100,12 @@ class Model(llama.Model):
         super().__init__(args)
         if args.moe_layers:
             self.style = "plain"  # the MoE op's graph shape (as for qwen3_moe)
+
+    def runtime_config(self) -> dict[str, Any]:
+        a = self.args
+        logger.info("llama4_text: context capped at %d tokens (max_all_tokens), where %s still leaves the "
+                    "attention exact", a.context_limit, a.context_reason)
+        return {"max_all_tokens": a.context_limit}
 
     def mlp(self, layer: int) -> llama.MlpSpec:
         a = self.args

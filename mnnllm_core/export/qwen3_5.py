@@ -74,7 +74,8 @@ class ModelArgs(llama.ModelArgs):
                                 "layer_types")
         kw.update(mixers=list(mixers), linear_key_heads=r.size("linear_num_key_heads", 16),
                   linear_value_heads=r.size("linear_num_value_heads", 32),
-                  linear_key_dim=r.size("linear_key_head_dim", 128), linear_value_dim=r.size("linear_value_head_dim", 128),
+                  linear_key_dim=r.size("linear_key_head_dim", 128),
+                  linear_value_dim=r.size("linear_value_head_dim", 128),
                   conv_kernel=r.size("linear_conv_kernel_dim", 4))
         if kw["linear_value_heads"] % kw["linear_key_heads"]:
             raise r.error("linear_num_value_heads must be a multiple of linear_num_key_heads", "linear_num_value_heads")
