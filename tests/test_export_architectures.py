@@ -82,3 +82,34 @@ def test_our_engine_on_our_export_gives_the_transformers_tokens(exports, arch, b
     config, expected = exports(arch, bits)
     got = engine_generate(config, PROMPTS, NEW_TOKENS)
     assert [until_stop(t) for t in got] == expected
+
+
+def test_fused_qwen3_5_moe_experts_export_the_same_bytes_as_per_expert_ones(tmp_path):
+    """transformers 5 holds the experts fused ([E, 2I, H] gate_up, [E, H, I] down); save_pretrained writes
+    them per expert. Both layouts of one checkpoint give the same llm.mnn.weight."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    from mnnllm_core.export.exporter import write_model
+
+    arch = next(a for a in ARCHS if a.name == "qwen3_5_moe")
+    per_expert = tmp_path / "per_expert"
+    build(arch, per_expert)
+    fused = tmp_path / "fused"
+    fused.mkdir()
+    for f in per_expert.iterdir():
+        if f.suffix != ".safetensors":
+            (fused / f.name).write_bytes(f.read_bytes())
+    tensors = load_file(per_expert / "model.safetensors")
+    experts = arch.config["num_experts"]
+    for layer in range(3):
+        base = f"model.layers.{layer}.mlp.experts"
+        parts = [[tensors.pop(f"{base}.{e}.{p}_proj.weight") for e in range(experts)] for p in ("gate", "up", "down")]
+        tensors[f"{base}.gate_up_proj"] = np.stack([np.concatenate([g, u]) for g, u in zip(parts[0], parts[1])])
+        tensors[f"{base}.down_proj"] = np.stack(parts[2])
+    save_file(tensors, str(fused / "model.safetensors"))
+    for src in (per_expert, fused):
+        (tmp_path / f"{src.name}-out").mkdir()
+        write_model(str(src), tmp_path / f"{src.name}-out", quant_bit=4, quant_block=BLOCK)
+    assert ((tmp_path / "fused-out" / "llm.mnn.weight").read_bytes() ==
+            (tmp_path / "per_expert-out" / "llm.mnn.weight").read_bytes())

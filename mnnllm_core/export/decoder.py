@@ -23,6 +23,13 @@ each LayerNorm from layer 1 on is fused with the residual add (inputs (residual,
 Gemma's sandwich norms, GELU-tanh (spelled out as MNN writes it) and final soft-cap; MoE layers are
 a router Linear -> Softmax -> TopKV2 (-> Reduction SUM, RealDiv) -> MoE op over expert subgraphs.
 
+Per-layer variations the architecture files ask for (llama.AttentionSpec / MlpSpec / Model hooks):
+a gated output (Qwen3.5: q_gate_proj -> Sigmoid -> Mul before o_proj), partial or proportional rotary
+(RoPEParam.ropeCutHeadDim), a per-layer head size and KV heads (Gemma 4's full layers, one rotary
+table per head size), a weightless v or q/k norm, a linear-attention mixer (linear_attention.py),
+per-layer embeddings and a layer scalar (per_layer_embedding.py), a shared expert and Llama 4's
+sigmoid-scaled top-1 routing in the MoE.
+
 Weights are written as the ops that use them are built, so llm.mnn.weight comes out in MNN's
 order: each layer's input norm, q, k, v, o, its norms and MLP; then the final norm and the lm_head.
 """
