@@ -108,7 +108,7 @@ def build(arch: Arch, folder: Path):
     rng = np.random.default_rng(arch.seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith(arch.unit_norms) and arch.unit_norms:
+            if name.endswith(arch.unit_norms):
                 values = 1.0 + 0.1 * rng.standard_normal(p.shape)
             elif name.endswith("norm.weight"):
                 values = arch.norm_centre + 0.1 * rng.standard_normal(p.shape)

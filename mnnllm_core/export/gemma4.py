@@ -33,7 +33,6 @@ class ModelArgs(llama.ModelArgs):
     final_logit_softcapping: float | None = None
     per_layer: dict[int, dict[str, int]] = field(default_factory=dict)
     per_layer_input: int = 0
-    per_layer_vocab: int = 0
     composite: bool = False
 
     @classmethod
@@ -64,8 +63,7 @@ class ModelArgs(llama.ModelArgs):
         kw["per_layer"] = cls.per_layer_overrides(r, kw["layer_types"])
         width = r.get("hidden_size_per_layer_input", 256)
         kw["per_layer_input"] = 0 if not width else r.size("hidden_size_per_layer_input", 256)
-        kw["per_layer_vocab"] = r.size("vocab_size_per_layer_input", 262144) if width else 0
-        r.ignore("vocab_size_per_layer_input")  # without PLE nothing reads it
+        r.ignore("vocab_size_per_layer_input")  # the PLE table's rows, as its tensor says
         return kw
 
     @classmethod
@@ -119,10 +117,6 @@ class Model(gemma2.Model):
         super().__init__(args)
         self.base = "model.language_model" if args.composite else "model"
         self.per_layer_dim = args.per_layer_input
-
-    @property
-    def final_softcap(self) -> float | None:
-        return self.args.final_logit_softcapping
 
     def attention(self, layer: int) -> llama.AttentionSpec:
         spec = llama.Model.attention(self, layer)

@@ -161,6 +161,3 @@ class Model(llama.Model):
         within = np.concatenate([np.arange(0, d, 2), np.arange(1, d, 2)])
         order = (np.arange(tensor.shape[0] // d)[:, None] * d + within[None, :]).reshape(-1)
         return permute_rows(tensor, order, f"{tensor.name}:halves")
-
-    def norms(self, layer: int) -> list[str]:
-        return [self.input_norm(layer), self.post_attention_norm(layer)]
