@@ -71,6 +71,8 @@ ARCHS = [
     Arch("phi3", "phi3", {"tie_word_embeddings": False}),
     Arch("smollm3", "smollm3", {"no_rope_layers": [1, 0, 1], "tie_word_embeddings": True}, embed_std=0.2),
     Arch("gemma4", "gemma4_text", GEMMA4, norm_centre=1.0, embed_std=0.1, unquantized=("embed_tokens_per_layer",)),
+    Arch("gemma4_k_eq_v", "gemma4_text", {**GEMMA4, "attention_k_eq_v": True, "hidden_size_per_layer_input": 0,
+                                          "num_global_key_value_heads": 1}, norm_centre=1.0, embed_std=0.1, seed=1),
     Arch("llama4_text", "llama4_text", LLAMA4),
     Arch("qwen3_5", "qwen3_5_text", {**QWEN3_5, "tie_word_embeddings": True}, norm_centre=0.0, embed_std=0.2,
          unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),

@@ -183,7 +183,6 @@ def test_gguf_rope_scaling_is_read_or_refused(tmp_path, kind, error):
 
 @pytest.mark.parametrize("model_type,config,field", [
     ("gemma4_text", {"num_kv_shared_layers": 2}, "num_kv_shared_layers"),
-    ("gemma4_text", {"attention_k_eq_v": True}, "attention_k_eq_v"),
     ("gemma4_text", {"enable_moe_block": True}, "enable_moe_block"),
     ("gemma4_text", {"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
     ("gemma4_text", {"per_layer_config": {"3": {"head_dim": 32, "sliding_window": 4}}}, "per_layer_config"),

@@ -307,7 +307,8 @@ class DecoderGraph:
         g, a, m = self.g, self.args, self.model
         spec: AttentionSpec = m.attention(i)
         proj = {p: self._conv(f"/layers.{i}/self_attn/{p}/Linear", h, m.linear_weight(self.source, i, p),
-                              m.linear_bias(self.source, i, p)) for p in ("q_proj", "k_proj", "v_proj")}
+                              m.linear_bias(self.source, i, p))
+                for p in ("q_proj", "k_proj") + (() if spec.v_from_k else ("v_proj",))}
         head_dim, kv_heads = spec.head_dim or a.head_dim, spec.kv_heads or a.num_key_value_heads
         rope = RoPEParamT()
         rope.ropeCutHeadDim = head_dim if spec.rope is None else spec.rope.rotary_dim(head_dim)
@@ -322,7 +323,7 @@ class DecoderGraph:
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
         ctx_name = (f"/blocks.{i}/self_attn/fused_attn/FusedAttention_output_0" if spec.output_gate
                     else f"/layers.{i}/self_attn/o_proj/Linear/pre_convert")
-        v = proj["v_proj"]
+        v = proj["k_proj"] if spec.v_from_k else proj["v_proj"]
         if spec.v_norm:
             v = self._from_c4(f"/layers.{i}/self_attn/v_proj/Linear", v, kv_heads * head_dim)
             v = g.reshape(f"/blocks.{i}/self_attn/Reshape_2_output_0", [v], [1, -1, kv_heads, head_dim], NHWC)

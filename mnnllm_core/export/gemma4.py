@@ -7,8 +7,10 @@
 - per-layer embeddings (PLE, see per_layer_embedding.py) in `ple_embeddings_bf16.bin`;
 - a constant `layer_scalar` per layer and the final logit soft-cap.
 
-Refused: KV sharing between layers (`num_kv_shared_layers`), `attention_k_eq_v`, the MoE block and
-bidirectional attention. A composite checkpoint (Gemma4ForConditionalGeneration) exports its language model.
+- `attention_k_eq_v` (the full-attention layers take their values from k_proj, normed by v_norm).
+
+Refused: KV sharing between layers (`num_kv_shared_layers`), the MoE block and bidirectional attention.
+A composite checkpoint (Gemma4ForConditionalGeneration) exports its language model.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class ModelArgs(llama.ModelArgs):
     final_logit_softcapping: float | None = None
     per_layer: dict[int, dict[str, int]] = field(default_factory=dict)
     per_layer_input: int = 0
+    k_eq_v: bool = False
     composite: bool = False
 
     @classmethod
@@ -54,13 +57,14 @@ class ModelArgs(llama.ModelArgs):
         kw["tie_word_embeddings"] = r.flag("tie_word_embeddings", True)
         cap = r.get("final_logit_softcapping")
         kw["final_logit_softcapping"] = None if cap is None else r.number("final_logit_softcapping", 0.0)
-        for key, allowed in (("attention_k_eq_v", (False,)), ("num_kv_shared_layers", (0,)),
+        kw["k_eq_v"] = r.flag("attention_k_eq_v", False)
+        for key, allowed in (("num_kv_shared_layers", (0,)),
                              ("enable_moe_block", (False,)), ("use_bidirectional_attention", (None,)),
                              ("num_experts", (None,)), ("top_k_experts", (None,)), ("moe_intermediate_size", (None,))):
             r.require(key, allowed, allowed[0])
         r.ignore("use_double_wide_mlp")  # only widens KV-shared layers, refused above
         r.ignore("allow_global_per_layer_attribute_access")  # a flag MNN's exporter needs; no math
-        kw["per_layer"] = cls.per_layer_overrides(r, kw["layer_types"])
+        kw["per_layer"] = cls.per_layer_overrides(r, kw["layer_types"], kw["k_eq_v"])
         width = r.get("hidden_size_per_layer_input", 256)
         kw["per_layer_input"] = 0 if not width else r.size("hidden_size_per_layer_input", 256)
         r.ignore("vocab_size_per_layer_input")  # the PLE table's rows, as its tensor says
@@ -86,14 +90,17 @@ class ModelArgs(llama.ModelArgs):
         return dict(layer_types=types, sliding_window=cls.window_from(r, types, 512), ropes=[ropes[t] for t in types])
 
     @staticmethod
-    def per_layer_overrides(r: ConfigReader, types: list[str]) -> dict[int, dict[str, int]]:
+    def per_layer_overrides(r: ConfigReader, types: list[str], k_eq_v: bool) -> dict[int, dict[str, int]]:
         """`per_layer_config` {layer: {head_dim, num_key_value_heads}}, or transformers' default when
-        absent: `global_head_dim` (512) on the full-attention layers."""
+        absent: `global_head_dim` (512) on the full-attention layers, and with attention_k_eq_v their
+        `num_global_key_value_heads`."""
         given = r.get("per_layer_config")
         if given is None:
-            head = r.size("global_head_dim", 512)
-            r.ignore("num_global_key_value_heads")  # used by transformers only with attention_k_eq_v
-            return {i: {"head_dim": head} for i, t in enumerate(types) if t == FULL}
+            over = {"head_dim": r.size("global_head_dim", 512)}
+            if k_eq_v and r.has("num_global_key_value_heads"):
+                over["num_key_value_heads"] = r.size("num_global_key_value_heads")
+            r.ignore("num_global_key_value_heads")
+            return {i: dict(over) for i, t in enumerate(types) if t == FULL}
         r.ignore("global_head_dim", "num_global_key_value_heads")
         if not isinstance(given, dict):
             raise r.error(f"per_layer_config must be an object, got {given!r}", "per_layer_config")
@@ -123,7 +130,8 @@ class Model(gemma2.Model):
         base = f"{self.base}.layers.{layer}.self_attn"
         over = self.args.per_layer.get(layer, {})
         return replace(spec, q_norm=f"{base}.q_norm.weight", k_norm=f"{base}.k_norm.weight", v_norm=True,
-                       head_dim=over.get("head_dim"), kv_heads=over.get("num_key_value_heads"))
+                       head_dim=over.get("head_dim"), kv_heads=over.get("num_key_value_heads"),
+                       v_from_k=self.args.k_eq_v and spec.window is None)
 
     def mlp_norms(self, layer: int) -> tuple[str, str]:
         base = f"{self.base}.layers.{layer}"
@@ -162,7 +170,9 @@ class Model(gemma2.Model):
         return super().norms(layer) + ([self.ple_layer_tensor(layer, "norm")] if self.per_layer_dim else [])
 
     def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
-        tensors = super().layer_tensors(source, layer)
+        projections = [p for p in llama.PROJECTIONS if p != "v_proj" or not self.attention(layer).v_from_k]
+        tensors = [source.tensor(n) for n in self.norms(layer)]
+        tensors += [self.linear_weight(source, layer, p) for p in projections]
         if self.per_layer_dim:
             tensors += [source.tensor(self.ple_layer_tensor(layer, p)) for p in ("gate", "projection")]
         return tensors
