@@ -22,13 +22,14 @@ IDS = [f"{arch.name}-{bits}bit" for arch, bits in CASES]
 # Architectures our engine cannot run yet: the op or input it lacks, and the branch that adds it.
 ENGINE_PENDING = {
     "gemma4": "engine: the ple_embeddings input (per-layer embeddings), branch gemma4",
+    "gemma4_kv_shared": "engine: the ple_embeddings input (per-layer embeddings), branch gemma4",
     "gemma4_k_eq_v": "engine: llm_config attn_scale 1.0 (no Attention kernel reads it yet), branch gemma4",
     "qwen3_5": "engine: LinearAttention (gated_delta_rule), branch qwen35",
     "qwen3_5_moe": "engine: LinearAttention (gated_delta_rule), branch qwen35",
 }
 # MNN 3.6.1's runtime keeps per-layer-embedding state across reset(): a second prompt in the same
 # process decodes wrongly (the first, and Llm::forward step by step, agree with transformers).
-MNN_PROMPT_PER_PROCESS = {"gemma4", "gemma4_vl"}
+MNN_PROMPT_PER_PROCESS = {"gemma4", "gemma4_vl", "gemma4_kv_shared"}
 ENGINE_CASES = [pytest.param(arch, bits, id=f"{arch.name}-{bits}bit", marks=pytest.mark.xfail(
     strict=False, reason=ENGINE_PENDING[arch.name])) if arch.name in ENGINE_PENDING else
     pytest.param(arch, bits, id=f"{arch.name}-{bits}bit") for arch, bits in CASES]

@@ -182,7 +182,6 @@ def test_gguf_rope_scaling_is_read_or_refused(tmp_path, kind, error):
 
 
 @pytest.mark.parametrize("model_type,config,field", [
-    ("gemma4_text", {"num_kv_shared_layers": 2}, "num_kv_shared_layers"),
     ("gemma4_text", {"enable_moe_block": True}, "enable_moe_block"),
     ("gemma4_text", {"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
     ("gemma4_text", {"per_layer_config": {"3": {"head_dim": 32, "sliding_window": 4}}}, "per_layer_config"),
@@ -195,6 +194,12 @@ def test_2026_architectures_refuse_what_mnn_cannot_express(model_type, config, f
     with pytest.raises(UnsupportedError) as err:
         args(model_type, **config)
     assert err.value.field == field and err.value.file == "cfg"
+
+
+def test_gemma4_kv_sharing_needs_an_earlier_layer_of_each_shared_type():
+    with pytest.raises(ConfigError) as err:
+        args("gemma4_text", num_kv_shared_layers=1, layer_types=[SLIDING, SLIDING, SLIDING, FULL])
+    assert err.value.field == "num_kv_shared_layers"
 
 
 @pytest.mark.parametrize("config,limit", [

@@ -84,6 +84,7 @@ class DecoderGraph:
         self.subgraphs: list[SubGraphProtoT] = []
         self.tables: dict[tuple[RopeSpec, float, int], tuple[str, str]] = {}
         self.masks: dict[bool, str] = {}
+        self.kv_tensors: dict[int, tuple[str, str, str | None]] = {}  # layer -> (k before RoPE, v, k_norm)
 
     def build(self, model_id: str) -> tuple[bytes, LinearInfo]:
         """The packed llm.mnn and where the lm_head's block went (for `tie_embeddings`)."""
@@ -306,14 +307,21 @@ class DecoderGraph:
         """q, k, v from the NC4HW4 `h` -> RoPE -> Attention -> o_proj (its NC4HW4 output)."""
         g, a, m = self.g, self.args, self.model
         spec: AttentionSpec = m.attention(i)
+        own_kv = spec.kv_from is None
+        projections = ("q_proj",) + (("k_proj",) if own_kv else ()) + (("v_proj",) if own_kv and not spec.v_from_k
+                                                                       else ())
         proj = {p: self._conv(f"/layers.{i}/self_attn/{p}/Linear", h, m.linear_weight(self.source, i, p),
-                              m.linear_bias(self.source, i, p))
-                for p in ("q_proj", "k_proj") + (() if spec.v_from_k else ("v_proj",))}
+                              m.linear_bias(self.source, i, p)) for p in projections}
         head_dim, kv_heads = spec.head_dim or a.head_dim, spec.kv_heads or a.num_key_value_heads
+        k_norm = spec.k_norm
+        if not own_kv:
+            # Gemma 4's KV-sharing layers: the producer's k (rotated again here, with its k_norm) and normed v,
+            # kept in this layer's own cache: the same keys and values, without MNN's kvSharedLayerIndex
+            proj["k_proj"], v_shared, k_norm = self.kv_tensors[spec.kv_from]
         rope = RoPEParamT()
         rope.ropeCutHeadDim = head_dim if spec.rope is None else spec.rope.rotary_dim(head_dim)
         rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, kv_heads, head_dim
-        rope.qNorm, rope.kNorm = (self._head_norm(n, head_dim, spec.unit_qk_norm) for n in (spec.q_norm, spec.k_norm))
+        rope.qNorm, rope.kNorm = (self._head_norm(n, head_dim, spec.unit_qk_norm) for n in (spec.q_norm, k_norm))
         cos, sin = self.tables[self._table_key(i)]
         q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
         k_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_1"
@@ -323,11 +331,15 @@ class DecoderGraph:
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
         ctx_name = (f"/blocks.{i}/self_attn/fused_attn/FusedAttention_output_0" if spec.output_gate
                     else f"/layers.{i}/self_attn/o_proj/Linear/pre_convert")
-        v = proj["k_proj"] if spec.v_from_k else proj["v_proj"]
-        if spec.v_norm:
-            v = self._from_c4(f"/layers.{i}/self_attn/v_proj/Linear", v, kv_heads * head_dim)
-            v = g.reshape(f"/blocks.{i}/self_attn/Reshape_2_output_0", [v], [1, -1, kv_heads, head_dim], NHWC)
-            v = self._unit_norm(f"/blocks.{i}/self_attn/v_norm/Mul_output_0", v, head_dim)
+        if own_kv:
+            v = proj["k_proj"] if spec.v_from_k else proj["v_proj"]
+            if spec.v_norm:
+                v = self._from_c4(f"/layers.{i}/self_attn/v_proj/Linear", v, kv_heads * head_dim)
+                v = g.reshape(f"/blocks.{i}/self_attn/Reshape_2_output_0", [v], [1, -1, kv_heads, head_dim], NHWC)
+                v = self._unit_norm(f"/blocks.{i}/self_attn/v_norm/Mul_output_0", v, head_dim)
+            self.kv_tensors[i] = (proj["k_proj"], v, k_norm)
+        else:
+            v = v_shared
         ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention",
                    [q_out, k_out, v, self.masks[spec.window is not None]], [ctx_name],
                    OpParameter.AttentionParam, attn)
@@ -362,11 +374,11 @@ class DecoderGraph:
     def _plain_mlp(self, i: int, h: str) -> str:
         g, a, m = self.g, self.args, self.model
         act = m.mlp(i).act
-        ffn = a.intermediate_size
+        gate_weight = m.linear_weight(self.source, i, "gate_proj")
+        ffn = gate_weight.shape[0]  # the layer's own width (Gemma 4's double-wide MLPs)
         pre = self._to_c4(f"/layers.{i}/mlp/gate_proj/Linear", h, a.hidden_size)
         gate = self._from_c4(f"/layers.{i}/mlp/gate_proj/Linear",
-                             self._conv(f"/layers.{i}/mlp/gate_proj/Linear", pre,
-                                        m.linear_weight(self.source, i, "gate_proj")), ffn)
+                             self._conv(f"/layers.{i}/mlp/gate_proj/Linear", pre, gate_weight), ffn)
         gate = self._activation(f"/blocks.{i}/mlp", gate, act)
         up = self._from_c4(f"/layers.{i}/mlp/up_proj/Linear",
                            self._conv(f"/layers.{i}/mlp/up_proj/Linear", pre, m.linear_weight(self.source, i, "up_proj")),

@@ -5,11 +5,15 @@
 - full-attention layers with their own head size (`per_layer_config`, `global_head_dim`) and
   proportional RoPE (`partial_rotary_factor` of the frequencies spread over the whole head, the rest 0);
 - per-layer embeddings (PLE, see per_layer_embedding.py) in `ple_embeddings_bf16.bin`;
-- a constant `layer_scalar` per layer and the final logit soft-cap.
+- a constant `layer_scalar` per layer and the final logit soft-cap;
+- `attention_k_eq_v`: the full-attention layers take their values from k_proj, normed by v_norm;
+- KV sharing (`num_kv_shared_layers`): each of the last layers attends to the keys and values of the
+  last earlier layer of its type. The graph hands that layer's k (rotated again, with its k_norm) and v
+  to the sharing layer's Attention, which caches its own copy: exact, at the cost of that cache's
+  memory (MNN's AttentionParam.kvSharedLayerIndex is not used; our engine does not read it);
+  their MLPs may be double-wide (`use_double_wide_mlp`), as their weights say.
 
-- `attention_k_eq_v` (the full-attention layers take their values from k_proj, normed by v_norm).
-
-Refused: KV sharing between layers (`num_kv_shared_layers`), the MoE block and bidirectional attention.
+Refused: the MoE block (`enable_moe_block`) and bidirectional attention.
 A composite checkpoint (Gemma4ForConditionalGeneration) exports its language model.
 """
 from __future__ import annotations
@@ -36,6 +40,7 @@ class ModelArgs(llama.ModelArgs):
     per_layer: dict[int, dict[str, int]] = field(default_factory=dict)
     per_layer_input: int = 0
     k_eq_v: bool = False
+    kv_shared: int = 0
     composite: bool = False
 
     @classmethod
@@ -58,11 +63,18 @@ class ModelArgs(llama.ModelArgs):
         cap = r.get("final_logit_softcapping")
         kw["final_logit_softcapping"] = None if cap is None else r.number("final_logit_softcapping", 0.0)
         kw["k_eq_v"] = r.flag("attention_k_eq_v", False)
-        for key, allowed in (("num_kv_shared_layers", (0,)),
-                             ("enable_moe_block", (False,)), ("use_bidirectional_attention", (None,)),
+        shared = r.get("num_kv_shared_layers", 0)
+        if isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared < layers:
+            raise r.error(f"num_kv_shared_layers must be in [0, {layers}), got {shared!r}", "num_kv_shared_layers")
+        kw["kv_shared"] = shared
+        types, first = kw["layer_types"], layers - shared
+        if shared and set(types[first:]) - set(types[:first]):
+            raise r.error(f"the last {shared} layers share keys and values, but no earlier layer has their type "
+                          f"{sorted(set(types[first:]) - set(types[:first]))}", "num_kv_shared_layers")
+        for key, allowed in (("enable_moe_block", (False,)), ("use_bidirectional_attention", (None,)),
                              ("num_experts", (None,)), ("top_k_experts", (None,)), ("moe_intermediate_size", (None,))):
             r.require(key, allowed, allowed[0])
-        r.ignore("use_double_wide_mlp")  # only widens KV-shared layers, refused above
+        r.flag("use_double_wide_mlp", False)  # widens the KV-sharing layers' MLPs: their weights say how much
         r.ignore("allow_global_per_layer_attribute_access")  # a flag MNN's exporter needs; no math
         kw["per_layer"] = cls.per_layer_overrides(r, kw["layer_types"], kw["k_eq_v"])
         width = r.get("hidden_size_per_layer_input", 256)
@@ -131,7 +143,15 @@ class Model(gemma2.Model):
         over = self.args.per_layer.get(layer, {})
         return replace(spec, q_norm=f"{base}.q_norm.weight", k_norm=f"{base}.k_norm.weight", v_norm=True,
                        head_dim=over.get("head_dim"), kv_heads=over.get("num_key_value_heads"),
-                       v_from_k=self.args.k_eq_v and spec.window is None)
+                       v_from_k=self.args.k_eq_v and spec.window is None, kv_from=self.kv_producer(layer))
+
+    def kv_producer(self, layer: int) -> int | None:
+        """The last layer before the `num_kv_shared_layers` tail whose type matches `layer`'s, for a tail layer."""
+        a = self.args
+        first = a.num_hidden_layers - a.kv_shared
+        if layer < first:
+            return None
+        return max(i for i in range(first) if a.layer_types[i] == a.layer_types[layer])
 
     def mlp_norms(self, layer: int) -> tuple[str, str]:
         base = f"{self.base}.layers.{layer}"
@@ -167,10 +187,13 @@ class Model(gemma2.Model):
         return f"{self.base}.layers.{layer}.{name}"
 
     def norms(self, layer: int) -> list[str]:
-        return super().norms(layer) + ([self.ple_layer_tensor(layer, "norm")] if self.per_layer_dim else [])
+        names = super().norms(layer) + ([self.ple_layer_tensor(layer, "norm")] if self.per_layer_dim else [])
+        return [n for n in names if self.attention(layer).kv_from is None or not n.endswith("k_norm.weight")]
 
     def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
-        projections = [p for p in llama.PROJECTIONS if p != "v_proj" or not self.attention(layer).v_from_k]
+        spec = self.attention(layer)
+        skip = {"k_proj", "v_proj"} if spec.kv_from is not None else {"v_proj"} if spec.v_from_k else set()
+        projections = [p for p in llama.PROJECTIONS if p not in skip]
         tensors = [source.tensor(n) for n in self.norms(layer)]
         tensors += [self.linear_weight(source, layer, p) for p in projections]
         if self.per_layer_dim:

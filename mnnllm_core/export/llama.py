@@ -110,6 +110,7 @@ class AttentionSpec:
     output_gate: bool = False      # Qwen3.5: q_proj also yields a per-head gate, out * sigmoid(gate)
     v_norm: bool = False           # Gemma 4: values RMS-normed per head, no weight
     unit_qk_norm: bool = False     # Llama 4: q and k RMS-normed per head, no weight
+    kv_from: int | None = None     # Gemma 4's KV sharing: the layer whose keys and values (cache) this one reads
     v_from_k: bool = False         # Gemma 4's attention_k_eq_v: values are k_proj's output (before k's norm, RoPE)
     head_dim: int | None = None    # per-layer overrides (Gemma 4's full layers); None: the model's
     kv_heads: int | None = None
