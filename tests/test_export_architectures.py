@@ -24,6 +24,7 @@ ENGINE_PENDING = {
     "gemma4": "engine: the ple_embeddings input (per-layer embeddings), branch gemma4",
     "gemma4_kv_shared": "engine: the ple_embeddings input (per-layer embeddings), branch gemma4",
     "gemma4_k_eq_v": "engine: llm_config attn_scale 1.0 (no Attention kernel reads it yet), branch gemma4",
+    "gemma4_moe": "engine: llm_config attn_scale 1.0 (no Attention kernel reads it yet), branch gemma4",
     "qwen3_5": "engine: LinearAttention (gated_delta_rule), branch qwen35",
     "qwen3_5_moe": "engine: LinearAttention (gated_delta_rule), branch qwen35",
 }

@@ -182,7 +182,6 @@ def test_gguf_rope_scaling_is_read_or_refused(tmp_path, kind, error):
 
 
 @pytest.mark.parametrize("model_type,config,field", [
-    ("gemma4_text", {"enable_moe_block": True}, "enable_moe_block"),
     ("gemma4_text", {"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
     ("gemma4_text", {"per_layer_config": {"3": {"head_dim": 32, "sliding_window": 4}}}, "per_layer_config"),
     ("qwen3_5_text", {"attention_bias": True}, "attention_bias"),

@@ -46,6 +46,7 @@ from mnnllm_core.schema.MNN.CastParam import CastParamT
 from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
 from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from mnnllm_core.schema.MNN.DataType import DataType
+from mnnllm_core.schema.MNN.GatherV2 import GatherV2T
 from mnnllm_core.schema.MNN.IDSTQuan import IDSTQuanT
 from mnnllm_core.schema.MNN.LayerNorm import LayerNormT
 from mnnllm_core.schema.MNN.OpParameter import OpParameter
@@ -209,7 +210,11 @@ class DecoderGraph:
             before = m.mlp_norms(i)[0] if m.sandwich_norms else m.post_attention_norm(i)
             tag = "pre_feedforward_layernorm" if m.sandwich_norms else "post_attention_layernorm"
             h = self._layernorm(f"/blocks.{i}/{tag}/Mul_1_output_0", before, [x])
-            mlp = self._moe(i, h) if m.mlp(i).experts else self._plain_mlp(i, h)
+            spec = m.mlp(i)
+            if spec.experts and spec.beside_dense:
+                mlp = self._dense_and_experts(i, x, h)
+            else:
+                mlp = self._moe(i, h) if spec.experts else self._plain_mlp(i, h)
             if m.sandwich_norms:
                 mlp = self._layernorm(f"/blocks.{i}/post_feedforward_layernorm/Mul_1_output_0", m.mlp_norms(i)[1],
                                       [mlp])
@@ -388,17 +393,36 @@ class DecoderGraph:
         down = self._conv(name, self._to_c4(name, y, ffn), m.linear_weight(self.source, i, "down_proj"))
         return self._from_c4(name, down, a.hidden_size)
 
-    def _moe(self, i: int, h: str) -> str:
+    def _dense_and_experts(self, i: int, x: str, h: str) -> str:
+        """Gemma 4's MoE layer: norm_1(MLP(h)) + norm_2(experts(pre_norm_2(x))), the router reading
+        RMSNorm(x) * scale / sqrt(hidden) (x: the residual stream, h: its pre-feedforward norm)."""
+        g, a, m = self.g, self.args, self.model
+        p = f"/blocks.{i}"
+        names = m.moe_norms(i)
+        dense = self._layernorm(f"{p}/post_feedforward_layernorm_1/Mul_1_output_0", names["post_1"],
+                                [self._plain_mlp(i, h)])
+        tokens = self._layernorm(f"{p}/pre_feedforward_layernorm_2/Mul_1_output_0", names["pre_2"], [x])
+        router = self._unit_norm(f"{p}/router/norm/Mul_output_0", x, a.hidden_size)
+        scale = self.source.tensor(m.router_scale(i)).load().astype(np.float32) * np.float32(a.hidden_size ** -0.5)
+        router = g.binary(f"{p}/router/Mul_output_0", BinaryOpOperation.MUL, router,
+                          g.const_float(f"{p}/router/scale", scale))
+        experts = self._layernorm(f"{p}/post_feedforward_layernorm_2/Mul_1_output_0", names["post_2"],
+                                  [self._moe(i, tokens, router)])
+        return g.binary(f"{p}/mlp/Add_experts_output_0", BinaryOpOperation.ADD, dense, experts)
+
+    def _moe(self, i: int, h: str, router_input: str | None = None) -> str:
         """Router -> Softmax -> TopKV2 (-> renormalise) -> MoE over the `/expert/{i}_{e}` subgraphs.
         Llama 4 (`sigmoid_input`, top-1): TopKV2 on the logits, the token scaled by sigmoid(its top logit)
         before the expert, and the MoE op's weight 1."""
         g, a, m = self.g, self.args, self.model
         spec = m.mlp(i)
         p = f"/blocks.{i}/mlp"
-        flat = g.reshape(f"{p}/Reshape_output_0", [h, g.const_int(f"{p}/flat_shape", [-1, a.hidden_size], [2])],
-                         None, NHWC)
+        flat_shape = g.const_int(f"{p}/flat_shape", [-1, a.hidden_size], [2])
+        flat = g.reshape(f"{p}/Reshape_output_0", [h, flat_shape], None, NHWC)
+        route = flat if router_input is None else g.reshape(f"{p}/Reshape_router_output_0", [router_input, flat_shape],
+                                                            None, NHWC)
         name = f"/layers.{i}/mlp/gate/Linear"
-        logits = self._from_c4(name, self._conv(name, self._to_c4(name, flat, a.hidden_size),
+        logits = self._from_c4(name, self._conv(name, self._to_c4(name, route, a.hidden_size),
                                                 self.source.tensor(m.router(i))), spec.experts)
         if spec.sigmoid_input:
             probs = logits
@@ -420,6 +444,11 @@ class DecoderGraph:
             total = g.op(OpType.Reduction, f"{p}/ReduceSum_output_0", [weights, axes], [f"{p}/ReduceSum_output_0"],
                          OpParameter.ReductionParam, reduce)
             weights = g.binary(f"{p}/Div_output_0", BinaryOpOperation.REALDIV, weights, total)
+        if spec.expert_scale:  # Gemma 4: each chosen expert's weight times its per_expert_scale
+            table = g.const_float(f"{p}/per_expert_scale", self.source.tensor(m.expert_scale(i)).load())
+            picked = g.op(OpType.GatherV2, f"{p}/Gather_scale_output_0", [table, experts, g.const_int(
+                f"{p}/scale_axis", [0], None)], [f"{p}/Gather_scale_output_0"], OpParameter.GatherV2, GatherV2T())
+            weights = g.binary(f"{p}/Mul_scale_output_0", BinaryOpOperation.MUL, weights, picked)
         tokens = flat
         if spec.sigmoid_input:
             tokens = g.binary(f"{p}/Mul_input_output_0", BinaryOpOperation.MUL, flat,
@@ -461,7 +490,7 @@ class DecoderGraph:
         return g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, gate, y)
 
     def _expert(self, i: int, e: int) -> SubGraphProtoT:
-        """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> silu(gate) * up -> down."""
+        """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> act(gate) * up -> down."""
         g, a, m = GraphBuilder(), self.args, self.model
         name = f"/expert/{i}_{e}"
         ffn = m.args.moe_intermediate_size
@@ -474,7 +503,7 @@ class DecoderGraph:
         halves = [g.const_int(f"/bound_{v}", [v], [1]) for v in (0, ffn, 2 * ffn)]
         gate = g.strided_slice("/Slice_output_0", [both, halves[0], halves[1], axis], DataType.DT_INVALID, 1)
         up = g.strided_slice("/Slice_1_output_0", [both, halves[1], halves[2], axis], DataType.DT_INVALID, 1)
-        y = g.binary("/Mul_2_output_0", BinaryOpOperation.MUL, up, self._activation("", gate, "silu", g))
+        y = g.binary("/Mul_2_output_0", BinaryOpOperation.MUL, up, self._activation("", gate, m.mlp(i).act, g))
         lin = f"{name}/down_proj_linear"
         down = self._conv(lin, self._to_c4(lin, y, ffn, g), m.expert_weight(self.source, i, e, "down"), g=g)
         out = self._from_c4(lin, down, a.hidden_size, rows=0, g=g, output="hidden_states")

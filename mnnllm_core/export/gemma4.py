@@ -11,9 +11,11 @@
   last earlier layer of its type. The graph hands that layer's k (rotated again, with its k_norm) and v
   to the sharing layer's Attention, which caches its own copy: exact, at the cost of that cache's
   memory (MNN's AttentionParam.kvSharedLayerIndex is not used; our engine does not read it);
-  their MLPs may be double-wide (`use_double_wide_mlp`), as their weights say.
+  their MLPs may be double-wide (`use_double_wide_mlp`), as their weights say;
+- `enable_moe_block`: experts beside each dense MLP (MNN's MoE op; a softmax router on
+  RMSNorm(x) * scale / sqrt(hidden), top-k renormalised, times per_expert_scale), each branch with its norms.
 
-Refused: the MoE block (`enable_moe_block`) and bidirectional attention.
+Refused: bidirectional attention.
 A composite checkpoint (Gemma4ForConditionalGeneration) exports its language model.
 """
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 from . import gemma2, llama
 from .config import FULL, SLIDING, ConfigReader, language_part
-from .sources import LazyTensor, Source
+from .sources import LazyTensor, Source, expert_matrix
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ class ModelArgs(llama.ModelArgs):
     per_layer_input: int = 0
     k_eq_v: bool = False
     kv_shared: int = 0
+    num_experts: int = 0           # enable_moe_block: experts beside every layer's dense MLP
+    top_k_experts: int = 0
+    moe_intermediate_size: int = 0
     composite: bool = False
 
     @classmethod
@@ -71,9 +76,14 @@ class ModelArgs(llama.ModelArgs):
         if shared and set(types[first:]) - set(types[:first]):
             raise r.error(f"the last {shared} layers share keys and values, but no earlier layer has their type "
                           f"{sorted(set(types[first:]) - set(types[:first]))}", "num_kv_shared_layers")
-        for key, allowed in (("enable_moe_block", (False,)), ("use_bidirectional_attention", (None,)),
-                             ("num_experts", (None,)), ("top_k_experts", (None,)), ("moe_intermediate_size", (None,))):
-            r.require(key, allowed, allowed[0])
+        r.require("use_bidirectional_attention", (None,), None)
+        if r.flag("enable_moe_block", False):
+            experts, top_k = r.size("num_experts"), r.size("top_k_experts")
+            if top_k > experts:
+                raise r.error(f"top_k_experts {top_k} exceeds num_experts {experts}", "top_k_experts")
+            kw.update(num_experts=experts, top_k_experts=top_k, moe_intermediate_size=r.size("moe_intermediate_size"))
+        else:
+            r.ignore("num_experts", "top_k_experts", "moe_intermediate_size")
         r.flag("use_double_wide_mlp", False)  # widens the KV-sharing layers' MLPs: their weights say how much
         r.ignore("allow_global_per_layer_attribute_access")  # a flag MNN's exporter needs; no math
         kw["per_layer"] = cls.per_layer_overrides(r, kw["layer_types"], kw["k_eq_v"])
@@ -153,6 +163,33 @@ class Model(gemma2.Model):
             return None
         return max(i for i in range(first) if a.layer_types[i] == a.layer_types[layer])
 
+    def mlp(self, layer: int) -> llama.MlpSpec:
+        a = self.args
+        if not a.num_experts:
+            return llama.MlpSpec(a.act)
+        return llama.MlpSpec(a.act, a.num_experts, a.top_k_experts, norm_topk=True, beside_dense=True,
+                             expert_scale=True)
+
+    def router(self, layer: int) -> str:
+        return f"{self.base}.layers.{layer}.router.proj.weight"
+
+    def router_scale(self, layer: int) -> str:
+        return f"{self.base}.layers.{layer}.router.scale"
+
+    def expert_scale(self, layer: int) -> str:
+        return f"{self.base}.layers.{layer}.router.per_expert_scale"
+
+    def moe_norms(self, layer: int) -> dict[str, str]:
+        base = f"{self.base}.layers.{layer}"
+        return {"post_1": f"{base}.post_feedforward_layernorm_1.weight",
+                "pre_2": f"{base}.pre_feedforward_layernorm_2.weight",
+                "post_2": f"{base}.post_feedforward_layernorm_2.weight"}
+
+    def expert_weight(self, source: Source, layer: int, expert: int, name: str) -> LazyTensor:
+        """`name`: gate_up ([gate; up] rows) or down, from the fused [E, out, in] tensors."""
+        fused = source.tensor(f"{self.base}.layers.{layer}.experts.{name}_proj")
+        return expert_matrix(fused, expert, f"{fused.name}[{expert}]")
+
     def mlp_norms(self, layer: int) -> tuple[str, str]:
         base = f"{self.base}.layers.{layer}"
         return f"{base}.pre_feedforward_layernorm.weight", f"{base}.post_feedforward_layernorm.weight"
@@ -191,6 +228,19 @@ class Model(gemma2.Model):
         return [n for n in names if self.attention(layer).kv_from is None or not n.endswith("k_norm.weight")]
 
     def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        return self._attention_and_mlp_tensors(source, layer) + self._expert_tensors(source, layer)
+
+    def _expert_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        if not self.args.num_experts:
+            return []
+        names = list(self.moe_norms(layer).values()) + [self.router(layer), self.router_scale(layer),
+                                                         self.expert_scale(layer)]
+        tensors = [source.tensor(n) for n in names]
+        for e in range(self.args.num_experts):
+            tensors += [self.expert_weight(source, layer, e, p) for p in ("gate_up", "down")]
+        return tensors
+
+    def _attention_and_mlp_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
         spec = self.attention(layer)
         skip = {"k_proj", "v_proj"} if spec.kv_from is not None else {"v_proj"} if spec.v_from_k else set()
         projections = [p for p in llama.PROJECTIONS if p not in skip]

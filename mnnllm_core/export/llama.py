@@ -127,6 +127,8 @@ class MlpSpec:
     shared: int = 0                # a shared expert of this width (Qwen3.5-MoE, Llama 4)
     shared_gate: bool = False      # Qwen3.5-MoE: the shared expert times sigmoid(shared_expert_gate(x))
     sigmoid_input: bool = False    # Llama 4: top-1 on the logits, the expert's input times sigmoid(logit)
+    beside_dense: bool = False     # Gemma 4: the experts run beside a dense MLP, each with its own norms
+    expert_scale: bool = False     # Gemma 4: each chosen expert's weight times its per_expert_scale
 
 
 class Model:
