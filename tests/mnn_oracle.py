@@ -45,6 +45,7 @@ def run_script(script: str, job: dict, timeout: float):
     """Run `script` in a fresh interpreter with `job` as JSON on stdin; what it printed after @@RESULT@@."""
     pytest.importorskip("MNN", reason="PyPI MNN (the reference runtime) is not installed")
     done = subprocess.run([sys.executable, "-c", script], input=json.dumps(job), capture_output=True, text=True,
+                          errors="replace",  # a random model's answer printed by MNN may be no UTF-8
                           timeout=timeout)
     marker = "@@RESULT@@"
     if done.returncode != 0 or marker not in done.stdout:

@@ -27,7 +27,7 @@ RNG = np.random.default_rng(7)
 
 
 def quantized(oc: int, ic: int, bits: int, block: int, *, value_map: bool = False, exact_alpha: bool = True,
-              ) -> QuantizedWeight:
+              symmetric: bool = False) -> QuantizedWeight:
     """A random weight in MNN's layout: codes packed most significant bit first, fp16-exact alphas."""
     n_blocks = ic // block
     count = (1 << bits) - (3 if value_map else 0)
@@ -37,6 +37,8 @@ def quantized(oc: int, ic: int, bits: int, block: int, *, value_map: bool = Fals
     scale = (RNG.random((oc, n_blocks)) * 0.02 + 0.001).astype(np.float16).astype(np.float32)
     if not exact_alpha:
         zero = zero + np.float32(1e-5)  # no longer fp16 values: stored as float32
+    if symmetric:
+        zero = np.zeros_like(zero)
     table = np.sort(RNG.choice(np.arange(-128, 128), count, replace=False)).astype(np.int8) if value_map else None
     return QuantizedWeight(bits, block, oc, ic, packed, zero, scale, value_map=table)
 
@@ -47,7 +49,11 @@ WEIGHTS = {
     "int4 block 64, 3 groups": dict(oc=70, ic=128, bits=4, block=64),
     "int8 block 16": dict(oc=37, ic=48, bits=8, block=16),
     "int8 per channel": dict(oc=31, ic=40, bits=8, block=40),
-    "int3 recoded to int8": dict(oc=29, ic=48, bits=3, block=16),
+    "int3 as int4": dict(oc=29, ic=48, bits=3, block=16),
+    "int2 as int4": dict(oc=45, ic=128, bits=2, block=64),
+    "int3 odd block recoded to int8": dict(oc=9, ic=24, bits=3, block=3),
+    "int4 symmetric": dict(oc=40, ic=64, bits=4, block=32, symmetric=True),
+    "int8 symmetric": dict(oc=21, ic=64, bits=8, block=64, symmetric=True),
     "int4 odd ic recoded to int8": dict(oc=17, ic=35, bits=4, block=35),
     "int4 value map recoded to int8": dict(oc=40, ic=64, bits=4, block=32, value_map=True),
     "int4 float32 alphas": dict(oc=40, ic=64, bits=4, block=32, exact_alpha=False),
@@ -69,7 +75,8 @@ def assert_product_close(actual: np.ndarray, w: np.ndarray, x: np.ndarray) -> No
 def test_packed_layout_holds_exactly_the_reference_weights(case):
     weight = quantized(**WEIGHTS[case])
     packed = pack(weight)
-    assert packed.bits == (4 if case.startswith(("int4 block", "int4 per", "int4 float")) else 8)
+    assert packed.bits == (4 if case.startswith(("int4 block", "int4 per", "int4 float", "int4 sym")) or "as int4" in case
+                           else 8)
     assert packed.alpha.dtype == (np.float32 if "float32" in case else np.uint16)
     assert np.array_equal(layout_dequantize(packed), weight.dequantize())
     assert np.array_equal(linear.dequantize(packed), weight.dequantize())  # the GEMM's panels
@@ -99,7 +106,8 @@ def test_one_gemv_over_three_members_equals_each_alone():
 
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("tokens", [5, 13])
-@pytest.mark.parametrize("case", ["int4 block 32", "int4 per channel", "int8 block 16", "int4 float32 alphas"])
+@pytest.mark.parametrize("case", ["int4 block 32", "int4 per channel", "int8 block 16", "int4 float32 alphas",
+                                  "int3 as int4", "int2 as int4"])
 def test_matmul_on_dequantized_panels_matches_float64(case, tokens, threads):
     weight = quantized(**WEIGHTS[case])
     x = RNG.standard_normal((tokens, weight.ic)).astype(np.float32)

@@ -464,7 +464,13 @@ def test_missing_tensor_and_bad_arguments_are_clear(tmp_path, llama_dir):
     with pytest.raises(FormatError, match="is missing"):
         export_model(str(tmp_path / "m"), str(tmp_path / "out"))
     with pytest.raises(ConfigError, match="quant bit"):
-        export_model(str(llama_dir), str(tmp_path / "out"), quant_bit=3)
+        export_model(str(llama_dir), str(tmp_path / "out"), quant_bit=5)
+    with pytest.raises(ConfigError, match="lm quant bit") as err:
+        export_model(str(llama_dir), str(tmp_path / "out"), lm_quant_bit=6)
+    assert err.value.field == "lm_quant_bit"
+    with pytest.raises(ConfigError, match="embed bit") as err:
+        export_model(str(llama_dir), str(tmp_path / "out"), embed_bit=2)
+    assert err.value.field == "embed_bit"
     with pytest.raises(ConfigError, match="quant block"):
         export_model(str(llama_dir), str(tmp_path / "out"), quant_block=48)
     with pytest.raises(ConfigError, match="folder or a .gguf"):

@@ -9,7 +9,7 @@ import pytest
 import mnnllm_core
 from mnnllm_core.errors import ConfigError, FormatError, MnnllmError
 from mnnllm_core.llm.omni import Omni
-from mnnllm_core.llm.vision import qwen2_patches
+from mnnllm_core.llm.vision_qwen2 import qwen_patches
 from vl_oracle import mnn_vision_ids
 from vl_reference import FP16, IMAGE, Q4, hf_image_embeds, hf_processor_patches, reference, vision_tower
 
@@ -70,7 +70,7 @@ def test_patches_match_transformers_processor(fp16):
     from mnnllm_core.llm.image import load_image, resize_normalize
     vision = fp16.vision
     pixels = resize_normalize(load_image(str(IMAGE)), 112, 112, vision.mean, vision.norm)
-    patches, position_ids, merged = qwen2_patches(pixels)
+    patches, position_ids, merged = qwen_patches(pixels)
     assert list(merged) == [grid[0][0], grid[0][1] // 2, grid[0][2] // 2]
     assert np.abs(patches - pixel_values).max() < 1e-4
     assert position_ids[:, :4].T.tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]

@@ -94,9 +94,9 @@ def test_tie_embeddings_numbers_must_be_integers(tmp_path, key, value):
 
 def test_a_quant_block_that_does_not_match_alpha_size_is_refused_not_read_as_garbage(tmp_path):
     config = LlmConfig.from_file(model_copy(tmp_path, llm_config={"tie_embeddings.quant_block": 0}))
-    with pytest.raises(ConfigError, match="run past the end of the weight file") as err:
+    with pytest.raises(ConfigError, match="alpha_size 1769472 is neither 49152 rows x 1 blocks") as err:
         DiskEmbedding(config)
-    assert err.value.field == "tie_embeddings.weight_offset"
+    assert err.value.field == "tie_embeddings.alpha_size"
 
 
 def test_tie_embeddings_quant_block_0_is_one_block_per_row_as_mnn(tmp_path):
@@ -104,7 +104,7 @@ def test_tie_embeddings_quant_block_0_is_one_block_per_row_as_mnn(tmp_path):
     config = LlmConfig.from_file(model_copy(tmp_path, llm_config={
         "tie_embeddings.quant_block": 0, "tie_embeddings.alpha_size": tie["alpha_size"] // 9}))
     embedding = DiskEmbedding(config)
-    assert embedding.block == embedding.hidden == 576
+    assert embedding.rows.block == embedding.hidden == 576 and embedding.rows.blocks == 1
 
 
 def test_a_path_that_is_not_unicode_is_a_config_error(tmp_path):

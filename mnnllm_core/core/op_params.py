@@ -103,16 +103,21 @@ class LayerNormParams:
     """A LayerNorm (RMSNorm when `rms`) over the last `axis_count` dims, in `group` groups (a
     group spans every dim after the first; gamma/beta cover one group, as MNN's CPULayerNorm),
     or over the channel axis of an NC4HW4 tensor. Two inputs are MNN's fused residual form:
-    out0 = in0 + in1, out1 = norm(out0). gamma/beta come from `op.weights.layernorm()`."""
+    out0 = in0 + in1, out1 = norm(out0). gamma/beta come from `op.weights.layernorm()`.
+    `head_dim` (a norm on the packed [seq, heads*dim, 1, 1] q or k after a RoPE, Llama 4's
+    q/k norm): its last axis is the head's, so it runs over rows of head_dim, as MNN does."""
 
     epsilon: float
     rms: bool
     axis_count: int = 1
     group: int = 1
     channel_axis: bool = False
+    head_dim: int = 0
 
     def layout(self, shape: Sequence[int]) -> NormLayout:
         size = _prod(shape)
+        if self.head_dim and len(shape) == 4 and tuple(shape[2:]) == (1, 1) and shape[1] % self.head_dim == 0:
+            return NormLayout(size // self.head_dim, self.head_dim)
         if self.channel_axis and len(shape) == 4:
             hw = int(shape[2]) * int(shape[3])
             return NormLayout(int(shape[0]) * hw, int(shape[1]), hw)
@@ -129,7 +134,7 @@ def _layernorm(op: Op) -> LayerNormParams | None:
         return None
     axis = list(p.axis) if p.axis is not None else [-1]
     return LayerNormParams(float(p.epsilon or 0.0), bool(p.useRmsnorm), max(1, len(axis)), int(p.group or 1),
-                           op.extra.get("format") == "NC4HW4")
+                           op.extra.get("format") == "NC4HW4", int(op.extra.get("head_dim", 0)))
 
 
 @dataclass(frozen=True, eq=False)
@@ -233,8 +238,14 @@ class AttentionParams:
 
 def _attention(op: Op) -> AttentionParams:
     p = op.table
+    shared = int(_field(p, "kvSharedLayerIndex", -1))
+    if shared >= 0 or _field(p, "kvSharedLayer"):
+        raise UnsupportedError(f"Attention {op.name!r} reads the KV cache of another layer (kv_shared_layer_index "
+                               f"{shared}): KV sharing between layers (Gemma 4's num_kv_shared_layers) is not "
+                               "implemented", field="kv_shared_layer_index")
     heads = op.extra.get("heads")
-    return AttentionParams(bool(_field(p, "kvCache", True)), float(_field(p, "attnScale", 0.0)),
+    scale = float(_field(p, "attnScale", 0.0)) or float(op.extra.get("attn_scale", 0.0))
+    return AttentionParams(bool(_field(p, "kvCache", True)), scale,
                            tuple(int(h) for h in heads) if heads is not None else None,
                            bool(_field(p, "outputC4", False)))
 
@@ -337,6 +348,21 @@ class LinearAttentionParams:
     head_k_dim: int = 0
     head_v_dim: int = 0
     use_qk_l2norm: bool = False
+
+    def gated_delta_rule_problem(self, channels: int | None = None, conv_channels: int | None = None) -> str | None:
+        """Why a gated_delta_rule op cannot run (None when it can): positive heads and dims, v heads
+        a multiple of k heads (each k head serves a group of v heads), and, once the shapes are
+        known, a qkv input of `channels` and a conv weight of `conv_channels` rows = 2 * Hk * dk + Hv * dv."""
+        counts = (self.num_k_heads, self.num_v_heads, self.head_k_dim, self.head_v_dim)
+        if min(counts) <= 0:
+            return f"heads and dims (num_k_heads, num_v_heads, head_k_dim, head_v_dim) {counts} must be positive"
+        if self.num_v_heads % self.num_k_heads:
+            return f"num_v_heads {self.num_v_heads} is not a multiple of num_k_heads {self.num_k_heads}"
+        need = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+        if channels is not None and (channels != need or conv_channels != need):
+            return (f"qkv has {channels} channels and the conv weight {conv_channels}, but the heads need "
+                    f"2 * {self.num_k_heads} * {self.head_k_dim} + {self.num_v_heads} * {self.head_v_dim} = {need}")
+        return None
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,9 @@ def _parse_header(data: np.ndarray, *, oc: int, ic: int, bits: int, shape_int32:
     if data.size < pos + 1:
         raise fail(f"{data.size} bytes cannot hold {ndim} dims and the map count")
     dims = tuple(int(d) for d in data[1:pos].view(dim_type))
-    if dims[0] != oc or int(np.prod(dims, dtype=np.int64)) != oc * ic:
+    # [oc, ic], or each row split in equal parts (MNN's exporter writes a Qwen3-VL patch embedding
+    # [32, 1536] as [384, 128]): the same codes in the same order
+    if dims[0] % oc or int(np.prod(dims, dtype=np.int64)) != oc * ic:
         raise fail(f"dims {list(dims)} do not match the op's [{oc}, {ic}]")
     count = int(data[pos]) or 256
     pos += 1

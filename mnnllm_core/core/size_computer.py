@@ -116,12 +116,33 @@ def _attention(op, ins) -> Result:
     return [((q[0], q[1], q[2] * q[3]), ins[0].dtype)]
 
 
+def _gated_delta_rule(op, ins) -> Result:
+    """qkv [1, D, tokens] (MNN's layout, after the graph's Permute) -> [1, tokens, Hv, dv], or qkv
+    [tokens, D, 1, 1] (a Linear's output, where MNN's transformer fusion dropped the Permute) ->
+    [tokens, Hv * dv, 1, 1]; gate and beta [.., tokens, Hv], conv weight [D, 1, K]."""
+    param, shape = op.param, ins[0].shape
+    mnn_layout = len(shape) == 3
+    tokens = shape[2] if mnn_layout else shape[0]
+    problem = param.gated_delta_rule_problem(shape[1] if len(shape) > 1 else 0, ins[3].shape[0])
+    if problem is None and mnn_layout and shape[0] != 1:
+        problem = f"qkv {shape} is [batch, D, tokens] with a batch of {shape[0]} (only 1)"
+    if problem is None and any(int(np.prod(t.shape)) != tokens * param.num_v_heads for t in ins[1:3]):
+        problem = f"gate {ins[1].shape} and beta {ins[2].shape} must hold {tokens} tokens x {param.num_v_heads} v heads"
+    if problem:
+        raise UnsupportedError(f"LinearAttention {op.name!r}: gated_delta_rule: {problem}", field="param")
+    if mnn_layout:
+        return [((1, tokens, param.num_v_heads, param.head_v_dim), ins[0].dtype)]
+    return [((tokens, param.num_v_heads * param.head_v_dim, 1, 1), ins[0].dtype)]
+
+
 def _linear_attention(op, ins) -> Result:
     """short_conv: [tokens, 3 * channels, ...] (B, C, x) -> [tokens, channels, 1, 1] (C4, as the
-    Linear after it takes it)."""
+    Linear after it takes it); gated_delta_rule: see `_gated_delta_rule`."""
+    if op.param.attn_type == "gated_delta_rule":
+        return _gated_delta_rule(op, ins)
     if op.param.attn_type != "short_conv":
-        raise UnsupportedError(f"LinearAttention {op.name!r}: attn_type {op.param.attn_type!r} (only short_conv)",
-                               field="attn_type")
+        raise UnsupportedError(f"LinearAttention {op.name!r}: attn_type {op.param.attn_type!r} "
+                               "(only short_conv and gated_delta_rule)", field="attn_type")
     shape = ins[0].shape
     if len(shape) < 2 or shape[1] % 3:
         raise UnsupportedError(f"LinearAttention {op.name!r}: short_conv needs 3 * channels, got {shape}",

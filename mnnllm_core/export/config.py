@@ -12,7 +12,7 @@ from typing import Any
 
 from mnnllm_core.errors import ConfigError, UnsupportedError
 
-from .rope import ROPE_TYPES, RopeSpec
+from .rope import ROPE_TYPES, RopeSpec, yarn_attention_factor
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -117,10 +117,11 @@ class ConfigReader:
 
     def rope(self, default_theta: float, layer_type: str | None = None,
              legacy_theta_key: str = "rope_theta", legacy_scaling: bool = True, partial: bool = False,
-             text_mrope: bool = False) -> RopeSpec:
+             yarn: bool = False, text_mrope: bool = False) -> RopeSpec:
         """The rotary table of one layer type, from `rope_parameters` (nested by layer type or not) or from
         the transformers 4 keys (`legacy_theta_key`, `rope_scaling`, `partial_rotary_factor`).
-        `partial`: the architecture's graph rotates only the first partial_rotary_factor of each head;
+        `partial`: the architecture rotates part of each head (a factor below 1 is refused otherwise);
+        `yarn`: its graph scales the cos/sin table by YaRN's attention factor (yarn is refused otherwise);
         `text_mrope`: M-RoPE sections are accepted, as text positions are equal in every section."""
         params = self.get("rope_parameters")
         if params is not None:
@@ -131,7 +132,7 @@ class ConfigReader:
             elif any(isinstance(v, dict) for v in params.values()):
                 raise self.error(f"rope_parameters has no entry for {layer_type!r}", "rope_parameters")
             theta = params.get("rope_theta", self.get(legacy_theta_key, default_theta))
-            return self._rope_spec(dict(params, rope_theta=theta), "rope_parameters", partial, text_mrope)
+            return self._rope_spec(dict(params, rope_theta=theta), "rope_parameters", partial, yarn, text_mrope)
         scaling = self.get("rope_scaling") if legacy_scaling else None
         if scaling is not None and not isinstance(scaling, dict):
             raise self.error(f"rope_scaling must be an object, got {scaling!r}", "rope_scaling")
@@ -139,17 +140,18 @@ class ConfigReader:
         spec["rope_theta"] = self.number(legacy_theta_key, default_theta)
         if self.has("partial_rotary_factor"):
             spec.setdefault("partial_rotary_factor", self.get("partial_rotary_factor"))
-        return self._rope_spec(spec, "rope_scaling", partial, text_mrope)
+        return self._rope_spec(spec, "rope_scaling", partial, yarn, text_mrope)
 
-    def _rope_spec(self, p: dict[str, Any], key: str, allow_partial: bool = False,
+    def _rope_spec(self, p: dict[str, Any], key: str, partial: bool = False, yarn: bool = False,
                    text_mrope: bool = False) -> RopeSpec:
         kind = p.get("rope_type", p.get("type", "default"))
-        if kind not in ROPE_TYPES:
-            raise self.unsupported(f"rope type {kind!r} (supported: {', '.join(ROPE_TYPES)})", key)
-        partial = p.get("partial_rotary_factor", 1.0)
-        if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-            raise self.error(f"partial_rotary_factor must be in (0, 1], got {partial!r}", key)
-        if partial != 1.0 and not allow_partial and kind != "proportional":
+        kinds = ROPE_TYPES + (("yarn",) if yarn else ())
+        if kind not in kinds:
+            raise self.unsupported(f"rope type {kind!r} (supported: {', '.join(kinds)})", key)
+        factor = p.get("partial_rotary_factor", 1.0)
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+            raise self.error(f"partial_rotary_factor must be in (0, 1], got {factor!r}", key)
+        if factor != 1.0 and not partial and kind != "proportional":
             raise self.unsupported(f"partial_rotary_factor {p['partial_rotary_factor']!r}", key)
         known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
         if text_mrope:
@@ -158,6 +160,9 @@ class ConfigReader:
             known |= {"factor"}
         if kind == "llama3":
             known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+        if kind == "yarn":
+            known |= {"factor", "beta_fast", "beta_slow", "truncate", "original_max_position_embeddings",
+                      "attention_factor", "mscale", "mscale_all_dim"}
         unknown = sorted(set(p) - known)
         if unknown:
             raise self.unsupported(f"rope parameter(s) {', '.join(unknown)} of rope type {kind!r}", key)
@@ -165,19 +170,32 @@ class ConfigReader:
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
             raise self.error(f"rope_theta must be a positive number, got {theta!r}", key)
         if kind == "proportional":
-            return RopeSpec(float(theta), kind, float(p.get("factor", 1.0)), partial=float(partial))
+            return RopeSpec(float(theta), kind, float(p.get("factor", 1.0)), partial_rotary_factor=float(factor))
         if kind == "default":
-            return RopeSpec(float(theta), partial=float(partial))
+            return RopeSpec(float(theta), partial_rotary_factor=float(factor))
         try:
-            factor = float(p["factor"])
             if kind == "linear":
-                return RopeSpec(float(theta), kind, factor)
+                return RopeSpec(float(theta), kind, float(p["factor"]), partial_rotary_factor=float(factor))
             original = p.get("original_max_position_embeddings",
                              self.get("original_max_position_embeddings", self.get("max_position_embeddings")))
-            return RopeSpec(float(theta), kind, factor, float(p["low_freq_factor"]), float(p["high_freq_factor"]),
-                            int(original))
+            if kind == "yarn":
+                return self._yarn_spec(p, float(theta), int(original), float(factor))
+            return RopeSpec(float(theta), kind, float(p["factor"]), float(p["low_freq_factor"]),
+                            float(p["high_freq_factor"]), int(original), float(factor))
         except (KeyError, TypeError, ValueError) as exc:
             raise self.error(f"rope type {kind!r} needs a numeric {exc}", key) from None
+
+    @staticmethod
+    def _yarn_spec(p: dict[str, Any], theta: float, original: int, partial: float) -> RopeSpec:
+        """YaRN as transformers reads it: beta_fast/beta_slow 32/1 when absent or 0, truncate by default."""
+        factor = float(p["factor"])
+        attention = p.get("attention_factor")
+        if attention is None:
+            attention = yarn_attention_factor(factor, p.get("mscale"), p.get("mscale_all_dim"))
+        return RopeSpec(theta, "yarn", factor, original_max_position_embeddings=original,
+                        partial_rotary_factor=partial, beta_fast=float(p.get("beta_fast") or 32),
+                        beta_slow=float(p.get("beta_slow") or 1), truncate=bool(p.get("truncate", True)),
+                        attention_factor=float(attention))
 
     # -- the end ----------------------------------------------------------------
 

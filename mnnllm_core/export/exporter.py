@@ -16,7 +16,7 @@ from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.progress import Progress
 
 from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
-from . import gemma4, llama4, qwen3_5, qwen3_5_moe
+from . import gemma4, gpt_oss, hunyuan_v1_dense, lfm2, lfm2_moe, llama4, phi, qwen3_5, qwen3_5_moe
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -24,7 +24,8 @@ from .lora import LoraAdapter, MergedSource
 from .lora_split import LORA_GRAPH, split_lora_graph
 from .sources import Source, TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
-from .weights import QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding
+from .weights import (EMBED_BITS, QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding,
+                      write_int_embedding)
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,11 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "gemma4": gemma4, "gemma4_text": gemma4,
     "llama4_text": llama4,
     "qwen3_5_moe": qwen3_5_moe, "qwen3_5_moe_text": qwen3_5_moe,
+    "phi": phi,
+    "lfm2": lfm2,
+    "hunyuan_v1_dense": hunyuan_v1_dense,
+    "lfm2_moe": lfm2_moe,
+    "gpt_oss": gpt_oss,
 }
 ENCODERS: dict[str, ModuleType] = {"bert": bert}  # embedding models, for MNN's `Embedding`
 TOKENIZER_FORMATS = ("mtok", "txt")
@@ -75,7 +81,8 @@ class ExportReport:
 def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
                  tokenizer: str = "mtok", force: bool = False,
                  runtime_config: Mapping[str, Any] | None = None, lora: str | None = None,
-                 lora_split: bool = False) -> ExportReport:
+                 lora_split: bool = False, *, sym: bool = False, lm_quant_bit: int | None = None,
+                 embed_bit: int = 16) -> ExportReport:
     """Export `src` (HF folder or .gguf) into the folder `dst`; returns what was written.
 
     The model is written beside `dst` and renamed into place when complete (see folder.py):
@@ -83,6 +90,8 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     `runtime_config` overrides keys of the config.json written (e.g. the sampler).
     `lora`: a PEFT adapter folder, merged into the weights (W + scale * B @ A); with `lora_split`
     the base is exported unchanged and the adapter goes into MNN's split `lora.mnn` beside it.
+    `sym`: one scale per block, no zero (`--sym`); `lm_quant_bit`: the lm_head's bits; `embed_bit`
+    8 or 4: an untied embedding goes to embeddings_int8/int4.bin instead of embeddings_bf16.bin.
     """
     source = open_source(src)
     adapter = LoraAdapter(lora) if lora is not None else None
@@ -95,7 +104,7 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     with staging_folder(target) as out:
         merged = MergedSource(source, adapter) if adapter is not None and not lora_split else None
         report = write_model(merged or source, out, quant_bit, quant_block, separate_embed, tokenizer,
-                             runtime_config)
+                             runtime_config, sym=sym, lm_quant_bit=lm_quant_bit, embed_bit=embed_bit)
         if merged is not None:
             merged.check_all_merged()
         if lora_split:
@@ -110,12 +119,16 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
 
 
 def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
-                tokenizer: str = "mtok", runtime_config: Mapping[str, Any] | None = None) -> ExportReport:
+                tokenizer: str = "mtok", runtime_config: Mapping[str, Any] | None = None, *, sym: bool = False,
+                lm_quant_bit: int | None = None, embed_bit: int = 16) -> ExportReport:
     """Write the export of `src` (a path or an opened source) into the existing folder `out`."""
     start = time.perf_counter()
     out = Path(out)
-    if quant_bit not in QUANT_BITS:
-        raise ConfigError(f"quant bit {quant_bit} is not one of {QUANT_BITS}", field="quant_bit")
+    for name, bits in (("quant_bit", quant_bit), ("lm_quant_bit", quant_bit if lm_quant_bit is None else lm_quant_bit)):
+        if bits not in QUANT_BITS:
+            raise ConfigError(f"{name.replace('_', ' ')} {bits} is not one of {QUANT_BITS}", field=name)
+    if embed_bit not in EMBED_BITS:
+        raise ConfigError(f"embed bit {embed_bit} is not one of {EMBED_BITS}", field="embed_bit")
     if quant_block not in QUANT_BLOCKS:
         raise ConfigError(f"quant block {quant_block} is not one of {QUANT_BLOCKS}", field="quant_block")
     if tokenizer not in TOKENIZER_FORMATS:
@@ -133,32 +146,41 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
     model = arch.Model(args)
     spec = source.tokenizer()
     tied = args.tie_word_embeddings and not separate_embed
+    embedding_file = "embeddings_bf16.bin" if embed_bit == 16 else f"embeddings_int{embed_bit}.bin"
     report = ExportReport(str(out), model_type, quant_bit, quant_block, model.parameter_count(source))
-    logger.info("exporting %s (%d layers) from %s: %d-bit, block %d, embedding %s", model_type,
-                args.num_hidden_layers, source.path, quant_bit, quant_block,
-                "tied to the lm_head" if tied else "in embeddings_bf16.bin")
+    logger.info("exporting %s (%d layers) from %s: %d-bit%s, block %d, embedding %s", model_type,
+                args.num_hidden_layers, source.path, quant_bit, " symmetric" if sym else "", quant_block,
+                "tied to the lm_head" if tied else f"in {embedding_file}")
 
     embed_total = 0 if tied else source.tensor(model.embedding()).shape[0] * args.hidden_size
     tables = {name: source.tensor(tensor) for name, tensor in model.extra_tables().items()}
     embed_total += sum(t.shape[0] * t.shape[1] for t in tables.values())
     progress = Progress(report.parameters + embed_total, "export", unit="M params", scale=1e6)
     with open(out / "llm.mnn.weight", "wb") as f:
-        graph_bytes, lm_head = DecoderGraph(model, source, WeightWriter(f, quant_bit, quant_block,
-                                                                         progress.update)).build(
-            f"{source.path}|{quant_bit}|{quant_block}")
+        writer = WeightWriter(f, quant_bit, quant_block, progress.update, sym, lm_quant_bit)
+        graph_bytes, lm_head = DecoderGraph(model, source, writer).build(
+            f"{source.path}|{quant_bit}|{quant_block}{'|sym' if sym else ''}")
     (out / "llm.mnn").write_bytes(graph_bytes)
+    tie = _tied_rows(lm_head, quant_block) if tied else None
+    files: dict[str, str] = {}
     if not tied:
-        with open(out / "embeddings_bf16.bin", "wb") as f:
-            write_bf16_embedding(f, source.tensor(model.embedding()), progress.update)
+        with open(out / embedding_file, "wb") as f:
+            if embed_bit == 16:
+                write_bf16_embedding(f, source.tensor(model.embedding()), progress.update)
+            else:
+                tie = write_int_embedding(f, source.tensor(model.embedding()), embed_bit, quant_block, sym,
+                                          progress.update)
+        if embed_bit != 16:
+            files["embedding_file"] = embedding_file
     for name, table in tables.items():
         with open(out / name, "wb") as f:
             write_bf16_embedding(f, table, progress.update)
     progress.close()
 
     tokenizer_file = _write_tokenizer(out, tokenizer, spec)
-    _write_json(out / "llm_config.json", _llm_config(model, spec, lm_head if tied else None, quant_block))
+    _write_json(out / "llm_config.json", _llm_config(model, spec, tie))
     _write_json(out / "config.json", {**_RUNTIME_CONFIG, **model.runtime_config(), **(runtime_config or {}),
-                                      "tokenizer_file": tokenizer_file})
+                                      "tokenizer_file": tokenizer_file, **files})
     return _finish(report, out, start)
 
 
@@ -218,8 +240,16 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _llm_config(model: llama.Model, spec: TokenizerSpec, lm_head: LinearInfo | None,
-                quant_block: int) -> dict[str, Any]:
+def _tied_rows(lm_head: LinearInfo, quant_block: int) -> dict[str, Any]:
+    """`tie_embeddings` for the lm_head's rows; its block is the one the scales hold (MNN's exporter
+    records the requested one, which MNN's runtime misreads when it does not divide the width)."""
+    start, w_len, a_len = lm_head.external[:3]
+    return {"weight_offset": start + lm_head.header_len, "alpha_offset": start + w_len, "alpha_size": a_len,
+            "quant_bit": lm_head.bits, "quant_block": 0 if quant_block == 0 else lm_head.block_size,
+            "alpha_dtype": "fp16"}
+
+
+def _llm_config(model: llama.Model, spec: TokenizerSpec, tie: dict[str, Any] | None) -> dict[str, Any]:
     args = model.args
     config: dict[str, Any] = {
         "model_type": args.model_type,
@@ -233,16 +263,8 @@ def _llm_config(model: llama.Model, spec: TokenizerSpec, lm_head: LinearInfo | N
                                ("eos", spec.eos_token)) if v}
     if jinja:
         config["jinja"] = jinja
-    if lm_head is not None:
-        start, w_len, a_len = lm_head.external[:3]
-        config["tie_embeddings"] = {
-            "weight_offset": start + lm_head.header_len,
-            "alpha_offset": start + w_len,
-            "alpha_size": a_len,
-            "quant_bit": lm_head.bits,
-            "quant_block": quant_block,
-            "alpha_dtype": "fp16",
-        }
+    if tie is not None:
+        config["tie_embeddings"] = tie
     return config
 
 

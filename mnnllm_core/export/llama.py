@@ -114,13 +114,15 @@ class AttentionSpec:
     v_from_k: bool = False         # Gemma 4's attention_k_eq_v: values are k_proj's output (before k's norm, RoPE)
     head_dim: int | None = None    # per-layer overrides (Gemma 4's full layers); None: the model's
     kv_heads: int | None = None
+    norm_after_rope: bool = False  # HunYuan: q/k norms after the rotation (not the RoPE op's, which come before)
+    sinks: str | None = None       # gpt-oss: a learned logit per head that joins each softmax (and is dropped)
 
 
 @dataclass(frozen=True)
 class MlpSpec:
     """A dense gated MLP (`act` on gate, times up) or a routed mixture of such experts."""
 
-    act: str = "silu"              # silu | gelu_tanh
+    act: str = "silu"              # silu | gelu_tanh | clamped_swiglu (gpt-oss experts, see glu_alpha)
     experts: int = 0
     top_k: int = 0
     norm_topk: bool = False
@@ -129,6 +131,14 @@ class MlpSpec:
     sigmoid_input: bool = False    # Llama 4: top-1 on the logits, the expert's input times sigmoid(logit)
     beside_dense: bool = False     # Gemma 4: the experts run beside a dense MLP, each with its own norms
     expert_scale: bool = False     # Gemma 4: each chosen expert's weight times its per_expert_scale
+    gated: bool = True             # False: up -> act -> down (Phi's fc1, fc2)
+    scoring: str = "softmax"       # the routing: softmax | sigmoid (LFM2-MoE) of the router's logits, or
+                                   # topk_softmax (gpt-oss): the top-k logits chosen, then their softmax
+    selection_bias: str | None = None  # a tensor added to the scores to pick the experts, not to weigh them
+    norm_eps: float = 0.0          # added to the sum of the top-k weights when they are renormalised
+    routed_scale: float = 1.0      # the routing weights' final factor
+    glu_alpha: float = 1.0         # clamped_swiglu: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g),
+    glu_limit: float = 0.0         # g = min(gate, limit)
 
 
 class Model:
@@ -139,6 +149,8 @@ class Model:
     sandwich_norms = False         # Gemma 2/3: norms after attention and after the MLP too
     base = "model"                 # the decoder's tensor prefix (a composite VL checkpoint: model.language_model)
     per_layer_dim = 0              # Gemma 4: per-layer embedding width (the `ple_embeddings` input); 0: none
+    rms_norm = True                # False: LayerNorm with mean and bias (Phi)
+    parallel = False               # Phi: x + attention(norm(x)) + mlp(norm(x)), one norm per layer
 
     def __init__(self, args: ModelArgs):
         self.args = args
@@ -174,6 +186,9 @@ class Model:
     def linear_attention(self, layer: int) -> "LinearAttentionSpec | None":
         """The layer's linear-attention mixer, or None: it attends (every layer but Qwen3.5's delta-net ones)."""
         return None
+    def mixer(self, layer: int) -> str:
+        """What mixes the tokens in a layer: "attention", or "short_conv" (LFM2)."""
+        return "attention"
 
     def llm_config(self) -> dict[str, Any]:
         """The llm_config.json keys that describe attention: MNN builds a 2-plane mask for "mix"."""
@@ -192,6 +207,20 @@ class Model:
 
     def lm_head(self) -> str:
         return self.embedding() if self.args.tie_word_embeddings else "lm_head.weight"
+
+    def lm_head_bias(self) -> str | None:
+        return None
+
+    def router_bias(self, layer: int) -> str | None:
+        return None
+
+    def expert_bias(self, source: Source, layer: int, expert: int, name: str) -> LazyTensor | None:
+        """The bias of an expert's gate_up or down Linear (gpt-oss); None without."""
+        return None
+
+    def norm_bias(self, weight: str) -> str | None:
+        """The bias (beta) of the norm whose weight is `weight`; None for an RMSNorm."""
+        return None
 
     def input_norm(self, layer: int) -> str:
         return f"{self.base}.layers.{layer}.input_layernorm.weight"

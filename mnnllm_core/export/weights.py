@@ -4,12 +4,15 @@ A linear layer's block is what `mnnllm_core.core.quant` reads back:
 
     u8 2 | oc, ic as 16-bit (32-bit when either exceeds 65535: shapeInt32)
     | u8 map count (0 means 256) | the map -2^(bits-1) .. 2^(bits-1)-1 as int8
-    | codes, high nibble first for 4 bits | fp16 (zero, scale) per (row, block) | fp32 bias
+    | codes, most significant bits first (4 bits: high nibble first; 2/3 bits: a bit stream)
+    | fp16 (zero, scale) per (row, block), or one fp16 scale when symmetric | fp32 bias
 
 Quantization is MNN's asymmetric min/max rule, computed in fp32 like its torch code:
 scale = (max - min) / (2^bits - 1), code = clamp(round((w - min) / scale)),
 zero = min + 2^(bits-1) * scale, so that w ~ zero + scale * (code - 2^(bits-1)).
 A block that is constant (scale 0) gets code 0, which decodes to its value exactly.
+Symmetric (`--sym`): scale = absmax / (2^(bits-1) - 1), code = clamp(round(w / scale),
+-(2^(bits-1)-1), 2^(bits-1)-1) + 2^(bits-1), so that w ~ scale * (code - 2^(bits-1)).
 16 bits stores the weight as fp16 with no header and no alpha (quanParameter type 3).
 A LayerNorm stores fp32 gamma then fp32 beta (zeros for an RMSNorm).
 """
@@ -24,7 +27,8 @@ from mnnllm_core.errors import UnsupportedError
 
 from .sources import LazyTensor
 
-QUANT_BITS = (4, 8, 16)
+QUANT_BITS = (2, 3, 4, 8, 16)
+EMBED_BITS = (4, 8, 16)
 QUANT_BLOCKS = (0, 32, 64, 128)
 _CHUNK_ELEMENTS = 1 << 20
 
@@ -40,6 +44,7 @@ class LinearInfo:
     block_size: int
     header_len: int
     shape_int32: bool
+    symmetric: bool = False
 
 
 def block_size_for(ic: int, quant_block: int) -> int:
@@ -50,10 +55,14 @@ def block_size_for(ic: int, quant_block: int) -> int:
     return size
 
 
-def quantize_rows(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """fp32 [rows, ic] -> (uint8 codes [rows, ic], fp16 alpha [rows, n_blocks, 2] as (zero, scale))."""
+def quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool = False,
+                  alpha_dtype: type = np.float16) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 [rows, ic] -> (uint8 codes [rows, ic], alpha [rows, n_blocks, 2] as (zero, scale), or
+    [rows, n_blocks, 1] scales when symmetric)."""
     rows, ic = w.shape
     blocks = w.reshape(rows, ic // block_size, block_size)
+    if symmetric:
+        return _quantize_symmetric(blocks, bits, alpha_dtype)
     top = np.float32((1 << bits) - 1)
     hi = blocks.max(axis=-1, keepdims=True)
     lo = blocks.min(axis=-1, keepdims=True)
@@ -63,19 +72,34 @@ def quantize_rows(w: np.ndarray, bits: int, block_size: int) -> tuple[np.ndarray
     codes[np.broadcast_to(scale == 0, codes.shape)] = 0
     codes = np.clip(codes, 0, top).astype(np.uint8).reshape(rows, ic)
     zero = lo + scale * np.float32(1 << (bits - 1))
-    alpha = np.concatenate([zero, scale], axis=-1).astype(np.float16)
+    alpha = np.concatenate([zero, scale], axis=-1).astype(alpha_dtype)
     return codes, alpha
 
 
+def _quantize_symmetric(blocks: np.ndarray, bits: int, alpha_dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """One scale per block; a block of zeros gets scale 0 and the code of value 0."""
+    rows = blocks.shape[0]
+    top = np.float32((1 << (bits - 1)) - 1)
+    scale = np.abs(blocks).max(axis=-1, keepdims=True) / top
+    safe = np.where(scale == 0, np.float32(1), scale)
+    values = np.clip(np.round(blocks / safe), -top, top)
+    codes = (values + np.float32(1 << (bits - 1))).astype(np.uint8).reshape(rows, -1)
+    return codes, scale.astype(alpha_dtype)
+
+
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Flat uint8 codes -> bytes, most significant bits first (for 4 bits: two codes per byte, high nibble first)."""
+    """Flat uint8 codes -> bytes, most significant bits first (4 bits: two codes per byte, high nibble
+    first; 2 and 3 bits: one bit stream, zero-padded to a whole byte)."""
     flat = codes.reshape(-1)
     if bits == 8:
         return flat
-    if flat.size % 2:
-        flat = np.concatenate([flat, np.zeros(1, np.uint8)])
-    pairs = flat.reshape(-1, 2)
-    return (pairs[:, 0] << 4) | pairs[:, 1]
+    if bits == 4:
+        if flat.size % 2:
+            flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+        pairs = flat.reshape(-1, 2)
+        return (pairs[:, 0] << 4) | pairs[:, 1]
+    stream = np.unpackbits(flat[:, None], axis=1)[:, 8 - bits:]
+    return np.packbits(stream.reshape(-1))
 
 
 def weight_header(oc: int, ic: int, bits: int) -> tuple[bytes, bool]:
@@ -98,14 +122,19 @@ def to_bf16(w: np.ndarray) -> np.ndarray:
 class WeightWriter:
     """Appends tensors to llm.mnn.weight and hands back the `external` fields for the ops."""
 
-    def __init__(self, out: BinaryIO, bits: int, block: int, on_progress: Callable[[int], None]):
-        if bits not in QUANT_BITS:
-            raise UnsupportedError(f"quant bit {bits} (supported: {QUANT_BITS})", field="quant_bit")
+    def __init__(self, out: BinaryIO, bits: int, block: int, on_progress: Callable[[int], None],
+                 symmetric: bool = False, lm_bits: int | None = None):
+        """`lm_bits`: the lm_head's bits (`--lm-quant-bit`), by default `bits`."""
+        for name, value in (("quant_bit", bits), ("lm_quant_bit", lm_bits if lm_bits is not None else bits)):
+            if value not in QUANT_BITS:
+                raise UnsupportedError(f"{name} {value} (supported: {QUANT_BITS})", field=name)
         if block not in QUANT_BLOCKS:
             raise UnsupportedError(f"quant block {block} (supported: {QUANT_BLOCKS})", field="quant_block")
         self.out = out
         self.bits = bits
+        self.lm_bits = lm_bits if lm_bits is not None else bits
         self.block = block
+        self.symmetric = symmetric
         self.offset = 0
         self.on_progress = on_progress
 
@@ -127,14 +156,15 @@ class WeightWriter:
         self.on_progress(g.size + (0 if beta is None else b.size))
         return [start, g_len, b_len]
 
-    def linear(self, weight: LazyTensor, bias: LazyTensor | None) -> LinearInfo:
+    def linear(self, weight: LazyTensor, bias: LazyTensor | None, lm_head: bool = False) -> LinearInfo:
+        bits = self.lm_bits if lm_head else self.bits
         if len(weight.shape) != 2:
             raise UnsupportedError(f"tensor {weight.name!r}: a linear weight must be 2-D, got {weight.shape}",
                                    field=weight.name)
         oc, ic = weight.shape
         start = self.offset
         step = max(2, _CHUNK_ELEMENTS // ic // 2 * 2)
-        if self.bits == 16:
+        if bits == 16:
             header_len, shape_int32, block_size = 0, False, ic
             w_len = 0
             for r0 in range(0, oc, step):
@@ -144,13 +174,14 @@ class WeightWriter:
             a_len = 0
         else:
             block_size = block_size_for(ic, self.block)
-            header, shape_int32 = weight_header(oc, ic, self.bits)
+            header, shape_int32 = weight_header(oc, ic, bits)
             header_len = w_len = self._write(header)
             alphas = []
+            step = step if bits in (4, 8) else max(8, step // 8 * 8)  # a 2/3-bit chunk ends on a whole byte
             for r0 in range(0, oc, step):
                 rows = weight.rows(r0, min(r0 + step, oc))
-                codes, alpha = quantize_rows(rows, self.bits, block_size)
-                w_len += self._write(pack_codes(codes, self.bits))
+                codes, alpha = quantize_rows(rows, bits, block_size, self.symmetric)
+                w_len += self._write(pack_codes(codes, bits))
                 alphas.append(alpha)
                 self.on_progress(rows.size)
             a_len = sum(self._write(a.astype("<f2")) for a in alphas)
@@ -162,7 +193,8 @@ class WeightWriter:
                                        field=bias.name)
             b_len = self._write(b)
         self.offset += w_len + a_len + b_len
-        return LinearInfo([start, w_len, a_len, b_len, 0], self.bits, oc, ic, block_size, header_len, shape_int32)
+        return LinearInfo([start, w_len, a_len, b_len, 0], bits, oc, ic, block_size, header_len, shape_int32,
+                          self.symmetric and bits != 16)
 
 
 def write_bf16_embedding(out: BinaryIO, table: LazyTensor, on_progress: Callable[[int], None]) -> int:
@@ -177,3 +209,28 @@ def write_bf16_embedding(out: BinaryIO, table: LazyTensor, on_progress: Callable
         written += len(raw)
         on_progress(rows.size)
     return written
+
+
+def write_int_embedding(out: BinaryIO, table: LazyTensor, bits: int, quant_block: int, symmetric: bool,
+                        on_progress: Callable[[int], None]) -> dict[str, int | str]:
+    """embeddings_int8.bin / embeddings_int4.bin (`--embed-bit 8|4`): the [vocab, hidden] table's codes
+    (packed as a linear's), then its alphas as fp32; returns its `tie_embeddings` description."""
+    vocab, hidden = table.shape
+    block = block_size_for(hidden, quant_block)
+    step = max(2, _CHUNK_ELEMENTS // hidden // 2 * 2)
+    code_bytes, alphas = 0, []
+    for r0 in range(0, vocab, step):
+        rows = table.rows(r0, min(r0 + step, vocab)).astype(np.float32)
+        codes, alpha = quantize_rows(rows, bits, block, symmetric, np.float32)
+        packed = pack_codes(codes, bits)
+        out.write(packed.tobytes())
+        code_bytes += packed.size
+        alphas.append(alpha)
+        on_progress(rows.size)
+    alpha_size = 0
+    for alpha in alphas:
+        raw = alpha.astype("<f4").tobytes()
+        out.write(raw)
+        alpha_size += len(raw)
+    return {"weight_offset": 0, "alpha_offset": code_bytes, "alpha_size": alpha_size, "quant_bit": bits,
+            "quant_block": 0 if quant_block == 0 else block, "alpha_dtype": "fp32"}

@@ -107,7 +107,9 @@ def _widen_16bit(raw: np.ndarray, data_type: int, op_name: str, path: str) -> np
 
 
 def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
-                   inputs: Sequence[str] = (), outputs: Sequence[str] = ()) -> tuple[ScheduleInfo, NetInfo]:
+                   inputs: Sequence[str] = (), outputs: Sequence[str] = (),
+                   attn_scale: float | None = None) -> tuple[ScheduleInfo, NetInfo]:
+    """`attn_scale`: the config's (MNN's KVMeta::attn_scale), see apply_attention_scale."""
     names = [_text(n) for n in (net.tensorName or [])]
     nodes, constants, input_ops = [], {}, {}
     for i, raw in enumerate(net.oplists or []):
@@ -139,6 +141,7 @@ def build_schedule(net, path: str, weight_file: ExternalWeightFile | None,
                                             [int(d) for d in dims] if dims is not None else [])
         nodes.append(OpNode(op, in_idx, out_idx))
     _annotate_attention_heads(nodes)
+    apply_attention_scale(nodes, attn_scale)
     input_names = list(inputs) or list(input_ops)
     for n in input_names:
         if n not in input_ops:
@@ -176,16 +179,45 @@ def _default_outputs(net, names: list[str], nodes: list[OpNode]) -> list[str]:
     return [names[t] for node in nodes for t in node.outputs if t not in consumed and node.op.type != "Const"]
 
 
+# ops between a RoPE and its Attention that keep the packed [seq, heads*dim, 1, 1] layout (Llama 4's
+# weightless q/k norm: Cast, then an RMS LayerNorm)
+LAYOUT_KEEPING = {"Cast", "LayerNorm", "UnaryOp", "ConvertTensor"}
+
+
 def _annotate_attention_heads(nodes: list[OpNode]) -> None:
-    """Exports whose AttentionParam has no head layout take it from the RoPE feeding it."""
+    """Exports whose AttentionParam has no head layout take it from the RoPE feeding it, directly or
+    through ops that keep the layout (a q/k norm applied after rotating); such a norm's last axis is
+    the head's (MNN normalizes each head of the packed q/k), so it learns head_dim too."""
     producer = {t: node for node in nodes for t in node.outputs}
     for node in nodes:
         if node.op.type != "Attention" or not node.inputs:
             continue
+        norms = []
         source = producer.get(node.inputs[0])
+        while source is not None and source.op.type in LAYOUT_KEEPING and source.inputs:
+            norms.append(source)
+            source = producer.get(source.inputs[0])
         p = source.op.table if source is not None and source.op.type == "RoPE" else None
-        if p is not None and p.numHead and p.kvNumHead and p.headDim:
-            node.op.extra["heads"] = (int(p.numHead), int(p.kvNumHead), int(p.headDim))
+        if p is None or not (p.numHead and p.kvNumHead and p.headDim):
+            continue
+        node.op.extra["heads"] = (int(p.numHead), int(p.kvNumHead), int(p.headDim))
+        key = producer.get(node.inputs[1]) if len(node.inputs) > 1 else None
+        while key is not None and key.op.type in LAYOUT_KEEPING and key.inputs:
+            norms.append(key)
+            key = producer.get(key.inputs[0])
+        for norm in norms:
+            if norm.op.type == "LayerNorm":
+                norm.op.extra["head_dim"] = int(p.headDim)
+
+
+def apply_attention_scale(nodes: list[OpNode], attn_scale: float | None) -> None:
+    """MNN's KVMeta::attn_scale (the config's `attn_scale`, e.g. Gemma 4's 1.0): the score scale of
+    every Attention whose own attnScale is 0, in place of 1/sqrt(head_dim); 0 or absent changes nothing."""
+    if not attn_scale or attn_scale <= 0:
+        return
+    for node in nodes:
+        if node.op.type == "Attention":
+            node.op.extra["attn_scale"] = float(attn_scale)
 
 
 def _shape_inputs(info: ScheduleInfo) -> list[str]:

@@ -30,6 +30,8 @@ from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation, needs_hidden_states
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
+from .per_layer_embedding import INPUT_NAME as PLE_INPUT
+from .per_layer_embedding import PerLayerEmbedding, has_per_layer_embedding
 from .prefix_cache import PrefixCache
 from .prompt import Prompt
 from .runtime import backend_choices, init_runtime, schedule_config
@@ -59,6 +61,7 @@ class Llm:
         self.tokenizer = None
         self.prompt: Prompt | None = None
         self.embedding: DiskEmbedding | None = None
+        self.per_layer: PerLayerEmbedding | None = None  # Gemma 4's ple_embeddings input, when the config has one
         self.sampler: Sampler | None = None
         self.prefix_cache: PrefixCache | None = None
         self.drafts = None  # the draft modules of speculative_type mtp/eagle, loaded on first use
@@ -79,18 +82,22 @@ class Llm:
                              cfg.origin("attention_type") or cfg.origin("sliding_window"))
         self.runtime_manager = self._runtime_over_base() if self.base is not None else init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
-        self.prompt = Prompt(cfg)
+        self.prompt = Prompt(cfg, self.tokenizer.bos_token)
         self.embedding = DiskEmbedding(cfg)
+        self.per_layer = PerLayerEmbedding(cfg, self.embedding.vocab) if has_per_layer_embedding(cfg) else None
         self._init_sampler()
         self.runtime_manager.set_external_file(cfg.llm_weight)
         outputs = ["logits"] + (["hidden_states"] if cfg.hidden_states or needs_hidden_states(cfg) else [])
         base = self.base.module if self.base is not None else None
         try:
-            self.module = Module.load(INPUT_NAMES, outputs, cfg.llm_model, self.runtime_manager,
+            self.module = Module.load(INPUT_NAMES + self._extra_input_names(), outputs, cfg.llm_model,
+                                      self.runtime_manager,
                                       Config(rearrange=True, base=base))
         except UnsupportedError as err:
             _refuse_text_encoder(cfg.llm_model, err)
             raise
+        if self.per_layer is not None:
+            self.per_layer.check_graph(self.module.info.input_dims.get(PLE_INPUT, []), cfg.llm_model)
         if cfg.attention_mask == "float":
             check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
                              cfg.origin("attention_type"))
@@ -152,7 +159,7 @@ class Llm:
             self._init_sampler()
             self.generation = create_generation(self)
         if self.prompt is not None:
-            self.prompt = Prompt(self.config)
+            self.prompt = Prompt(self.config, self.tokenizer.bos_token)
 
     @property
     def kv_meta(self):
@@ -208,6 +215,15 @@ class Llm:
         """The `input_ids` input: [seq, 1, hidden] rows of the embedding table (Omni writes images over some)."""
         return self.embedding.embedding(ids)
 
+    def _extra_input_names(self) -> list[str]:
+        """Graph inputs beyond INPUT_NAMES that every step feeds (Gemma 4: ple_embeddings; Omni adds
+        deepstack_embeds)."""
+        return [PLE_INPUT] if self.per_layer is not None else []
+
+    def _extra_feeds(self, ids: list[int]) -> dict[str, np.ndarray]:
+        """The values of _extra_input_names for a step running `ids` (after _input_embeddings)."""
+        return {PLE_INPUT: self.per_layer.rows(ids)} if self.per_layer is not None else {}
+
     def _commit(self, ids: list[int]) -> None:
         """Tokens that ran through the model join the history (the KV cache holds them now)."""
         self.context.history_tokens.extend(ids)
@@ -243,7 +259,7 @@ class Llm:
             mask = self._decode_mask if prepared else self._attention_mask(seq)
             positions = self._position_ids(seq)
         feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask, "position_ids": positions,
-                 "logits_index": self._logits_index[bool(all_logits)]}
+                 "logits_index": self._logits_index[bool(all_logits)], **self._extra_feeds(ids)}
         meta = self.kv_meta
         # The history is the truth: the cache is cut back to it before every step (keeping the
         # reserved rows a verified tree left), so a step interrupted anywhere (Ctrl-C inside a

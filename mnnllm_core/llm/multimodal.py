@@ -95,38 +95,51 @@ class MropePositions:
 
 
 @dataclass
+class ImageRows:
+    """One image in a prompt: the prompt indices of its image_pad ids, the embedding rows written
+    over them, and its deepstack rows [layers, rows, hidden] (Qwen3-VL) or None."""
+
+    where: np.ndarray
+    embeds: np.ndarray
+    deepstack: np.ndarray | None = None
+
+
+@dataclass
 class PromptPlan:
     """A prompt's ids, where image rows go (`image_index`: row of `image_embeds` or -1), the
-    M-RoPE positions [3, n], and one key per token for reusing the KV cache."""
+    image rows' deepstack features [layers, rows, hidden] (or None), the M-RoPE positions [3, n],
+    and one key per token for reusing the KV cache."""
 
     ids: list[int]
     positions: np.ndarray
     image_index: np.ndarray
     image_embeds: np.ndarray | None
+    deepstack: np.ndarray | None = None
     keys: list[tuple] = field(default_factory=list)
 
     @classmethod
     def text(cls, ids: Sequence[int]) -> "PromptPlan":
         positions = MropePositions()
         positions.add_text(len(ids))
-        return cls.build(list(ids), positions, [], [])
+        return cls.build(list(ids), positions, [])
 
     @classmethod
-    def build(cls, ids: list[int], positions: MropePositions, image_starts: list[int],
-              embeds: list[np.ndarray]) -> "PromptPlan":
+    def build(cls, ids: list[int], positions: MropePositions, images: list[ImageRows]) -> "PromptPlan":
         index = np.full(len(ids), -1, np.int64)
         digests: list[str | None] = [None] * len(ids)
         row = 0
-        for start, rows in zip(image_starts, embeds):
-            index[start:start + len(rows)] = np.arange(row, row + len(rows))
-            digest = hashlib.sha1(np.ascontiguousarray(rows).tobytes()).hexdigest()
-            for i in range(start, start + len(rows)):
+        for image in images:
+            index[image.where] = np.arange(row, row + len(image.embeds))
+            digest = hashlib.sha1(np.ascontiguousarray(image.embeds).tobytes()).hexdigest()
+            for i in image.where.tolist():
                 digests[i] = digest
-            row += len(rows)
-        table = np.concatenate(embeds).astype(np.float32) if embeds else None
+            row += len(image.embeds)
+        table = np.concatenate([image.embeds for image in images]).astype(np.float32) if images else None
+        stacks = [image.deepstack for image in images if image.deepstack is not None]
+        deepstack = np.concatenate(stacks, axis=1) if stacks and len(stacks) == len(images) else None
         pos = positions.array()
         keys = [(t, int(pos[0, i]), int(pos[1, i]), int(pos[2, i]), digests[i]) for i, t in enumerate(ids)]
-        return cls(ids, pos, index, table, keys)
+        return cls(ids, pos, index, table, deepstack, keys)
 
 
 def decode_key(token: int, position: int) -> tuple:

@@ -2,8 +2,10 @@
 
 Prompts carry images as `<img>PATH</img>` / `<img><hw>H,W</hw>PATH</img>` (or image parts in
 structured messages, or images passed by name beside the prompt). Encoding a prompt runs the
-encoder on each image and expands its placeholder to vision_start, one image_pad per image
-token and vision_end; prefill writes the image embeddings over the placeholders' rows. With
+encoder on each image and expands its placeholder as the encoder's family does (vision.py:
+vision_start, one image_pad per image token, vision_end; SmolVLM's tiles and global image);
+prefill writes the image embeddings over the image_pad rows and, for Qwen3-VL, feeds their
+deepstack features (deepstack.py). With
 `is_mrope` the prompt's position ids are MNN's M-RoPE rows [3, seq]; generated tokens take the
 token count as every position, as MNN's decode does. A conversation reuses the KV cache only
 where tokens, positions and images are all the same as before.
@@ -19,10 +21,11 @@ import numpy as np
 from ..errors import FormatError, MnnllmError, UnsupportedError
 from .config import LlmConfig
 from .llm import Llm, Messages
-from .multimodal import (IMG_TAG, MropePositions, PromptPlan, decode_key, inline_image_parts, named_image,
-                         parse_image_content)
+from .deepstack import DEEPSTACK_INPUT, NO_DEEPSTACK, deepstack_rows, graph_takes_deepstack
+from .multimodal import (IMG_TAG, ImageRows, MropePositions, PromptPlan, decode_key, inline_image_parts,
+                         named_image, parse_image_content)
 from .runtime import init_runtime
-from .vision import VisionEncoder
+from .vision import VisionEncoder, create_vision_encoder, token_id
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +38,7 @@ class Omni(Llm):
         self._plan: PromptPlan | None = None  # the prompt being generated from
         self._pending: PromptPlan | None = None  # the last encoded prompt, until generation starts
         self._images: dict[str, Any] = {}
+        self._takes_deepstack = False  # the LLM graph has a deepstack_embeds input (Qwen3-VL)
 
     # -- load --------------------------------------------------------------------
     def load(self) -> "Omni":
@@ -49,7 +53,7 @@ class Omni(Llm):
             log.warning("prefix cache off: a multimodal prompt's KV cache depends on its images, not only its ids")
             self.prefix_cache = None
         if self.config.is_visual:
-            self.vision = VisionEncoder(self.config, self._processor_runtime())
+            self.vision = create_vision_encoder(self.config, self._processor_runtime(), self.tokenizer)
             log.info("loaded the vision encoder %s", self.config.visual_model)
         return self
 
@@ -74,8 +78,7 @@ class Omni(Llm):
     def _encode(self, text: str, images: Mapping[str, Any]) -> PromptPlan:
         ids: list[int] = []
         positions = MropePositions()
-        starts: list[int] = []
-        embeds: list[np.ndarray] = []
+        rows: list[ImageRows] = []
         cursor = 0
         for match in IMG_TAG.finditer(text):
             self._add_text(text[cursor:match.start()], ids, positions)
@@ -84,28 +87,25 @@ class Omni(Llm):
             if out.embeds.shape[1] != self.embedding.hidden:
                 raise FormatError(f"the vision encoder gives {out.embeds.shape[1]} values per token, the LLM takes "
                                   f"{self.embedding.hidden}", file=self.config.visual_model, field="image_embeds")
-            ids.append(self._token("vision_start"))
-            starts.append(len(ids))
-            ids.extend([self._token("image_pad")] * len(out.embeds))
-            ids.append(self._token("vision_end"))
-            positions.add_image(out.grid)
-            embeds.append(out.embeds)
+            where = np.flatnonzero(np.asarray(out.ids) == token_id(self.config, "image_pad"))
+            if len(where) != len(out.embeds):
+                raise FormatError(f"the image stands for {len(where)} image_pad ids but has {len(out.embeds)} rows",
+                                  file=self.config.visual_model, field="image_embeds")
+            rows.append(ImageRows(where + len(ids), out.embeds, out.deepstack))
+            ids.extend(out.ids)
+            if out.grid is not None:  # start, the grid's tokens, end
+                positions.add_image(out.grid)
+            else:
+                positions.add_text(len(out.ids))
             cursor = match.end()
         self._add_text(text[cursor:], ids, positions)
-        return PromptPlan.build(ids, positions, starts, embeds)
+        return PromptPlan.build(ids, positions, rows)
 
     def _add_text(self, text: str, ids: list[int], positions: MropePositions) -> None:
         if text:
             piece = self.tokenizer.encode(text)
             ids.extend(piece)
             positions.add_text(len(piece))
-
-    def _token(self, key: str) -> int:
-        value = self.config.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise FormatError(f"{key} must be a token id, got {value!r}", file=self.config.origin(key) or
-                              self.config.source, field=key)
-        return value
 
     def _vision(self) -> VisionEncoder:
         if self.vision is None:
@@ -165,14 +165,31 @@ class Omni(Llm):
             return None
         return slice(past, past + seq)
 
+    def _image_index(self, ids: list[int]) -> np.ndarray | None:
+        """Each token's row of the prompt plan's image rows (-1 for text), when `ids` are the plan's."""
+        span = self._prefill_span(len(ids))
+        if span is None or self._plan.image_embeds is None or self._plan.ids[span] != ids:
+            return None
+        return self._plan.image_index[span]
+
     def _input_embeddings(self, ids: list[int]) -> np.ndarray:
         rows = super()._input_embeddings(ids)
-        span = self._prefill_span(len(ids))
-        if span is not None and self._plan.image_embeds is not None and self._plan.ids[span] == ids:
-            index = self._plan.image_index[span]
+        index = self._image_index(ids)
+        if index is not None:
             where = index >= 0
             rows[where, 0] = self._plan.image_embeds[index[where]]
         return rows
+
+    def _extra_input_names(self) -> list[str]:
+        self._takes_deepstack = self.config.has_deepstack and graph_takes_deepstack(self.config.llm_model)
+        return super()._extra_input_names() + ([DEEPSTACK_INPUT] if self._takes_deepstack else [])
+
+    def _extra_feeds(self, ids: list[int]) -> dict[str, np.ndarray]:
+        feeds = super()._extra_feeds(ids)
+        if self._takes_deepstack:
+            index = self._image_index(ids)
+            feeds[DEEPSTACK_INPUT] = NO_DEEPSTACK if index is None else deepstack_rows(self._plan.deepstack, index)
+        return feeds
 
     def _position_ids(self, seq_len: int) -> np.ndarray:
         if not self.config.is_mrope:

@@ -6,7 +6,9 @@ is rendered with jinja2's immutable sandbox the way MNN 3.6.1 renders it:
 * `trim_blocks` and `lstrip_blocks` on, and a trailing newline kept (MNN keeps it;
   Hugging Face drops it);
 * variables `messages`, `add_generation_prompt`, `bos_token` / `eos_token` (from
-  `jinja.bos` / `jinja.eos`), `strftime_now(fmt)`, `raise_exception(msg)`, then
+  `jinja.bos` / `jinja.eos`; the tokenizer's own bos string wins where it names one: MNN's
+  `Llm::setChatTemplate` hands the tokenizer the template and eos only, so a `.mtok`'s bos is
+  what its template renders), `strftime_now(fmt)`, `raise_exception(msg)`, then
   every key of `jinja.context` (context.json), which may override the others;
 * messages go to the template as given: a template that skips system messages
   loses them (MNN 3.6.1 has no system-role polyfill).
@@ -183,7 +185,9 @@ def _as_message(message: ChatMessage) -> dict[str, Any]:
 class Prompt:
     """Renders chat messages for one model, as MNN's `Prompt` does."""
 
-    def __init__(self, config: LlmConfig) -> None:
+    def __init__(self, config: LlmConfig, bos_token: str = "") -> None:
+        """`bos_token`: the tokenizer's bos string; when non-empty it replaces `jinja.bos`."""
+        self.tokenizer_bos = bos_token
         self.set_params(config)
 
     def set_params(self, config: LlmConfig) -> None:
@@ -200,7 +204,7 @@ class Prompt:
         if not isinstance(source, str):
             raise ConfigError("the chat template must be a string", file=config.origin("jinja"),
                               field=TEMPLATE_FIELD)
-        bos, eos = jinja.get("bos"), jinja.get("eos")
+        bos, eos = self.tokenizer_bos or jinja.get("bos"), jinja.get("eos")
         self._jinja = JinjaChatTemplate(source, bos if isinstance(bos, str) else "",
                                         eos if isinstance(eos, str) else "",
                                         file=config.origin("jinja"))

@@ -50,7 +50,7 @@ class Embedding(Llm):
         self._check_model_files()
         self.runtime_manager = init_runtime(cfg)
         self.tokenizer = create_tokenizer(cfg.tokenizer_file)
-        self.prompt = Prompt(cfg)
+        self.prompt = Prompt(cfg, self.tokenizer.bos_token)
         self.embedding = DiskEmbedding(cfg)
         self.runtime_manager.set_external_file(cfg.llm_weight)
         try:

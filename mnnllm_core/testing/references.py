@@ -9,19 +9,29 @@ import numpy as np
 from ..core.weights import QuantizedWeight
 
 
-def quantize(weight: np.ndarray, bits: int, block: int) -> tuple[QuantizedWeight, np.ndarray]:
-    """A small asymmetric block quantizer in MNN's layout: codes MSB-first (high nibble first
-    for 4 bits), value = code - 2^(bits-1), w = value * scale + zero per (row, block).
-    Returns the QuantizedWeight and its float64 dequantization, computed here."""
+def quantize(weight: np.ndarray, bits: int, block: int,
+             symmetric: bool = False) -> tuple[QuantizedWeight, np.ndarray]:
+    """A small block quantizer in MNN's layout: codes MSB-first (high nibble first for 4 bits, a
+    bit stream for 2 and 3), value = code - 2^(bits-1), w = value * scale + zero per (row, block),
+    zero 0 when symmetric. Returns the QuantizedWeight and its float64 dequantization, computed here."""
     oc, ic = weight.shape
     blocks = weight.astype(np.float64).reshape(oc, ic // block, block)
     low, high = blocks.min(axis=-1), blocks.max(axis=-1)
     levels, offset = (1 << bits) - 1, 1 << (bits - 1)
-    scale = (np.maximum(high - low, 1e-6) / levels).astype(np.float32)
-    zero = (low + offset * scale.astype(np.float64)).astype(np.float32)
+    if symmetric:
+        scale = (np.maximum(np.abs(blocks).max(axis=-1), 1e-6) / (offset - 1)).astype(np.float32)
+        zero = np.zeros_like(scale)
+    else:
+        scale = (np.maximum(high - low, 1e-6) / levels).astype(np.float32)
+        zero = (low + offset * scale.astype(np.float64)).astype(np.float32)
     codes = np.rint((blocks - zero[..., None]) / scale[..., None]) + offset
     codes = np.clip(codes, 0, levels).astype(np.uint8).reshape(-1)
-    packed = (codes[0::2] << 4) | codes[1::2] if bits == 4 else codes
+    if bits == 4:
+        packed = (codes[0::2] << 4) | codes[1::2]
+    elif bits == 8:
+        packed = codes
+    else:
+        packed = np.packbits(np.unpackbits(codes[:, None], axis=1)[:, 8 - bits:].reshape(-1))
     reference = ((codes.reshape(oc, ic // block, block).astype(np.float64) - offset) * scale[..., None]
                  + zero[..., None]).reshape(oc, ic)
     return QuantizedWeight(bits=bits, block_size=block, oc=oc, ic=ic, packed=packed, zero=zero, scale=scale), reference

@@ -11,9 +11,11 @@ MNN stores a quantized [oc, ic] weight row-major, codes packed high nibble first
            exactly fp16 (the exporter's default), else float32
 
 and w = zero + scale * (code - 8) for int4, zero + scale * value for int8. Rows past oc are padding
-with zero codes and alphas. Only 4-bit weights with a linear value map, an even ic and an
-even block stay 4-bit; every other quantization (2..8 bits, a value map) is re-coded to
-8-bit codes holding the same values, still 4x smaller than fp32.
+with zero codes and alphas. Weights of 2, 3 or 4 bits with a linear value map, an even ic and an
+even block run as 4-bit: a 2/3-bit code u (value u - 2^(b-1)) becomes the nibble u + 8 - 2^(b-1),
+the same value for the int4 kernels; every other quantization (8 bits, a value map, odd sizes)
+is re-coded to 8-bit codes holding the same values, still 4x smaller than fp32. Symmetric
+weights are zero-point 0.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from mnnllm_core.backend_api import QuantizedWeight
 from . import jit
 from .simd import GROUP_ROWS
 
-LAYOUT_VERSION = f"interleaved-{GROUP_ROWS}-rows-1"  # change it with the layout: cached packs are then made anew
+LAYOUT_VERSION = f"interleaved-{GROUP_ROWS}-rows-2"  # change it with the layout: cached packs are then made anew
 
 
 @dataclass(eq=False)
@@ -74,10 +76,12 @@ class PackedWeight:
 def pack(weight: QuantizedWeight) -> PackedWeight:
     """The kernels' layout of one quantized weight (a copy: the weight file's pages can go)."""
     oc, ic, block = weight.oc, weight.ic, weight.block_size
-    four_bit = weight.bits == 4 and weight.is_linear and ic % 2 == 0 and block % 2 == 0
+    four_bit = weight.bits in (2, 3, 4) and weight.is_linear and ic % 2 == 0 and block % 2 == 0
     groups = -(-oc // GROUP_ROWS)
-    if four_bit:
+    if four_bit and weight.bits == 4:
         rows = np.asarray(weight.packed[:oc * ic // 2]).reshape(oc, ic // 2)
+    elif four_bit:
+        rows = _nibbles(weight.unpack() + np.uint8(8 - (1 << (weight.bits - 1))))
     else:
         rows = _eight_bit_codes(weight)
     codes = np.empty(groups * GROUP_ROWS * rows.shape[1], np.uint8)
@@ -100,6 +104,11 @@ def interleave_rows(rows, out):
             else:
                 for j in range(n):
                     block[j * GROUP_ROWS + r] = 0
+
+
+def _nibbles(codes: np.ndarray) -> np.ndarray:
+    """uint8 codes [oc, ic] (< 16, ic even) -> [oc, ic / 2] bytes, the even column in the high nibble."""
+    return (codes[:, 0::2] << 4) | codes[:, 1::2]
 
 
 def _eight_bit_codes(weight: QuantizedWeight) -> np.ndarray:

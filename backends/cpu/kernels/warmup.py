@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from . import activation, attention, linear, norm, rope
+from . import activation, attention, delta_rule, linear, norm, rope
 from .layout import PackedWeight, interleave_rows
 from .simd import GROUP_ROWS
 
@@ -57,6 +57,11 @@ def warm_up(threads: int) -> None:
     if threads > 1:
         attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), q.copy())
     activation.mul_silu(x, x, x.copy())
+    qk, state = np.zeros((1, 2, 16), np.float32), np.zeros((2, 16, 16), np.float32)
+    gates = np.zeros((1, 2), np.float32)
+    delta_rule._scan(qk, qk, qk, gates, gates, state, qk.copy(), 0)
+    if threads > 1:
+        delta_rule._scan_parallel(qk, qk, qk, gates, gates, state, qk.copy(), 0)
     release_compiler_pages()
 
 

@@ -1,4 +1,5 @@
-"""MNN's LinearAttention, attn_type "short_conv" (LFM2's gated short convolution).
+"""MNN's LinearAttention: attn_type "short_conv" (LFM2's gated short convolution) here,
+"gated_delta_rule" (Qwen3.5) in `gated_delta_rule`.
 
 Input [tokens, 3 * H, ...]: per token the channels B, C and x; conv weight [H, 1, K]. Each
 channel h: y = C * sum_k w[h, k] * (B * x)[t - K + 1 + k], a causal depthwise convolution over
@@ -11,29 +12,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import Execution, KVCache, Refused
+from mnnllm_core.backend_api import Execution, Refused
+
+from .gated_delta_rule import GatedDeltaRuleExecution
+from .token_rows import TokenRows
 
 
-class ConvHistory(KVCache):
+class ConvHistory(TokenRows):
     """B * x of every cached token, [capacity, H]."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: np.ndarray | None = None
-        self.width = 0
-
-    def grow(self, capacity: int) -> None:
-        grown = np.zeros((capacity, self.width), np.float32)
-        if self.rows is not None:
-            grown[:self.length] = self.rows[:self.length]
-        self.rows = grown
-
-    def write(self, k: np.ndarray, v, seq: int) -> None:
-        self.rows[self.length:self.length + seq] = k
-
-    def add(self, bx: np.ndarray) -> None:
-        self.width = bx.shape[1]
-        self.append(bx, None, bx.shape[0])
 
 
 class ShortConvExecution(Execution):
@@ -64,9 +50,13 @@ class ShortConvExecution(Execution):
 
 
 def create_linear_attention(backend, inputs, outputs, op):
-    if op.param.attn_type != "short_conv":
-        return Refused(f"attn_type {op.param.attn_type!r} (only short_conv)")
-    return ShortConvExecution(backend)
+    param = op.param
+    if param.attn_type == "short_conv":
+        return ShortConvExecution(backend)
+    if param.attn_type == "gated_delta_rule":
+        problem = param.gated_delta_rule_problem()
+        return Refused(problem) if problem else GatedDeltaRuleExecution(backend, param)
+    return Refused(f"attn_type {param.attn_type!r} (only short_conv and gated_delta_rule)")
 
 
 CREATORS = {"LinearAttention": create_linear_attention}

@@ -118,12 +118,13 @@ class Tokenizer:
     """MNN's `Tokenizer`: encode/decode plus the special, stop and prefix ids of the export.
 
     Without an explicit bos/eos (the `.mtok` names them), bos is the first prefix id and
-    eos the first stop id.
+    eos the first stop id. `bos_token`: the bos string the file names ("" when it names none),
+    which MNN's chat template renders as `bos_token`.
     """
 
     def __init__(self, backend: tokenizers.Tokenizer, ids: SpecialIds, *, file: str,
                  byte_level: bool = False, bos_id: int | None = None, eos_id: int | None = None,
-                 clean_up_spaces: bool = False, chat_template: str = "") -> None:
+                 clean_up_spaces: bool = False, chat_template: str = "", bos_token: str = "") -> None:
         self.backend = backend
         self.file = file
         self.byte_level = byte_level
@@ -134,6 +135,7 @@ class Tokenizer:
         self.eos_id = eos_id if eos_id is not None else (ids.stop[0] if ids.stop else None)
         self.clean_up_spaces = clean_up_spaces
         self.chat_template = chat_template
+        self.bos_token = bos_token
         self._special = frozenset(ids.special)
         self._stop = frozenset(ids.stop)
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)

@@ -57,7 +57,7 @@ class PipelineTokenizer(Tokenizer):
         return cls(backend, header.ids, file=file, byte_level=0 in decoder_kinds,
                    bos_id=backend.token_to_id(bos) if bos else None,
                    eos_id=backend.token_to_id(eos) if eos else None,
-                   clean_up_spaces=bool(flags & 0x01), chat_template=chat_template)
+                   clean_up_spaces=bool(flags & 0x01), chat_template=chat_template, bos_token=bos)
 
 
 def _nested(r: BinaryReader, field: str, depth: int,

@@ -3,7 +3,8 @@ several steps by the KV meta: causal prefill, decode against the cache (past its
 capacity), tokens removed from the cache, runs of them kept (KV meta reserve, overlapping
 moves too), full float and int masks, a token tree's mask over the cache (and its path kept
 after), a sliding-window mask over the cache (prefill and decode), attnScale, no cache (keys
-outnumbering queries), unpacked heads, and a mask with too few rows (a typed error)."""
+outnumbering queries), unpacked heads, packed q/k with an unpacked v (Gemma 4's v_norm output)
+at its attn_scale 1.0, and a mask with too few rows (a typed error)."""
 from __future__ import annotations
 
 import numpy as np
@@ -168,6 +169,24 @@ def _scale(rng) -> Trial:
     return steps_trial(attention_op(heads, kv_heads, dim, scale=0.5), [step])
 
 
+def _unpacked_values(heads: int, kv_heads: int, dim: int, prompt: int, count: int):
+    """Gemma 4: q and k come packed from RoPE, v [1, seq, kv_heads, dim] from its weightless norm;
+    scores scaled by 1.0 (the config's attn_scale), a prefill then decode steps."""
+    def build(rng) -> Trial:
+        total = prompt + count
+        q, k, v = randn(rng, total, heads, dim), randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
+
+        def step_feeds(start: int, end: int) -> list[np.ndarray]:
+            return [packed(q[start:end]), packed(k[start:end]), v[None, start:end].copy(), SCALAR]
+        first = attention_reference(q[:prompt], k[:prompt], v[:prompt], scale=1.0)
+        steps = [Step(step_feeds(0, prompt), [packed(first)])]
+        for t in range(prompt, total):
+            expected = attention_reference(q[t:t + 1], k[:t + 1], v[:t + 1], scale=1.0, causal_offset=t)
+            steps.append(Step(step_feeds(t, t + 1), [packed(expected)]))
+        return steps_trial(attention_op(heads, kv_heads, dim, scale=1.0), steps, resizes=2)
+    return build
+
+
 def _no_cache(heads: int, kv_heads: int, dim: int, runs: tuple[int, ...]):
     def build(rng) -> Trial:
         steps = []
@@ -259,6 +278,9 @@ def cases() -> list[Case]:
                       _sliding_window(4, 2, 64, 9, 4, 4)))
     found.append(Case("Attention", "no cache heads=4/2 dim=64 runs=(5, 3, 1)", _no_cache(4, 2, 64, (5, 3, 1))))
     found.append(Case("Attention", "attnScale 0.5", _scale))
+    found += [Case("Attention", f"packed q/k, v [1, seq, {kv}, {d}], scale 1.0 heads={h} prompt={p} decode={n}",
+                   _unpacked_values(h, kv, d, p, n), tags=_tags(d))
+              for h, kv, d, p, n in ((4, 2, 16, 9, 3), (3, 1, 5, 4, 2))]
     found += [Case("Attention", f"no cache heads={h}/{kv} dim={d} runs={runs}", _no_cache(h, kv, d, runs))
               for h, kv, d, runs in ((4, 2, 8, (5, 3)), (4, 2, 16, (5, 3, 1)))]
     found.append(Case("Attention", "no cache, keys outnumber queries", _keys_outnumber_queries))

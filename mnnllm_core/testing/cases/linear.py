@@ -1,5 +1,6 @@
 """Convolution 1x1 as a linear layer: fp32 weights inline in the table (the loader's reader),
-float weights (fp32, fp16), block-quantized weights (4 and 8 bits, several blocks, a value map),
+float weights (fp32, fp16), block-quantized weights (2, 3, 4 and 8 bits, asymmetric and symmetric,
+several blocks, a value map),
 bias, fused relu/relu6, 1..37 tokens, odd widths."""
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ TOKENS = (1, 3, 7, 37)
 # (bits, ic, block): MNN's 4-bit block 64 (SmolLM2), per-row blocks, small and odd blocks
 QUANTIZED = [(4, 576, 64), (8, 576, 64), (4, 576, 576), (8, 576, 576), (4, 96, 32), (8, 96, 32), (4, 6, 6),
              (8, 6, 6), (4, 128, 128), (8, 40, 8), (4, 48, 16), (8, 30, 30), (4, 40, 8)]
+# (bits, ic, block, symmetric): MNN's --quant_bit 2/3 and --sym, odd blocks included
+LOW_BITS = [(2, 64, 64, False), (2, 96, 32, False), (3, 64, 64, False), (3, 48, 16, False), (3, 24, 3, False),
+            (2, 10, 5, False), (4, 96, 32, True), (8, 64, 64, True), (4, 6, 6, True), (3, 64, 32, True)]
 
 
 def linear_op(oc: int, ic: int, weights, activation: int = NO_ACTIVATION) -> Op:
@@ -46,9 +50,9 @@ def _rows(rng) -> Trial:
     return single(linear_op(9, 17, Weights.dense(weight)), [x], [linear_reference(x, weight, None)])
 
 
-def _quantized(tokens: int, bits: int, ic: int, block: int, oc: int = 37):
+def _quantized(tokens: int, bits: int, ic: int, block: int, oc: int = 37, symmetric: bool = False):
     def build(rng) -> Trial:
-        weight, dense = quantize(randn(rng, oc, ic), bits, block)
+        weight, dense = quantize(randn(rng, oc, ic), bits, block, symmetric)
         bias, x = randn(rng, oc), randn(rng, tokens, ic, 1, 1)  # Qwen2's q/k/v projections carry a bias
         op = linear_op(oc, ic, Weights(conv=ConvolutionWeights(weight, bias)))
         return single(op, [x], [linear_reference(x, dense, bias).reshape(tokens, oc, 1, 1)])
@@ -92,6 +96,9 @@ def cases() -> list[Case]:
     found += [Case("Convolution", f"q{bits} ic={ic} block={block} tokens={t}", _quantized(t, bits, ic, block),
                    device_tol=LINEAR_TOL)
               for bits, ic, block in QUANTIZED for t in TOKENS]
+    found += [Case("Convolution", f"q{bits}{' sym' if sym else ''} ic={ic} block={block} tokens={t}",
+                   _quantized(t, bits, ic, block, symmetric=sym), device_tol=LINEAR_TOL)
+              for bits, ic, block, sym in LOW_BITS for t in (1, 3, 37)]
     found.append(Case("Convolution", "q4 value map", _value_map, device_tol=LINEAR_TOL))
     found += [Case("Convolution", f"{np.dtype(d).name} weight oc={oc} ic={ic} tokens={t}", _float(t, d, oc, ic),
                    device_tol=LINEAR_TOL)

@@ -1,5 +1,6 @@
 """LayerNorm and RMSNorm: the last axis (with gamma, beta), two axes, groups, the channel axis
-of NC4HW4 tensors, MNN's fused residual form, and a gamma shorter than a row (a typed error)."""
+of NC4HW4 tensors, MNN's fused residual form, each head of a packed q/k (Llama 4's weightless
+q/k norm after RoPE), and a gamma shorter than a row (a typed error)."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,6 +73,15 @@ def _channel_axis(rng) -> Trial:
     return single(norm_op(LayerNormParams(1e-5, False, channel_axis=True), gamma, beta), [x], [expected])
 
 
+def _per_head(tokens: int, heads: int, head_dim: int):
+    def build(rng) -> Trial:
+        # packed [tokens, heads*head_dim, 1, 1]: the norm's last axis is each head's head_dim
+        x = randn(rng, tokens, heads * head_dim, 1, 1) * 3 + 0.5
+        expected = norm_reference(x.reshape(tokens * heads, head_dim), None, None, 1e-6, True).reshape(x.shape)
+        return single(norm_op(LayerNormParams(1e-6, True, head_dim=head_dim)), [x], [expected])
+    return build
+
+
 def _short_gamma(rng) -> Trial:
     trial = single(norm_op(LayerNormParams(1e-5, True), randn(rng, 5)), [randn(rng, 3, 8)], [])
     trial.error = (FormatError, "gamma")
@@ -85,5 +95,7 @@ def cases() -> list[Case]:
     found += [Case("LayerNorm", f"{'rms' if rms else 'layer'} groups", _groups(rms)) for rms in (True, False)]
     found += [Case("LayerNorm", f"fused residual tokens={t}", _residual(t)) for t in TOKENS]
     found.append(Case("LayerNorm", "NC4HW4 channel axis", _channel_axis))
+    found += [Case("LayerNorm", f"rms per head of packed q/k tokens={t} heads={h} head_dim={d}", _per_head(t, h, d))
+              for t, h, d in ((1, 4, 16), (7, 3, 5), (37, 2, 48))]
     found.append(Case("LayerNorm", "gamma shorter than a row is a FormatError", _short_gamma))
     return found
