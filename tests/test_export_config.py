@@ -36,7 +36,8 @@ def test_transformers_own_full_default_config_is_accepted(model_type):
 
     config = json.loads(AutoConfig.for_model(model_type).to_json_string(use_diff=False))
     a = ARCHITECTURES[model_type].ModelArgs.from_dict(config)
-    assert a.num_hidden_layers == config["num_hidden_layers"] and len(a.ropes) == a.num_hidden_layers
+    text = config.get("text_config", config)  # a vision-language config: its language model
+    assert a.num_hidden_layers == text["num_hidden_layers"] and len(a.ropes) == a.num_hidden_layers
 
 
 def test_rope_theta_under_rope_parameters_is_read_not_defaulted():
@@ -180,3 +181,73 @@ def test_gguf_rope_scaling_is_read_or_refused(tmp_path, kind, error):
     write_gguf(tmp_path / "m.gguf", random_weights("llama", True), extra)
     with pytest.raises(UnsupportedError, match=error):
         export_model(str(tmp_path / "m.gguf"), str(tmp_path / "out"))
+
+
+@pytest.mark.parametrize("model_type,config,field", [
+    ("gemma4_text", {"use_bidirectional_attention": "all"}, "use_bidirectional_attention"),
+    ("gemma4_text", {"per_layer_config": {"3": {"head_dim": 32, "sliding_window": 4}}}, "per_layer_config"),
+    ("qwen3_5_text", {"attention_bias": True}, "attention_bias"),
+    ("qwen3_5_text", {"layer_types": ["linear_attention"] * 3 + ["sliding_attention"]}, "layer_types"),
+    ("llama4_text", {"moe_layers": [1], "num_local_experts": 4, "num_experts_per_tok": 2}, "num_experts_per_tok"),
+    ("llama4_text", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 5e5, "factor": 8.0}}, "rope_parameters"),
+])
+def test_2026_architectures_refuse_what_mnn_cannot_express(model_type, config, field):
+    with pytest.raises(UnsupportedError) as err:
+        args(model_type, **config)
+    assert err.value.field == field and err.value.file == "cfg"
+
+
+def test_gemma4_kv_sharing_needs_an_earlier_layer_of_each_shared_type():
+    with pytest.raises(ConfigError) as err:
+        args("gemma4_text", num_kv_shared_layers=1, layer_types=[SLIDING, SLIDING, SLIDING, FULL])
+    assert err.value.field == "num_kv_shared_layers"
+
+
+@pytest.mark.parametrize("config,limit", [
+    ({"attention_chunk_size": 8, "no_rope_layers": [1, 1, 1, 1]}, 8),
+    ({"attention_chunk_size": None, "floor_scale": 100}, 99),
+    ({"attention_chunk_size": None, "attn_temperature_tuning": False}, 256),
+    ({"attention_chunk_size": 8192, "layer_types": ["full_attention"] * 4, "attn_temperature_tuning": False}, 256),
+])
+def test_llama4_caps_the_context_where_chunked_attention_or_temperature_tuning_would_act(config, limit):
+    m = model("llama4_text", moe_layers=[], **config)
+    assert m.runtime_config() == {"max_all_tokens": limit}
+
+
+def test_proportional_rope_is_transformers_own():
+    pytest.importorskip("transformers")
+    from transformers import Gemma4TextConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1e6}
+    a = args("gemma4_text", layer_types=[SLIDING, SLIDING, SLIDING, FULL], sliding_window=8, global_head_dim=64,
+             rope_parameters={FULL: rope, SLIDING: {"rope_type": "default", "rope_theta": 1e4}})
+    config = Gemma4TextConfig(**{k: v for k, v in BASE.items() if k != "architectures"}, global_head_dim=64,
+                              layer_types=[SLIDING, SLIDING, SLIDING, FULL],
+                              rope_parameters={FULL: rope, SLIDING: {"rope_type": "default", "rope_theta": 1e4}})
+    ref = ROPE_INIT_FUNCTIONS["proportional"](config, "cpu", layer_type=FULL)[0].numpy()
+    assert a.ropes[3].rotary_dim(64) == 64
+    np.testing.assert_allclose(a.ropes[3].inv_freq(64), ref, rtol=2e-7, atol=0)
+
+
+@pytest.mark.parametrize("folder", ["tiny-qwen3_5-mnn-fp16", "tiny-qwen3_5_moe-mnn-q4", "tiny-gemma4-mnn-fp16",
+                                    "tiny-llama4_text_dense-mnn-q4"])
+def test_the_shared_2026_configs_read_as_mnn_describes_them(folder):
+    path = SHARED / "models" / "arch3" / folder
+    if not path.is_dir():
+        pytest.skip(f"shared models not found at {path}")
+    hf = json.loads((path / "hf_config.json").read_text())
+    m = ARCHITECTURES[hf["model_type"]].Model(ARCHITECTURES[hf["model_type"]].ModelArgs.from_dict(hf))
+    layers = m.args.num_hidden_layers
+    if hf["model_type"].startswith("qwen3_5"):
+        assert [m.linear_attention(i) is None for i in range(layers)] == [False, False, False, True]
+        assert m.attention(3).rope.rotary_dim(16) == 4 and m.base == "model.language_model"
+        assert m.mlp(0).experts == (4 if "moe" in folder else 0)
+    elif hf["model_type"] == "gemma4":
+        assert [m.attention(i).head_dim for i in range(layers)] == [None, None, None, 32]
+        assert m.llm_config() == {"attention_type": "mix", "sliding_window": 8, "attn_scale": 1.0,
+                                  "ple_embed_file": "ple_embeddings_bf16.bin", "ple_embed_scale": 2.0,
+                                  "ple_embed_dim": 16}
+    else:
+        assert [m.attention(i).rope is None for i in range(layers)] == [False, True, False, True]
+        assert m.runtime_config() == {"max_all_tokens": 8}  # MNN writes full attention for chunks of 8

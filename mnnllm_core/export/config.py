@@ -36,6 +36,21 @@ INERT_KEYS = frozenset({
 })
 
 
+def language_part(config: dict[str, Any], file: str | None, outer_keys: tuple[str, ...]) -> tuple[dict[str, Any], bool]:
+    """A composite (vision-language) config's `text_config`, with the outer `tie_word_embeddings`, and True;
+    a text-only config unchanged, and False. `outer_keys`: the composite's keys that leave the text model
+    alone (token ids, the other towers' configs); any other outer key is refused like an unread one."""
+    if "text_config" not in config:
+        return config, False
+    outer = ConfigReader(config, file)
+    outer.ignore("text_config", "tie_word_embeddings", *outer_keys)
+    outer.finish()
+    text = dict(config["text_config"])
+    if "tie_word_embeddings" in config:
+        text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    return text, True
+
+
 class ConfigReader:
     """One architecture's view of config.json: typed getters that remember what was read."""
 
@@ -102,11 +117,12 @@ class ConfigReader:
 
     def rope(self, default_theta: float, layer_type: str | None = None,
              legacy_theta_key: str = "rope_theta", legacy_scaling: bool = True, partial: bool = False,
-             yarn: bool = False) -> RopeSpec:
+             yarn: bool = False, text_mrope: bool = False) -> RopeSpec:
         """The rotary table of one layer type, from `rope_parameters` (nested by layer type or not) or from
         the transformers 4 keys (`legacy_theta_key`, `rope_scaling`, `partial_rotary_factor`).
         `partial`: the architecture rotates part of each head (a factor below 1 is refused otherwise);
-        `yarn`: its graph scales the cos/sin table by YaRN's attention factor (yarn is refused otherwise)."""
+        `yarn`: its graph scales the cos/sin table by YaRN's attention factor (yarn is refused otherwise);
+        `text_mrope`: M-RoPE sections are accepted, as text positions are equal in every section."""
         params = self.get("rope_parameters")
         if params is not None:
             if not isinstance(params, dict):
@@ -116,7 +132,7 @@ class ConfigReader:
             elif any(isinstance(v, dict) for v in params.values()):
                 raise self.error(f"rope_parameters has no entry for {layer_type!r}", "rope_parameters")
             theta = params.get("rope_theta", self.get(legacy_theta_key, default_theta))
-            return self._rope_spec(dict(params, rope_theta=theta), "rope_parameters", partial, yarn)
+            return self._rope_spec(dict(params, rope_theta=theta), "rope_parameters", partial, yarn, text_mrope)
         scaling = self.get("rope_scaling") if legacy_scaling else None
         if scaling is not None and not isinstance(scaling, dict):
             raise self.error(f"rope_scaling must be an object, got {scaling!r}", "rope_scaling")
@@ -124,9 +140,10 @@ class ConfigReader:
         spec["rope_theta"] = self.number(legacy_theta_key, default_theta)
         if self.has("partial_rotary_factor"):
             spec.setdefault("partial_rotary_factor", self.get("partial_rotary_factor"))
-        return self._rope_spec(spec, "rope_scaling", partial, yarn)
+        return self._rope_spec(spec, "rope_scaling", partial, yarn, text_mrope)
 
-    def _rope_spec(self, p: dict[str, Any], key: str, partial: bool = False, yarn: bool = False) -> RopeSpec:
+    def _rope_spec(self, p: dict[str, Any], key: str, partial: bool = False, yarn: bool = False,
+                   text_mrope: bool = False) -> RopeSpec:
         kind = p.get("rope_type", p.get("type", "default"))
         kinds = ROPE_TYPES + (("yarn",) if yarn else ())
         if kind not in kinds:
@@ -134,10 +151,12 @@ class ConfigReader:
         factor = p.get("partial_rotary_factor", 1.0)
         if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
             raise self.error(f"partial_rotary_factor must be in (0, 1], got {factor!r}", key)
-        if factor != 1.0 and not partial:
+        if factor != 1.0 and not partial and kind != "proportional":
             raise self.unsupported(f"partial_rotary_factor {p['partial_rotary_factor']!r}", key)
         known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"}
-        if kind == "linear":
+        if text_mrope:
+            known |= {"mrope_section", "mrope_interleaved"}
+        if kind in ("linear", "proportional"):
             known |= {"factor"}
         if kind == "llama3":
             known |= {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
@@ -150,6 +169,8 @@ class ConfigReader:
         theta = p["rope_theta"]
         if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
             raise self.error(f"rope_theta must be a positive number, got {theta!r}", key)
+        if kind == "proportional":
+            return RopeSpec(float(theta), kind, float(p.get("factor", 1.0)), partial_rotary_factor=float(factor))
         if kind == "default":
             return RopeSpec(float(theta), partial_rotary_factor=float(factor))
         try:

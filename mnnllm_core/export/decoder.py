@@ -29,6 +29,13 @@ block (x + attention(h) + mlp(h)), LayerNorms with bias and ungated fc1 -> GELU-
 are a router Linear -> Softmax (Sigmoid, + selection bias) -> TopKV2 (-> Softmax of the top-k, or
 Reduction SUM, RealDiv) -> MoE op over expert subgraphs (silu or gpt-oss's clamped swiglu).
 
+Per-layer variations the architecture files ask for (llama.AttentionSpec / MlpSpec / Model hooks):
+a gated output (Qwen3.5: q_gate_proj -> Sigmoid -> Mul before o_proj), partial or proportional rotary
+(RoPEParam.ropeCutHeadDim), a per-layer head size and KV heads (Gemma 4's full layers, one rotary
+table per head size), a weightless v or q/k norm, a linear-attention mixer (linear_attention.py),
+per-layer embeddings and a layer scalar (per_layer_embedding.py), a shared expert and Llama 4's
+sigmoid-scaled top-1 routing in the MoE.
+
 Weights are written as the ops that use them are built, so llm.mnn.weight comes out in MNN's
 order: each layer's input norm, q, k, v, o, its norms and MLP; then the final norm and the lm_head.
 """
@@ -60,6 +67,8 @@ from mnnllm_core.schema.MNN.TopKV2 import TopKV2T
 from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
 
 from .graph import NC4HW4, NCHW, NHWC, GraphBuilder
+from .linear_attention import gated_delta_net
+from .per_layer_embedding import per_layer_block, per_layer_inputs
 from .llama import AttentionSpec, Model
 from .rope import RopeSpec
 from .sources import LazyTensor, Source
@@ -83,9 +92,10 @@ class DecoderGraph:
         self.weights = weights
         self.g = GraphBuilder()
         self.subgraphs: list[SubGraphProtoT] = []
-        self.tables: dict[tuple[RopeSpec, float], tuple[str, str]] = {}
+        self.tables: dict[tuple[RopeSpec, float, int], tuple[str, str]] = {}
         self.masks: dict[bool, str] = {}
-        self.rotary_dims: dict[tuple[RopeSpec, float], int] = {}
+        self.kv_tensors: dict[int, tuple[str, str, str | None]] = {}  # layer -> (k before RoPE, v, k_norm)
+        self.rotary_dims: dict[tuple[RopeSpec, float, int], int] = {}
 
     def build(self, model_id: str) -> tuple[bytes, LinearInfo]:
         """The packed llm.mnn and where the lm_head's block went (for `tie_embeddings`)."""
@@ -98,12 +108,14 @@ class DecoderGraph:
     # -- inputs, rotary tables, masks ---------------------------------------
 
     def _inputs(self) -> str:
-        g, hidden = self.g, self.args.hidden_size
+        g, a, hidden = self.g, self.args, self.args.hidden_size
         windows = any(self.model.attention(i).window for i in range(self.args.num_hidden_layers))
         g.input("input_ids", [1, 1, hidden], DataType.DT_FLOAT)
         g.input("attention_mask", [2, 1, 1, -1, -1] if windows else [1, 1, -1, -1], DataType.DT_FLOAT)
         g.input("position_ids", [1, -1], DataType.DT_INT32)
         g.input("logits_index", [1], DataType.DT_INT32)
+        if self.model.per_layer_dim:
+            g.input("ple_embeddings", [1, -1, a.num_hidden_layers * self.model.per_layer_dim], DataType.DT_FLOAT)
         self.one = g.const_int("/rotary/one", [1], None)
         self.axis1 = g.const_int("/rotary/axis_1", [1], [1])
         self.axis0 = g.const_int("/rotary/Constant_3_output_0", [0], [1])
@@ -135,10 +147,10 @@ class DecoderGraph:
         column = g.const_int("/rotary/Constant_output_0", [-1, 1], [2])
         pos = g.reshape("/rotary/Reshape_output_0", [pos, column], None, NHWC)
         axis2 = g.const_int("/rotary/Constant_5_output_0", [2], [1])
-        for n, (spec, gain) in enumerate(keys):
+        for n, (spec, gain, head_dim) in enumerate(keys):
             p = "/rotary" if n == 0 else f"/rotary_{n}"
-            inv = np.zeros(a.head_dim // 2, np.float32) if spec is _NOPE else spec.inv_freq(a.head_dim)
-            self.rotary_dims[(spec, gain)] = 2 * inv.size
+            inv = np.zeros(head_dim // 2, np.float32) if spec is _NOPE else spec.inv_freq(head_dim)
+            self.rotary_dims[(spec, gain, head_dim)] = 2 * inv.size
             freq = g.const_float(f"{p}/Constant_1_output_0", inv)
             angle = g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, pos, freq)
             parts = [g.unsqueeze(f"{p}/Unsqueeze_{tag}", g.unary(f"{p}/{tag}_output_0", fn, angle), self.axis0)
@@ -151,17 +163,20 @@ class DecoderGraph:
             table = g.unsqueeze(f"{p}/Unsqueeze_3_output_0", both, self.axis1)
             names = [f"/blocks.{n}/self_attn/Gather_2_output_0", f"/blocks.{n}/self_attn/Gather_3_output_0"]
             cos, sin = g.planes(table, 2, names, self.one, self.axis1)
-            self.tables[(spec, gain)] = (cos, sin)
+            self.tables[(spec, gain, head_dim)] = (cos, sin)
 
     def _attention_layers(self) -> list[int]:
-        return [i for i in range(self.args.num_hidden_layers) if self.model.mixer(i) == "attention"]
+        m = self.model
+        return [i for i in range(self.args.num_hidden_layers)
+                if m.mixer(i) == "attention" and m.linear_attention(i) is None]
 
-    def _table_key(self, layer: int) -> tuple[RopeSpec, float]:
+    def _table_key(self, layer: int) -> tuple[RopeSpec, float, int]:
         spec = self.model.attention(layer)
-        gain = 1.0 if spec.scale is None else math.sqrt(spec.scale * math.sqrt(self.args.head_dim))
+        head_dim = spec.head_dim or self.args.head_dim
+        gain = 1.0 if spec.scale is None else math.sqrt(spec.scale * math.sqrt(head_dim))
         if spec.rope is not None:
             gain *= spec.rope.attention_factor  # YaRN: q and k both carry it, as cos and sin do in transformers
-        return spec.rope or _NOPE, gain
+        return spec.rope or _NOPE, gain, head_dim
 
     # -- the two graph shapes ------------------------------------------------
 
@@ -174,7 +189,7 @@ class DecoderGraph:
         h = self._layernorm("/blocks.0/input_layernorm/Mul_1_output_0", m.input_norm(0), [x],
                             ["/blocks.0/input_layernorm/Mul_1_output_0"], NC4HW4)
         for i in range(a.num_hidden_layers):
-            attn = self._short_conv(i, h) if m.mixer(i) == "short_conv" else self._attention(i, h)
+            attn = self._mixer(i, h)
             residual, h = self._fused_norm(f"/blocks.{i}/post_attention_layernorm/Mul_1_output_0",
                                            m.post_attention_norm(i), residual, attn, f"/blocks.{i}/Add_output_0")
             gate = self._conv(f"/layers.{i}/mlp/gate_proj/Linear", h, m.linear_weight(self.source, i, "gate_proj"))
@@ -200,11 +215,11 @@ class DecoderGraph:
 
     def _plain_body(self, x: str) -> tuple[str, LinearInfo]:
         g, a, m = self.g, self.args, self.model
+        ple = per_layer_inputs(self, x) if m.per_layer_dim else None
         for i in range(a.num_hidden_layers):
             h = self._layernorm(f"/blocks.{i}/input_layernorm/Mul_1_output_0", m.input_norm(i), [x])
             h_c4 = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
-            mixed = self._short_conv(i, h_c4) if m.mixer(i) == "short_conv" else self._attention(i, h_c4)
-            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", mixed, a.hidden_size)
+            attn = self._from_c4(f"/layers.{i}/self_attn/o_proj/Linear", self._mixer(i, h_c4), a.hidden_size)
             if m.parallel:
                 both = g.binary(f"/blocks.{i}/Add_output_0", BinaryOpOperation.ADD, attn, self._plain_mlp(i, h))
                 x = g.binary(f"/blocks.{i}/Add_1_output_0", BinaryOpOperation.ADD, both, x)
@@ -216,11 +231,21 @@ class DecoderGraph:
             before = m.mlp_norms(i)[0] if m.sandwich_norms else m.post_attention_norm(i)
             tag = "pre_feedforward_layernorm" if m.sandwich_norms else "post_attention_layernorm"
             h = self._layernorm(f"/blocks.{i}/{tag}/Mul_1_output_0", before, [x])
-            mlp = self._moe(i, h) if m.mlp(i).experts else self._plain_mlp(i, h)
+            spec = m.mlp(i)
+            if spec.experts and spec.beside_dense:
+                mlp = self._dense_and_experts(i, x, h)
+            else:
+                mlp = self._moe(i, h) if spec.experts else self._plain_mlp(i, h)
             if m.sandwich_norms:
                 mlp = self._layernorm(f"/blocks.{i}/post_feedforward_layernorm/Mul_1_output_0", m.mlp_norms(i)[1],
                                       [mlp])
             x = g.binary(f"/blocks.{i}/Add_1_output_0", BinaryOpOperation.ADD, x, mlp)
+            if ple is not None:
+                x = per_layer_block(self, i, x, ple[i])
+            scalar = m.layer_scalar(self.source, i)
+            if scalar is not None:
+                x = g.binary(f"/blocks.{i}/Mul_1_output_0", BinaryOpOperation.MUL, x,
+                             g.const_float(f"/blocks.{i}/Constant_1_output_0", [scalar], [1]))
         end = g.const_int("/Constant_2_output_0", [_SLICE_END], [1])
         x = g.strided_slice("/Slice_output_0", [x, "logits_index", end, self.axis1, self.axis1],
                             DataType.DT_INVALID, 1)
@@ -262,17 +287,27 @@ class DecoderGraph:
         norm = self._layernorm(name, weight, [residual, x], [sum_name, name], NC4HW4)
         return sum_name, norm
 
-    def _head_norm(self, weight: str | None) -> LayerNormT | None:
-        """A per-head RMSNorm as RoPEParam carries it: gamma inline."""
-        if weight is None:
+    def _unit_norm(self, name: str, x: str, size: int) -> str:
+        """An RMSNorm without a weight over the last axis (gamma 1 inline)."""
+        param = LayerNormT()
+        param.axis, param.epsilon, param.group, param.useRmsnorm = [-1], float(self.args.rms_norm_eps), 1, True
+        param.gamma, param.beta = [1.0] * size, [0.0] * size
+        return self.g.op(OpType.LayerNorm, name, [x], [name], OpParameter.LayerNorm, param)
+
+    def _head_norm(self, weight: str | None, size: int, unit: bool = False) -> LayerNormT | None:
+        """A per-head RMSNorm as RoPEParam carries it: gamma inline (`unit`: gamma 1, no weight)."""
+        if weight is None and not unit:
             return None
         param = LayerNormT()
         param.axis = [-1]
         param.epsilon = float(self.args.rms_norm_eps)
         param.group = 1
         param.useRmsnorm = True
-        gamma = self.source.tensor(weight).load().astype(np.float32) + np.float32(self.model.norm_offset)
-        param.gamma = gamma.astype(np.float32).tolist()
+        if unit:
+            param.gamma = [1.0] * size
+        else:
+            gamma = self.source.tensor(weight).load().astype(np.float32) + np.float32(self.model.norm_offset)
+            param.gamma = gamma.astype(np.float32).tolist()
         return param
 
     def _tensor_or_none(self, name: str | None) -> LazyTensor | None:
@@ -293,35 +328,70 @@ class DecoderGraph:
                  output: str | None = None) -> str:
         return from_c4(g or self.g, name, x, oc, rows, output)
 
+    def _mixer(self, i: int, h: str) -> str:
+        """A layer's token mixer: attention, LFM2's short convolution or Qwen3.5's gated delta-net."""
+        if self.model.mixer(i) == "short_conv":
+            return self._short_conv(i, h)
+        spec = self.model.linear_attention(i)
+        return self._attention(i, h) if spec is None else gated_delta_net(self, i, h, spec)
+
     def _attention(self, i: int, h: str) -> str:
         """q, k, v from the NC4HW4 `h` -> RoPE -> Attention -> o_proj (its NC4HW4 output)."""
         g, a, m = self.g, self.args, self.model
         spec: AttentionSpec = m.attention(i)
+        own_kv = spec.kv_from is None
+        projections = ("q_proj",) + (("k_proj",) if own_kv else ()) + (("v_proj",) if own_kv and not spec.v_from_k
+                                                                       else ())
         proj = {p: self._conv(f"/layers.{i}/self_attn/{p}/Linear", h, m.linear_weight(self.source, i, p),
-                              m.linear_bias(self.source, i, p)) for p in ("q_proj", "k_proj", "v_proj")}
+                              m.linear_bias(self.source, i, p)) for p in projections}
+        head_dim, kv_heads = spec.head_dim or a.head_dim, spec.kv_heads or a.num_key_value_heads
+        k_norm = spec.k_norm
+        if not own_kv:
+            # Gemma 4's KV-sharing layers: the producer's k (rotated again here, with its k_norm) and normed v,
+            # kept in this layer's own cache: the same keys and values, without MNN's kvSharedLayerIndex
+            proj["k_proj"], v_shared, k_norm = self.kv_tensors[spec.kv_from]
         if spec.norm_after_rope:
             q_out, k_out = self._rope_then_norm(i, proj["q_proj"], proj["k_proj"], spec)
         else:
-            q_out, k_out = self._fused_rope(i, proj["q_proj"], proj["k_proj"], spec)
+            q_out, k_out = self._fused_rope(i, proj["q_proj"], proj["k_proj"], spec, k_norm)
         attn = AttentionParamT()
         attn.kvCache, attn.layerIndex, attn.kvSharedLayerIndex, attn.outputC4 = True, i, -1, True
-        inputs = [q_out, k_out, proj["v_proj"], self.masks[spec.window is not None]]
+        ctx_name = (f"/blocks.{i}/self_attn/fused_attn/FusedAttention_output_0" if spec.output_gate
+                    else f"/layers.{i}/self_attn/o_proj/Linear/pre_convert")
+        if own_kv:
+            v = proj["k_proj"] if spec.v_from_k else proj["v_proj"]
+            if spec.v_norm:
+                v = self._from_c4(f"/layers.{i}/self_attn/v_proj/Linear", v, kv_heads * head_dim)
+                v = g.reshape(f"/blocks.{i}/self_attn/Reshape_2_output_0", [v], [1, -1, kv_heads, head_dim], NHWC)
+                v = self._unit_norm(f"/blocks.{i}/self_attn/v_norm/Mul_output_0", v, head_dim)
+            self.kv_tensors[i] = (proj["k_proj"], v, k_norm)
+        else:
+            v = v_shared
+        inputs = [q_out, k_out, v, self.masks[spec.window is not None]]
         if spec.sinks is not None:  # MNN's Attention takes them as a fifth input, one value per head
             sinks = self.source.tensor(spec.sinks).load().astype(np.float32).reshape(-1)
             inputs.append(g.const_float(f"/layers.{i}/self_attn/sinks", sinks, [a.num_attention_heads]))
-        ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention", inputs,
-                   [f"/layers.{i}/self_attn/o_proj/Linear/pre_convert"], OpParameter.AttentionParam, attn)
+        ctx = g.op(OpType.Attention, f"/layers.{i}/self_attn/FusedAttention", inputs, [ctx_name],
+                   OpParameter.AttentionParam, attn)
+        if spec.output_gate:
+            gate = self._conv(f"/layers.{i}/self_attn/q_gate_proj/Linear", h,
+                              m.linear_weight(self.source, i, "q_gate_proj"))
+            gate = g.unary(f"/blocks.{i}/self_attn/Sigmoid_output_0", UnaryOpOperation.SIGMOID, gate, NC4HW4)
+            ctx = g.binary(f"/blocks.{i}/self_attn/Mul_output_0", BinaryOpOperation.MUL, ctx, gate, NC4HW4)
         return self._conv(f"/layers.{i}/self_attn/o_proj/Linear", ctx, m.linear_weight(self.source, i, "o_proj"),
                           m.linear_bias(self.source, i, "o_proj"))
 
-    def _fused_rope(self, i: int, q: str, k: str, spec: AttentionSpec) -> tuple[str, str]:
-        """MNN's RoPE op on the packed q and k, with the per-head norms before the rotation."""
+    def _fused_rope(self, i: int, q: str, k: str, spec: AttentionSpec, k_norm: str | None) -> tuple[str, str]:
+        """MNN's RoPE op on the packed q and k, with the per-head norms before the rotation (`k_norm`: the
+        key norm, a KV-sharing layer's producer's)."""
         a = self.args
+        head_dim = spec.head_dim or a.head_dim
         key = self._table_key(i)
         rope = RoPEParamT()
         rope.ropeCutHeadDim = self.rotary_dims[key]
-        rope.numHead, rope.kvNumHead, rope.headDim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
-        rope.qNorm, rope.kNorm = self._head_norm(spec.q_norm), self._head_norm(spec.k_norm)
+        rope.numHead, rope.kvNumHead, rope.headDim = (a.num_attention_heads, spec.kv_heads or a.num_key_value_heads,
+                                                      head_dim)
+        rope.qNorm, rope.kNorm = (self._head_norm(n, head_dim, spec.unit_qk_norm) for n in (spec.q_norm, k_norm))
         cos, sin = self.tables[key]
         q_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_0"
         k_out = f"/blocks.{i}/self_attn/fused_rope/FusedRoPE_output_1"
@@ -408,13 +478,13 @@ class DecoderGraph:
     def _plain_mlp(self, i: int, h: str) -> str:
         g, a, m = self.g, self.args, self.model
         act = m.mlp(i).act
-        ffn = a.intermediate_size
         if not m.mlp(i).gated:
             return self._ungated_mlp(i, h, act)
+        gate_weight = m.linear_weight(self.source, i, "gate_proj")
+        ffn = gate_weight.shape[0]  # the layer's own width (Gemma 4's double-wide MLPs)
         pre = self._to_c4(f"/layers.{i}/mlp/gate_proj/Linear", h, a.hidden_size)
         gate = self._from_c4(f"/layers.{i}/mlp/gate_proj/Linear",
-                             self._conv(f"/layers.{i}/mlp/gate_proj/Linear", pre,
-                                        m.linear_weight(self.source, i, "gate_proj")), ffn)
+                             self._conv(f"/layers.{i}/mlp/gate_proj/Linear", pre, gate_weight), ffn)
         gate = self._activation(f"/blocks.{i}/mlp", gate, act)
         up = self._from_c4(f"/layers.{i}/mlp/up_proj/Linear",
                            self._conv(f"/layers.{i}/mlp/up_proj/Linear", pre, m.linear_weight(self.source, i, "up_proj")),
@@ -436,20 +506,41 @@ class DecoderGraph:
                           m.linear_weight(self.source, i, "down_proj"), m.linear_bias(self.source, i, "down_proj"))
         return self._from_c4(name, down, a.hidden_size)
 
-    def _moe(self, i: int, h: str) -> str:
+    def _dense_and_experts(self, i: int, x: str, h: str) -> str:
+        """Gemma 4's MoE layer: norm_1(MLP(h)) + norm_2(experts(pre_norm_2(x))), the router reading
+        RMSNorm(x) * scale / sqrt(hidden) (x: the residual stream, h: its pre-feedforward norm)."""
+        g, a, m = self.g, self.args, self.model
+        p = f"/blocks.{i}"
+        names = m.moe_norms(i)
+        dense = self._layernorm(f"{p}/post_feedforward_layernorm_1/Mul_1_output_0", names["post_1"],
+                                [self._plain_mlp(i, h)])
+        tokens = self._layernorm(f"{p}/pre_feedforward_layernorm_2/Mul_1_output_0", names["pre_2"], [x])
+        router = self._unit_norm(f"{p}/router/norm/Mul_output_0", x, a.hidden_size)
+        scale = self.source.tensor(m.router_scale(i)).load().astype(np.float32) * np.float32(a.hidden_size ** -0.5)
+        router = g.binary(f"{p}/router/Mul_output_0", BinaryOpOperation.MUL, router,
+                          g.const_float(f"{p}/router/scale", scale))
+        experts = self._layernorm(f"{p}/post_feedforward_layernorm_2/Mul_1_output_0", names["post_2"],
+                                  [self._moe(i, tokens, router)])
+        return g.binary(f"{p}/mlp/Add_experts_output_0", BinaryOpOperation.ADD, dense, experts)
+
+    def _moe(self, i: int, h: str, router_input: str | None = None) -> str:
         """Router -> Softmax (or Sigmoid) -> TopKV2 (-> renormalise, scale) -> MoE over the
         `/expert/{i}_{e}` subgraphs. A selection bias (LFM2-MoE) is added to the scores for TopKV2 and
-        taken off its values again (GatherV2 of the bias at the chosen experts)."""
+        taken off its values again (GatherV2 of the bias at the chosen experts). Llama 4 (`sigmoid_input`,
+        top-1): TopKV2 on the logits, the token scaled by sigmoid(its top logit) before the expert, and the
+        MoE op's weight 1."""
         g, a, m = self.g, self.args, self.model
         spec = m.mlp(i)
         p = f"/blocks.{i}/mlp"
-        flat = g.reshape(f"{p}/Reshape_output_0", [h, g.const_int(f"{p}/flat_shape", [-1, a.hidden_size], [2])],
-                         None, NHWC)
+        flat_shape = g.const_int(f"{p}/flat_shape", [-1, a.hidden_size], [2])
+        flat = g.reshape(f"{p}/Reshape_output_0", [h, flat_shape], None, NHWC)
+        route = flat if router_input is None else g.reshape(f"{p}/Reshape_router_output_0", [router_input, flat_shape],
+                                                            None, NHWC)
         name = f"/layers.{i}/mlp/gate/Linear"
-        logits = self._from_c4(name, self._conv(name, self._to_c4(name, flat, a.hidden_size),
+        logits = self._from_c4(name, self._conv(name, self._to_c4(name, route, a.hidden_size),
                                                 self.source.tensor(m.router(i)),
                                                 self._tensor_or_none(m.router_bias(i))), spec.experts)
-        if spec.scoring == "topk_softmax":
+        if spec.sigmoid_input or spec.scoring == "topk_softmax":
             probs = logits
         elif spec.scoring == "sigmoid":
             probs = g.unary(f"{p}/Sigmoid_output_0", UnaryOpOperation.SIGMOID, logits)
@@ -488,17 +579,56 @@ class DecoderGraph:
                 total = g.binary(f"{p}/Add_1_output_0", BinaryOpOperation.ADD, total,
                                  g.const_float(f"{p}/norm_eps", spec.norm_eps))
             weights = g.binary(f"{p}/Div_output_0", BinaryOpOperation.REALDIV, weights, total)
+        if spec.expert_scale:  # Gemma 4: each chosen expert's weight times its per_expert_scale
+            table = g.const_float(f"{p}/per_expert_scale", self.source.tensor(m.expert_scale(i)).load())
+            picked = g.op(OpType.GatherV2, f"{p}/Gather_scale_output_0", [table, experts, g.const_int(
+                f"{p}/scale_axis", [0], None)], [f"{p}/Gather_scale_output_0"], OpParameter.GatherV2, GatherV2T())
+            weights = g.binary(f"{p}/Mul_scale_output_0", BinaryOpOperation.MUL, weights, picked)
         if spec.routed_scale != 1.0:
             weights = g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, weights,
                                g.const_float(f"{p}/routed_scale", spec.routed_scale))
+        tokens = flat
+        if spec.sigmoid_input:
+            tokens = g.binary(f"{p}/Mul_input_output_0", BinaryOpOperation.MUL, flat,
+                              g.unary(f"{p}/Sigmoid_router_output_0", UnaryOpOperation.SIGMOID, weights))
+            # MNN 3.6.1 sizes the MoE op's output 0 rows when its tokens come straight from a BinaryOp
+            tokens = g.reshape(f"{p}/Reshape_input_output_0", [tokens], [-1, a.hidden_size], NHWC)
+            zero = g.binary(f"{p}/Zero_output_0", BinaryOpOperation.MUL, weights, g.const_float(f"{p}/zero", 0.0))
+            weights = g.binary(f"{p}/Ones_output_0", BinaryOpOperation.ADD, zero, g.const_float(f"{p}/one", 1.0))
         for e in range(spec.experts):
             self.subgraphs.append(self._expert(i, e))
-        return g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [flat, weights, experts],
-                       [f"{p}/custom_moe/MoE_output_0"],
-                       {"layer_id": i, "num_experts": spec.experts, "top_k": spec.top_k})
+        out = g.extra(OpType.MoE, f"{p}/custom_moe/MoE_output_0", [tokens, weights, experts],
+                      [f"{p}/custom_moe/MoE_output_0"],
+                      {"layer_id": i, "num_experts": spec.experts, "top_k": spec.top_k})
+        if spec.shared:
+            shared = self._shared_expert(i, flat, spec.shared, spec.shared_gate)
+            out = g.binary(f"{p}/Add_output_0", BinaryOpOperation.ADD, out, shared)
+        return out
+
+    def _shared_expert(self, i: int, flat: str, width: int, gated: bool) -> str:
+        """down(silu(gate(x)) * up(x)) on the [n, H] tokens, times sigmoid(shared_expert_gate(x)) if `gated`."""
+        g, a, m = self.g, self.args, self.model
+        p, lin = f"/blocks.{i}/mlp", f"/layers.{i}/mlp"
+        x = self._to_c4(f"{lin}/shared_expert/Linear", flat, a.hidden_size)
+
+        def project(name: str, inp: str, oc: int) -> str:
+            out = self._conv(f"{lin}/{name}/Linear", inp, m.shared_weight(self.source, i, name))
+            return self._from_c4(f"{lin}/{name}/Linear", out, oc, rows=0)
+
+        act = self._activation(f"{p}/shared_expert", project("shared_expert/gate_proj", x, width), "silu")
+        y = g.binary(f"{p}/shared_expert/Mul_output_0", BinaryOpOperation.MUL, act,
+                     project("shared_expert/up_proj", x, width))
+        name = f"{lin}/shared_expert/down_proj/Linear"
+        y = self._from_c4(name, self._conv(name, self._to_c4(name, y, width),
+                                           m.shared_weight(self.source, i, "shared_expert/down_proj")),
+                          a.hidden_size, rows=0)
+        if not gated:
+            return y
+        gate = g.unary(f"{p}/Sigmoid_output_0", UnaryOpOperation.SIGMOID, project("shared_expert_gate", x, 1))
+        return g.binary(f"{p}/Mul_output_0", BinaryOpOperation.MUL, gate, y)
 
     def _expert(self, i: int, e: int) -> SubGraphProtoT:
-        """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> silu(gate) * up -> down
+        """One expert as MNN's MoE op loads it: [n,H] -> fused gate_up Linear -> act(gate) * up -> down
         (or gpt-oss's clamped swiglu, and the Linears' biases where the model has them)."""
         g, a, m = GraphBuilder(), self.args, self.model
         name = f"/expert/{i}_{e}"
@@ -516,7 +646,7 @@ class DecoderGraph:
         if spec.act == "clamped_swiglu":
             y = self._clamped_swiglu(g, gate, up, spec.glu_alpha, spec.glu_limit)
         else:
-            y = g.binary("/Mul_2_output_0", BinaryOpOperation.MUL, up, self._activation("", gate, "silu", g))
+            y = g.binary("/Mul_2_output_0", BinaryOpOperation.MUL, up, self._activation("", gate, spec.act, g))
         lin = f"{name}/down_proj_linear"
         down = self._conv(lin, self._to_c4(lin, y, ffn, g), m.expert_weight(self.source, i, e, "down"),
                           m.expert_bias(self.source, i, e, "down"), g=g)

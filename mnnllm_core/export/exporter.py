@@ -16,11 +16,7 @@ from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.progress import Progress
 
 from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
-from . import phi
-from . import lfm2
-from . import hunyuan_v1_dense
-from . import lfm2_moe
-from . import gpt_oss
+from . import gemma4, gpt_oss, hunyuan_v1_dense, lfm2, lfm2_moe, llama4, phi, qwen3_5, qwen3_5_moe
 from .decoder import DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
@@ -36,6 +32,10 @@ logger = logging.getLogger(__name__)
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "qwen3_moe": qwen3_moe, "gemma2": gemma2,
     "gemma3_text": gemma3_text, "mistral": mistral, "phi3": phi3, "smollm3": smollm3,
+    "qwen3_5": qwen3_5, "qwen3_5_text": qwen3_5,
+    "gemma4": gemma4, "gemma4_text": gemma4,
+    "llama4_text": llama4,
+    "qwen3_5_moe": qwen3_5_moe, "qwen3_5_moe_text": qwen3_5_moe,
     "phi": phi,
     "lfm2": lfm2,
     "hunyuan_v1_dense": hunyuan_v1_dense,
@@ -153,6 +153,8 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
                 "tied to the lm_head" if tied else f"in {embedding_file}")
 
     embed_total = 0 if tied else source.tensor(model.embedding()).shape[0] * args.hidden_size
+    tables = {name: source.tensor(tensor) for name, tensor in model.extra_tables().items()}
+    embed_total += sum(t.shape[0] * t.shape[1] for t in tables.values())
     progress = Progress(report.parameters + embed_total, "export", unit="M params", scale=1e6)
     with open(out / "llm.mnn.weight", "wb") as f:
         writer = WeightWriter(f, quant_bit, quant_block, progress.update, sym, lm_quant_bit)
@@ -170,12 +172,15 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
                                           progress.update)
         if embed_bit != 16:
             files["embedding_file"] = embedding_file
+    for name, table in tables.items():
+        with open(out / name, "wb") as f:
+            write_bf16_embedding(f, table, progress.update)
     progress.close()
 
     tokenizer_file = _write_tokenizer(out, tokenizer, spec)
     _write_json(out / "llm_config.json", _llm_config(model, spec, tie))
-    _write_json(out / "config.json", {**_RUNTIME_CONFIG, **(runtime_config or {}), "tokenizer_file": tokenizer_file,
-                                      **files})
+    _write_json(out / "config.json", {**_RUNTIME_CONFIG, **model.runtime_config(), **(runtime_config or {}),
+                                      "tokenizer_file": tokenizer_file, **files})
     return _finish(report, out, start)
 
 

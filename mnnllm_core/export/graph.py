@@ -41,6 +41,7 @@ class GraphBuilder:
         self.tensors: list[str] = []
         self.index: dict[str, int] = {}
         self.ops: list[OpT] = []
+        self.produced: set[str] = set()
 
     def tensor(self, name: str) -> int:
         if name not in self.index:
@@ -54,6 +55,10 @@ class GraphBuilder:
         op.type = op_type
         op.name = name
         op.inputIndexes = [self.index[i] for i in inputs] if inputs else None
+        for o in outputs:
+            if o in self.produced:
+                raise ValueError(f"tensor {o!r} is produced twice (op {name!r})")
+            self.produced.add(o)
         op.outputIndexes = [self.tensor(o) for o in outputs]
         op.mainType = main_type
         op.main = main
@@ -74,15 +79,17 @@ class GraphBuilder:
         blob.int32s = values
         return self.op(OpType.Const, name, [], [name], OpParameter.Blob, blob)
 
-    def const_float(self, name: str, values: np.ndarray | float, dims: list[int] | None = None) -> str:
-        """A float constant; a Python float is a scalar (no dims)."""
+    def const_float(self, name: str, values: np.ndarray | float, dims: list[int] | None = None,
+                    fmt: int = NCHW) -> str:
+        """A float constant; a Python float is a scalar (no dims). `fmt` NC4HW4: a per-channel constant
+        that meets a Linear's NC4HW4 output (MNN writes the op's default format the same)."""
         array = np.asarray(values, np.float32).reshape(-1)
         blob = BlobT()
         blob.dims = dims if dims is not None else (None if np.ndim(values) == 0 else [int(array.size)])
-        blob.dataFormat = NCHW
+        blob.dataFormat = fmt
         blob.dataType = DataType.DT_FLOAT
         blob.float32s = array.tolist()
-        return self.op(OpType.Const, name, [], [name], OpParameter.Blob, blob)
+        return self.op(OpType.Const, name, [], [name], OpParameter.Blob, blob, NC4HW4 if fmt == NC4HW4 else NHWC)
 
     def binary(self, name: str, op: int, a: str, b: str, fmt: int = NHWC, output: str | None = None) -> str:
         param = BinaryOpT()
@@ -90,10 +97,10 @@ class GraphBuilder:
         param.t = DataType.DT_FLOAT
         return self.op(OpType.BinaryOp, name, [a, b], [output or name], OpParameter.BinaryOp, param, fmt)
 
-    def unary(self, name: str, op: int, x: str) -> str:
+    def unary(self, name: str, op: int, x: str, fmt: int = NHWC) -> str:
         param = UnaryOpT()
         param.opType, param.t = op, DataType.DT_FLOAT
-        return self.op(OpType.UnaryOp, name, [x], [name], OpParameter.UnaryOp, param)
+        return self.op(OpType.UnaryOp, name, [x], [name], OpParameter.UnaryOp, param, fmt)
 
     def unsqueeze(self, name: str, x: str, axis_const: str | None = None, dims: list[int] | None = None) -> str:
         """MNN keeps both forms: axes as a second input (empty param) or as squeezeDims."""

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from .config import FULL, SLIDING, ConfigReader
+from .linear_attention import LinearAttentionSpec
 from .rope import RopeSpec
 from .sources import LazyTensor, Source
 
@@ -106,6 +107,13 @@ class AttentionSpec:
     q_norm: str | None = None      # per-head RMSNorm weights (Qwen3, Gemma 3)
     k_norm: str | None = None
     scale: float | None = None     # None: 1/sqrt(head_dim)
+    output_gate: bool = False      # Qwen3.5: q_proj also yields a per-head gate, out * sigmoid(gate)
+    v_norm: bool = False           # Gemma 4: values RMS-normed per head, no weight
+    unit_qk_norm: bool = False     # Llama 4: q and k RMS-normed per head, no weight
+    kv_from: int | None = None     # Gemma 4's KV sharing: the layer whose keys and values (cache) this one reads
+    v_from_k: bool = False         # Gemma 4's attention_k_eq_v: values are k_proj's output (before k's norm, RoPE)
+    head_dim: int | None = None    # per-layer overrides (Gemma 4's full layers); None: the model's
+    kv_heads: int | None = None
     norm_after_rope: bool = False  # HunYuan: q/k norms after the rotation (not the RoPE op's, which come before)
     sinks: str | None = None       # gpt-oss: a learned logit per head that joins each softmax (and is dropped)
 
@@ -118,6 +126,11 @@ class MlpSpec:
     experts: int = 0
     top_k: int = 0
     norm_topk: bool = False
+    shared: int = 0                # a shared expert of this width (Qwen3.5-MoE, Llama 4)
+    shared_gate: bool = False      # Qwen3.5-MoE: the shared expert times sigmoid(shared_expert_gate(x))
+    sigmoid_input: bool = False    # Llama 4: top-1 on the logits, the expert's input times sigmoid(logit)
+    beside_dense: bool = False     # Gemma 4: the experts run beside a dense MLP, each with its own norms
+    expert_scale: bool = False     # Gemma 4: each chosen expert's weight times its per_expert_scale
     gated: bool = True             # False: up -> act -> down (Phi's fc1, fc2)
     scoring: str = "softmax"       # the routing: softmax | sigmoid (LFM2-MoE) of the router's logits, or
                                    # topk_softmax (gpt-oss): the top-k logits chosen, then their softmax
@@ -134,6 +147,8 @@ class Model:
     style = "c4"                   # c4: MNN's transformer_c4 fused graph; plain: one Linear after another
     norm_offset = 0.0              # Gemma stores RMSNorm weights as w - 1
     sandwich_norms = False         # Gemma 2/3: norms after attention and after the MLP too
+    base = "model"                 # the decoder's tensor prefix (a composite VL checkpoint: model.language_model)
+    per_layer_dim = 0              # Gemma 4: per-layer embedding width (the `ple_embeddings` input); 0: none
     rms_norm = True                # False: LayerNorm with mean and bias (Phi)
     parallel = False               # Phi: x + attention(norm(x)) + mlp(norm(x)), one norm per layer
 
@@ -156,6 +171,21 @@ class Model:
     def mlp(self, layer: int) -> MlpSpec:
         return MlpSpec(self.args.act)
 
+    def layer_scalar(self, source: Source, layer: int) -> float | None:
+        """A constant the layer's output is multiplied by (Gemma 4's `layer_scalar`); None: none."""
+        return None
+
+    def runtime_config(self) -> dict[str, Any]:
+        """config.json keys the model needs (Llama 4: a context cap); the user's overrides still win."""
+        return {}
+
+    def extra_tables(self) -> dict[str, str]:
+        """bf16 tables written beside the model, file name -> tensor (Gemma 4's per-layer embeddings)."""
+        return {}
+
+    def linear_attention(self, layer: int) -> "LinearAttentionSpec | None":
+        """The layer's linear-attention mixer, or None: it attends (every layer but Qwen3.5's delta-net ones)."""
+        return None
     def mixer(self, layer: int) -> str:
         """What mixes the tokens in a layer: "attention", or "short_conv" (LFM2)."""
         return "attention"
@@ -170,13 +200,13 @@ class Model:
     # -- tensor names -----------------------------------------------------------
 
     def embedding(self) -> str:
-        return "model.embed_tokens.weight"
+        return f"{self.base}.embed_tokens.weight"
 
     def final_norm(self) -> str:
-        return "model.norm.weight"
+        return f"{self.base}.norm.weight"
 
     def lm_head(self) -> str:
-        return "model.embed_tokens.weight" if self.args.tie_word_embeddings else "lm_head.weight"
+        return self.embedding() if self.args.tie_word_embeddings else "lm_head.weight"
 
     def lm_head_bias(self) -> str | None:
         return None
@@ -193,15 +223,15 @@ class Model:
         return None
 
     def input_norm(self, layer: int) -> str:
-        return f"model.layers.{layer}.input_layernorm.weight"
+        return f"{self.base}.layers.{layer}.input_layernorm.weight"
 
     def post_attention_norm(self, layer: int) -> str:
-        return f"model.layers.{layer}.post_attention_layernorm.weight"
+        return f"{self.base}.layers.{layer}.post_attention_layernorm.weight"
 
     def linear(self, layer: int, name: str) -> str:
         """`name` is one of PROJECTIONS."""
         group = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-        return f"model.layers.{layer}.{group}.{name}"
+        return f"{self.base}.layers.{layer}.{group}.{name}"
 
     def linear_weight(self, source: Source, layer: int, name: str) -> LazyTensor:
         return source.tensor(f"{self.linear(layer, name)}.weight")

@@ -1,4 +1,5 @@
-"""Rotary position embeddings as transformers computes their inverse frequencies (default, linear, llama3, yarn).
+"""Rotary position embeddings as transformers computes their inverse frequencies (default, linear, llama3,
+yarn, proportional).
 
 The graph turns `position_ids * inv_freq` into the cos/sin tables at run time, so a rope type is
 supported when it changes inv_freq and at most scales cos/sin by a constant (YaRN's attention factor:
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ROPE_TYPES = ("default", "linear", "llama3")  # and "yarn" where an architecture asks for it (gpt-oss)
+ROPE_TYPES = ("default", "linear", "llama3", "proportional")  # and "yarn" where an architecture asks for it (gpt-oss)
 
 
 @dataclass(frozen=True)
@@ -25,18 +26,23 @@ class RopeSpec:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
-    partial_rotary_factor: float = 1.0  # Phi: only the leading int(head_dim * factor) dims of a head rotate
+    partial_rotary_factor: float = 1.0  # Phi, Qwen3.5: only the leading int(head_dim * factor) dims of a head rotate
     beta_fast: float = 32.0        # yarn: the rotations bounding the blend of scaled and unscaled frequencies
     beta_slow: float = 1.0
     truncate: bool = True          # yarn: round that blend's bounds outwards to whole dims
     attention_factor: float = 1.0  # yarn: cos and sin are multiplied by it
 
     def rotary_dim(self, head_dim: int) -> int:
-        """How many leading dims of each head rotate (even)."""
+        """How many leading dims of each head rotate (even; MNN's RoPEParam.ropeCutHeadDim); proportional
+        rope rotates the whole head (its tail frequencies are 0)."""
+        if self.kind == "proportional":
+            return head_dim
         return int(head_dim * self.partial_rotary_factor) // 2 * 2
 
     def inv_freq(self, head_dim: int) -> np.ndarray:
         """fp32 [rotary_dim / 2], computed in fp32 like transformers' rope init functions."""
+        if self.kind == "proportional":
+            return _proportional(self, head_dim)
         dim = self.rotary_dim(head_dim)
         exponent = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / np.float32(dim)
         inv = (np.float32(1.0) / np.power(np.float32(self.theta), exponent)).astype(np.float32)
@@ -60,6 +66,16 @@ def _llama3(inv: np.ndarray, spec: RopeSpec) -> np.ndarray:
     blended = (1 - smooth) * scaled / np.float32(spec.factor) + smooth * scaled
     medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(medium, blended, scaled).astype(np.float32)
+
+
+def _proportional(spec: RopeSpec, head_dim: int) -> np.ndarray:
+    """Gemma 4's rule: the first partial * head_dim / 2 frequencies spaced over the whole head
+    (theta^(-2j / head_dim)), the rest 0 (those dims pass unrotated), all divided by `factor`."""
+    angles = int(spec.partial_rotary_factor * head_dim // 2)
+    exponent = np.arange(0, 2 * angles, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
+    inv = np.zeros(head_dim // 2, np.float32)
+    inv[:angles] = np.float32(1.0) / np.power(np.float32(spec.theta), exponent)
+    return (inv / np.float32(spec.factor)).astype(np.float32)
 
 
 def _yarn(pos_freqs: np.ndarray, dim: int, spec: RopeSpec) -> np.ndarray:

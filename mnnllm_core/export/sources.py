@@ -49,6 +49,32 @@ class LazyTensor:
         return LazyTensor(name, (stop - start,) + self.shape[1:], lambda a, b: self.read_rows(start + a, start + b))
 
 
+def expert_matrix(tensor: LazyTensor, expert: int, name: str, transpose: bool = False) -> LazyTensor:
+    """Matrix `expert` of a fused [experts, rows, cols] tensor as a 2-D tensor; `transpose` for a
+    checkpoint that stores it [in, out] (Llama 4) rather than a Linear's [out, in]."""
+    if len(tensor.shape) != 3 or not 0 <= expert < tensor.shape[0]:
+        raise FormatError(f"tensor {tensor.name!r} of shape {tensor.shape} has no expert matrix {expert}",
+                          field=tensor.name)
+    if transpose:
+        return LazyTensor(name, tensor.shape[:0:-1], lambda a, b: tensor.rows(expert, expert + 1)[0].T[a:b])
+    return LazyTensor(name, tensor.shape[1:], lambda a, b: tensor.rows(expert, expert + 1)[0, a:b])
+
+
+def permute_rows(tensor: LazyTensor, order: np.ndarray, name: str) -> LazyTensor:
+    """Row r of the result is row order[r] of `tensor` (a per-head reordering of a projection)."""
+    order = np.asarray(order, dtype=np.int64)
+    if sorted(order.tolist()) != list(range(tensor.shape[0])):
+        raise FormatError(f"{name}: not a permutation of the {tensor.shape[0]} rows of {tensor.name!r}",
+                          field=tensor.name)
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        wanted = order[start:stop]
+        low, high = int(wanted.min()), int(wanted.max()) + 1
+        return tensor.rows(low, high)[wanted - low]
+
+    return LazyTensor(name, tensor.shape, rows)
+
+
 def concat_rows(parts: list[LazyTensor], name: str) -> LazyTensor:
     """Tensors of the same row width stacked into one (MNN's fused gate_up Linear of an expert)."""
     if len({p.shape[1:] for p in parts}) != 1:
