@@ -98,10 +98,7 @@ class ModelArgs(llama.ModelArgs):
         r.ignore("hidden_act")
         return "gelu_tanh"
 
-    @classmethod
-    def biases(cls, r: ConfigReader) -> tuple[bool, bool]:
-        r.require("attention_bias", (False,), False)
-        return False, False
+    biases = staticmethod(llama.ModelArgs.no_biases)
 
     @classmethod
     def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
@@ -235,10 +232,7 @@ class Model(gemma2.Model):
             return []
         names = list(self.moe_norms(layer).values()) + [self.router(layer), self.router_scale(layer),
                                                          self.expert_scale(layer)]
-        tensors = [source.tensor(n) for n in names]
-        for e in range(self.args.num_experts):
-            tensors += [self.expert_weight(source, layer, e, p) for p in ("gate_up", "down")]
-        return tensors
+        return [source.tensor(n) for n in names] + self.expert_tensors(source, layer)
 
     def _attention_and_mlp_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
         spec = self.attention(layer)

@@ -69,7 +69,4 @@ class Model(lfm2.Model):
     def mlp_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
         if not self.sparse(layer):
             return super().mlp_tensors(source, layer)
-        tensors = [source.tensor(self.router(layer))]
-        for e in range(self.args.num_experts):
-            tensors += [self.expert_weight(source, layer, e, "gate_up"), self.expert_weight(source, layer, e, "down")]
-        return tensors
+        return [source.tensor(self.router(layer))] + self.expert_tensors(source, layer)

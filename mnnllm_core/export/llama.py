@@ -80,6 +80,12 @@ class ModelArgs:
         bias = r.flag("attention_bias", False)
         return bias, bias
 
+    @staticmethod
+    def no_biases(r: ConfigReader) -> tuple[bool, bool]:
+        """`biases` of a family whose attention has none: its `attention_bias` may only say so."""
+        r.require("attention_bias", (False,), False)
+        return False, False
+
     @classmethod
     def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:
         """Per-layer attention kind, window and rotary table; llama: full attention, one table."""
@@ -248,8 +254,16 @@ class Model:
 
     def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
         """Every tensor of a layer that the export writes."""
+        return self.attention_tensors(source, layer) + [self.linear_weight(source, layer, p) for p in PROJECTIONS[4:]]
+
+    def attention_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        """A layer's norms and its q/k/v/o projections."""
         return ([source.tensor(n) for n in self.norms(layer)] +
-                [self.linear_weight(source, layer, p) for p in PROJECTIONS])
+                [self.linear_weight(source, layer, p) for p in PROJECTIONS[:4]])
+
+    def expert_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
+        """Every expert's gate_up and down of an MoE layer (its model defines `expert_weight`)."""
+        return [self.expert_weight(source, layer, e, p) for e in range(self.args.num_experts) for p in ("gate_up", "down")]
 
     def parameter_count(self, source: Source) -> int:
         """Elements the weight file is built from (the lm_head counts again when tied, as it is written again)."""

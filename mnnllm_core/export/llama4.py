@@ -128,14 +128,9 @@ class Model(llama.Model):
     def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
         if layer not in self.args.moe_layers:
             return super().layer_tensors(source, layer)
-        tensors = [source.tensor(n) for n in self.norms(layer)]
-        tensors += [self.linear_weight(source, layer, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        tensors.append(source.tensor(self.router(layer)))
-        tensors += [self.shared_weight(source, layer, f"shared_expert/{p}") for p in ("gate_proj", "up_proj",
-                                                                                      "down_proj")]
-        for e in range(self.args.num_experts):
-            tensors += [self.expert_weight(source, layer, e, p) for p in ("gate_up", "down")]
-        return tensors
+        shared = [self.shared_weight(source, layer, f"shared_expert/{p}") for p in ("gate_proj", "up_proj", "down_proj")]
+        return (self.attention_tensors(source, layer) + [source.tensor(self.router(layer))] + shared +
+                self.expert_tensors(source, layer))
 
     def attention(self, layer: int) -> llama.AttentionSpec:
         spec = super().attention(layer)

@@ -20,10 +20,7 @@ class ModelArgs(mistral.ModelArgs):
         r.ignore("original_max_position_embeddings")  # only longrope reads it, and longrope is refused
         return kw
 
-    @classmethod
-    def biases(cls, r: ConfigReader) -> tuple[bool, bool]:
-        r.require("attention_bias", (False,), False)
-        return False, False
+    biases = staticmethod(llama.ModelArgs.no_biases)
 
 
 class Model(llama.Model):

@@ -81,10 +81,7 @@ class ModelArgs(llama.ModelArgs):
             raise r.error("linear_num_value_heads must be a multiple of linear_num_key_heads", "linear_num_value_heads")
         return kw
 
-    @classmethod
-    def biases(cls, r: ConfigReader) -> tuple[bool, bool]:
-        r.require("attention_bias", (False,), False)
-        return False, False
+    biases = staticmethod(llama.ModelArgs.no_biases)
 
     @classmethod
     def attention_layout(cls, r: ConfigReader, layers: int) -> dict[str, Any]:

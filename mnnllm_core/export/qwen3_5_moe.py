@@ -80,6 +80,4 @@ class Model(qwen3_5.Model):
         tensors.append(source.tensor(self.router(layer)))
         tensors += [self.shared_weight(source, layer, n) for n in ("shared_expert_gate", "shared_expert/gate_proj",
                                                                    "shared_expert/up_proj", "shared_expert/down_proj")]
-        for e in range(self.args.num_experts):
-            tensors += [self.expert_weight(source, layer, e, "gate_up"), self.expert_weight(source, layer, e, "down")]
-        return tensors
+        return tensors + self.expert_tensors(source, layer)

@@ -69,9 +69,5 @@ class Model(qwen3.Model):
     def layer_tensors(self, source: Source, layer: int) -> list[LazyTensor]:
         if not self.args.sparse_layers[layer]:
             return super().layer_tensors(source, layer)
-        tensors = [source.tensor(n) for n in self.norms(layer)]
-        tensors += [self.linear_weight(source, layer, p) for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
-        tensors.append(source.tensor(self.router(layer)))
-        for e in range(self.args.num_experts):
-            tensors += [self.expert_weight(source, layer, e, "gate_up"), self.expert_weight(source, layer, e, "down")]
-        return tensors
+        return (self.attention_tensors(source, layer) + [source.tensor(self.router(layer))] +
+                self.expert_tensors(source, layer))
