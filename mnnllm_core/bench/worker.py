@@ -21,10 +21,16 @@ def _model_size(config) -> int:
     return sum(os.path.getsize(p) for p in (config.llm_model, config.llm_weight) if os.path.exists(p))
 
 
+def _next(llm, logits: np.ndarray) -> int:
+    """Greedy over the ids the tokenizer knows: a random model's logits may favour the padding rows
+    of a vocabulary larger than its tokenizer's (as Qwen's are), which forward() would refuse."""
+    return int(np.argmax(logits[:llm.tokenizer.vocab_size]))
+
+
 def _decode(llm, first: int, steps: int) -> None:
     token = first
     for _ in range(steps):
-        token = int(np.argmax(llm.forward([token])))
+        token = _next(llm, llm.forward([token]))
 
 
 def _run_once(llm, test: BenchTest, ids: list[int]) -> float:
@@ -32,7 +38,7 @@ def _run_once(llm, test: BenchTest, ids: list[int]) -> float:
     start = time.perf_counter()
     if test.prompt:
         logits = llm.forward(ids[:test.prompt])
-        _decode(llm, int(np.argmax(logits)), test.gen)
+        _decode(llm, _next(llm, logits), test.gen)
     else:
         llm.forward(ids[:1])
         start = time.perf_counter()
