@@ -1,7 +1,7 @@
 """A prefill attends in blocks of queries, so its memory grows linearly with the prompt: both
 cpu paths (memory "normal" numpy, memory "low" numba kernel) give the float64 reference's
 answer however the prompt is cut into blocks, with the cache already holding tokens or not,
-under causal, float and int masks (issue 15, prefill memory)."""
+under causal, float and int masks."""
 from __future__ import annotations
 
 import tracemalloc

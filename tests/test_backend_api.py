@@ -1,6 +1,7 @@
-"""The backend author's contract: one public module that backends and plugins import and nothing
-else of mnnllm, and the machinery it provides once for every backend (buffer reuse, KV cache
-bookkeeping, settings a backend ignores, static shapes declared in one place)."""
+"""The backend author's contract (as docs/DESIGN.md states it): one public module that backends
+and plugins import and nothing else of mnnllm, and the machinery it provides once for every
+backend (buffer reuse, KV cache bookkeeping, settings a backend ignores, static shapes declared
+in one place)."""
 from __future__ import annotations
 
 import ast

@@ -1,6 +1,6 @@
 """Every file a config names is read only when it is a regular file within the size its kind
 can have: /dev/zero, a FIFO, a folder or an oversized file is a typed error at once, and no
-error quotes the bytes of the file it names (issue 15, item 4)."""
+error quotes the bytes of the file it names."""
 from __future__ import annotations
 
 import os

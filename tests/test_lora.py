@@ -1,4 +1,4 @@
-"""LoRA adapters (issue 18): `mnnllm export --lora` merges a PEFT adapter folder; MNN's split
+"""LoRA adapters: `mnnllm export --lora` merges a PEFT adapter folder; MNN's split
 `lora.mnn` runs over the base (Llm.create_lora); models over one base (create(config, base=))
 share its packed weights op by op. A tiny random Llama is built with transformers and two
 adapters are written here with numpy (no peft): transformers with the adapter merged is the

@@ -1,6 +1,6 @@
 """The default model's cache cannot stay broken: the export records each file's size and
 checksum, a later run re-exports a folder cut short or changed, and staging folders of a
-killed export are removed (issue 15, item 6); exports replace their destination whole."""
+killed export are removed; exports replace their destination whole."""
 from __future__ import annotations
 
 import os

@@ -104,8 +104,8 @@ def test_config_base_shares_the_packed_weights_of_the_same_graph(loaded, tmp_pat
 
 
 def test_config_base_shares_with_another_graph_op_by_op(loaded, tmp_path):
-    """Changed behaviour (issue 18): a graph other than the base's (another uuid, e.g. a LoRA's
-    lora.mnn) is no longer refused; each op with the base's name and weights shares its Execution."""
+    """A graph other than the base's (another uuid, e.g. a LoRA's lora.mnn) is accepted:
+    each op with the base's name and weights shares its Execution."""
     module, runtime, _ = loaded
     net = read_net_file(str(LLM_MNN))
     net.mnnUuid = "another-graph"

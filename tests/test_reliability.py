@@ -1,6 +1,6 @@
-"""Hostile input gets a typed error, never a traceback or a silently wrong number (issue 15,
-items 7 and 8): configs (depth, ranges, tie_embeddings), tokenizer input and ids, native
-panics, an op failing inside an Execution, max_new_tokens, huge prompts, one-line CLI errors."""
+"""Hostile input gets a typed error, never a traceback or a silently wrong number: configs
+(depth, ranges, tie_embeddings), tokenizer input and ids, native panics, an op failing inside
+an Execution, max_new_tokens, huge prompts, one-line CLI errors."""
 from __future__ import annotations
 
 import json

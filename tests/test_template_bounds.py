@@ -1,6 +1,6 @@
 """A chat template is bounded in what it builds, what it renders and how long it runs: a
 hostile template is a ConfigError on jinja.chat_template in well under a second, never
-gigabytes, a native panic, or a render that never ends (issue 15, item 3)."""
+gigabytes, a native panic, or a render that never ends."""
 from __future__ import annotations
 
 import time
