@@ -90,9 +90,8 @@ class VulkanReplay(Replay):
     """A resized pipeline as one reusable command buffer. Per token: every `before_run()`
     (Attention: the KV bookkeeping, past/total into its step buffer); when one says its
     buffers moved (the cache grew) the buffer is recorded again; then one submit, waited for
-    at on_execute_end. A step is a Dispatch, recorded as it is, or a callable that records
-    while this replay's recorder stands in for the backend's (an on_execute: here every
-    Execution's only records). Two consecutive linear layers on one input (q and k, gate and
+    at on_execute_end. A step is a Dispatch, recorded as it is, or a callable run while this
+    replay's recorder stands in for the backend's (an on_execute, which here only records). Two consecutive linear layers on one input (q and k, gate and
     up) are one dispatch where `fused_with` allows it (lavapipe pays ~25 us per dispatch)."""
 
     def __init__(self, backend: VulkanBackend, commands):
