@@ -91,8 +91,9 @@ class VulkanReplay(Replay):
     (Attention: the KV bookkeeping, past/total into its step buffer); when one says its
     buffers moved (the cache grew) the buffer is recorded again; then one submit, waited for
     at on_execute_end. A step is a Dispatch, recorded as it is, or a callable run while this
-    replay's recorder stands in for the backend's (an on_execute, which here only records). Two consecutive linear layers on one input (q and k, gate and
-    up) are one dispatch where `fused_with` allows it (lavapipe pays ~25 us per dispatch)."""
+    replay's recorder stands in for the backend's (an on_execute, which here only records).
+    Two consecutive linear layers on one input (q and k, gate and up) are one dispatch where
+    `fused_with` allows it (lavapipe pays ~25 us per dispatch)."""
 
     def __init__(self, backend: VulkanBackend, commands):
         from .device import Recorder
