@@ -11,10 +11,14 @@ The contract (names after MNN's Backend.hpp, snake_case):
                   `buffer_key` (which tensors may share storage; reuse is the core's
                   BufferPool), `upload`, `download`; `kv_meta`, the KV cache state of this step
   HostBackend     a Backend whose storage is numpy arrays
-  Execution       one op: `on_resize`, `on_execute`, `on_clone` (share packed weights)
+  Execution       one op: `on_resize`, `on_execute`, `on_clone` (share packed weights); the
+                  replay hooks `replay_steps` (what a replay records), `fused_with` (several
+                  ops as one step), `before_run` (host work of every replayed run; True when
+                  buffers moved), `capturable` (may be captured into a device graph)
   Replay          what `Backend.on_record(commands)` may return: the resized commands of a
-                  static-shape pipeline as one step, `run()` each token instead of the per-op
-                  loop (runtime hint "replay": false turns it off)
+                  pipeline wholly on the backend as one step, `run()` each token instead of the
+                  per-op loop (runtime hint "replay": false turns it off); the walk is the
+                  core's, a backend writes `record(steps)` and `play()`
   Refused         what a creator returns for an op it does not run, with the reason
 
 An op creator is `creator(backend, inputs, outputs, op) -> Execution | Refused | None`;
@@ -37,8 +41,8 @@ Check a backend with `mnnllm test-backend NAME` (the conformance suite, mnnllm_c
 from __future__ import annotations
 
 from .core.allocator import BufferPool
-from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Replay,
-                           Runtime, RuntimeCreator, ScheduleConfig)
+from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
+                           RuntimeCreator, ScheduleConfig)
 from .core.dtypes import FLOAT32, INT32
 from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
@@ -50,6 +54,7 @@ from .core.op_params import (NO_ACTIVATION, RELU, RELU6, AttentionMask, Attentio
                              ConvolutionParams, EltwiseParams, GatherParams, LayerNormParams, LinearAttentionParams,
                              MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams,
                              SoftmaxParams, TopKParams, UnaryParams, attention_mask)
+from .core.replay import Replay
 from .core.tensor import Tensor
 from .core.tuning_cache import TUNING_HINT, TuningCache
 from .core.weight_cache import WeightCache

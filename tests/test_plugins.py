@@ -14,6 +14,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mnnllm_core
@@ -425,6 +426,43 @@ def test_the_minimal_example_passes_the_conformance_suite_running_binary_ops_and
     assert binary and all(r.status == "pass" for r in binary)
     reasons = {r.reason for r in results if r.status == "unsupported"}
     assert {"minimal has no RoPE kernel", "minimal refused this BinaryOp"} <= reasons
+
+
+def test_the_minimal_example_replays_a_pipeline_wholly_on_it_with_the_per_op_loops_outputs(plugins, monkeypatch):
+    """A graph of BinaryOps only (ADD, MUL, SUB, REALDIV, one input broadcast) runs wholly on
+    minimal, so the core records it (MinimalReplay: the documented hooks and nothing else) once
+    per resize and every run plays the replay: outputs equal to the per-op loop's bit for bit
+    and to float64 numpy."""
+    from mnnllm_core.testing import Graph, make_module, new_runtime
+    from mnnllm_core.testing.cases.elementwise import binary_op
+    plugins("mnnllm_minimal")
+    import mnnllm_minimal
+    played = []
+    play = mnnllm_minimal.MinimalReplay.play
+    monkeypatch.setattr(mnnllm_minimal.MinimalReplay, "play", lambda self: (played.append(self), play(self)))
+    graph = Graph()
+    x, y = graph.input("x"), graph.input("y")
+    (total,) = graph.add(binary_op("ADD"), [x, y])
+    (scaled,) = graph.add(binary_op("MUL"), [total, x])
+    (shifted,) = graph.add(binary_op("SUB"), [scaled, y])
+    (out,) = graph.add(binary_op("REALDIV"), [shifted, total])
+    module = make_module(graph.schedule([out]), new_runtime("minimal"), shape_mutable=False)
+    pipeline = module.session.pipeline
+    rng = np.random.default_rng(11)
+    for rows in (3, 3, 1, 5):
+        feed = {"x": (rng.random((rows, 7)) + 0.5).astype(np.float32), "y": (rng.random((1, 7)) + 1).astype(np.float32)}
+        runs = len(played)
+        replayed = module.forward(feed)[0]
+        assert pipeline.replayed and len(played) == runs + 1, "the run played the replay"
+        pipeline.replay_enabled = False
+        looped = module.forward(feed)[0]
+        pipeline.replay_enabled = True
+        assert len(played) == runs + 1, "the per-op loop"
+        np.testing.assert_array_equal(replayed, looped)
+        x64, y64 = feed["x"].astype(np.float64), feed["y"].astype(np.float64)
+        np.testing.assert_allclose(replayed, ((x64 + y64) * x64 - y64) / (x64 + y64), rtol=1e-5, atol=1e-6)
+    assert pipeline.placement.ops == {"minimal": 4} and pipeline.records == 3, "recorded once per resize"
+    assert [type(r) for r in played] == [mnnllm_minimal.MinimalReplay] * 4
 
 
 def test_test_backend_prints_the_table_and_json_for_a_plugin_backend(plugins):

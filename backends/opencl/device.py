@@ -159,7 +159,7 @@ class KernelExecution(Execution):
     def on_execute(self, inputs, outputs) -> None:
         self.kernel(self.backend.queue)
 
-    def enqueues(self) -> list:
+    def replay_steps(self, inputs, outputs) -> list:
         """What a replay enqueues per run: the bound kernel."""
         return [self.kernel]
 

@@ -24,7 +24,7 @@ Runtime hints (all optional):
                                       gemv_cpu.cl; pocl) or those for a GPU; default by device
                                       class (ops/variant.py)
   "replay": bool                      default true: a pipeline wholly on opencl is replayed as
-                                      one flat list of enqueues bound at resize (OpenCLReplay);
+                                      one flat list of enqueues bound once (OpenCLReplay);
                                       false keeps the per-op loop
 pocl 3.1 offers cl_khr_command_buffer, but pyopencl has no binding for it: the replay is the
 enqueue loop (kernels and arguments bound once; per token only the enqueues and one 8-byte
@@ -32,7 +32,6 @@ write of the step's KV lengths, which every Attention reads).
 """
 from __future__ import annotations
 
-from functools import partial
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -101,44 +100,30 @@ class OpenCLBackend(Backend):
 
 
 class OpenCLReplay(Replay):
-    """The pipeline's commands as one flat list of enqueue calls, bound at resize: an Execution
-    with `enqueues()` gives its bound kernels and copies; any other one (Attention, whose run
-    does the KV bookkeeping) runs its on_execute in place. Two consecutive linear layers on
-    one input become one kernel where `paired_with` allows it, and with the MUL_SILU after
-    them (gate, up) one kernel for all three where `gated_with` does (pocl pays per kernel)."""
+    """The pipeline's steps (Replay.walk) as one flat list of enqueue calls, bound at the first
+    run: a kernel's enqueue with its sizes (`Program.bound`), a copy, or an Execution's
+    on_execute run in place (Attention, whose run does the KV bookkeeping). Linear layers give
+    q and k, and gate and up with the MUL_SILU after them, as one kernel where `fused_with`
+    allows it (pocl pays per kernel). `steps` is the list before binding."""
 
     def __init__(self, queue, commands):
+        super().__init__(commands)
         self.queue = queue
-        self.steps = []
-        self.paired = 0  # pairs of linear layers on one input enqueued as one kernel
-        self.gated = 0  # of which with their MUL_SILU
-        walk = list(Replay.pairs(list(commands)))
-        i = 0
-        while i < len(walk):
-            command, both = walk[i]
-            i += 1
-            if both is not None:  # q and k, gate and up (a LinearExecution's pair)
-                gated = command.execution.gated_with(walk[i][0]) if i < len(walk) and walk[i][1] is None else None
-                if gated is not None:  # and the MUL_SILU of gate and up
-                    both, i = gated, i + 1
-                    self.gated += 1
-                self.steps += both
-                self.paired += 1
-                continue
-            enqueues = getattr(command.execution, "enqueues", None)
-            if enqueues is not None:
-                self.steps += enqueues()
-            else:
-                self.steps.append(lambda queue, c=command: c.execution.on_execute(c.inputs, c.outputs))
+        self.steps: list = []
+        self.calls: list[Callable[[], Any]] = []
 
-        self.calls = [call for call in map(self._call, self.steps) if call is not None]
+    @property
+    def gated(self) -> int:
+        """Of the pairs of linear layers enqueued as one kernel, those with their MUL_SILU."""
+        return self.fused[2]
 
-    def _call(self, step) -> Callable[[], Any] | None:
-        """The step as a call with nothing left to look up per token (a kernel: `Program.bound`)."""
-        bound = getattr(step, "bound", None)
-        return bound(self.queue) if bound is not None else partial(step, self.queue)
+    def record(self, steps: list) -> None:
+        from .device import Program
+        self.steps = steps
+        calls = (step.bound(self.queue) if isinstance(step, Program) else step for step in steps)
+        self.calls = [call for call in calls if call is not None]  # an empty kernel has no call
 
-    def run(self) -> None:
+    def play(self) -> None:
         for call in self.calls:
             call()
 

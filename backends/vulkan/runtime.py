@@ -87,52 +87,36 @@ class VulkanBackend(Backend):
 
 
 class VulkanReplay(Replay):
-    """A resized pipeline as one reusable command buffer. Per token: each Execution with a
-    `before_run()` (Attention: the KV bookkeeping, past/total into its step buffer) runs it;
-    when one says its buffers moved (the cache grew) the buffer is recorded again; then one
-    submit, waited for at on_execute_end. Executions record with `record()` when they have one, else `on_execute`
-    (which for every other Execution here only records). Two consecutive linear layers on one
-    input (q and k, gate and up) are recorded as one dispatch where `paired_with` allows it
-    (lavapipe pays ~25 us per dispatch)."""
+    """A resized pipeline as one reusable command buffer. Per token: every `before_run()`
+    (Attention: the KV bookkeeping, past/total into its step buffer); when one says its
+    buffers moved (the cache grew) the buffer is recorded again; then one submit, waited for
+    at on_execute_end. A step is a Dispatch, recorded as it is, or a callable run while this
+    replay's recorder stands in for the backend's (an on_execute, which here only records).
+    Two consecutive linear layers on one input (q and k, gate and up) are one dispatch where
+    `fused_with` allows it (lavapipe pays ~25 us per dispatch)."""
 
     def __init__(self, backend: VulkanBackend, commands):
         from .device import Recorder
+        super().__init__(commands)
         self.backend = backend
-        self.commands = list(commands)
-        self.stepped = [c.execution for c in self.commands if hasattr(c.execution, "before_run")]
         self.recorder = Recorder(backend.device, reusable=True)
-        self.recorded = False
-        self.records = 0
-        self.paired = 0  # pairs of linear layers recorded as one dispatch
 
-    def _record(self) -> None:
+    def record(self, steps: list) -> None:
+        from .device import Dispatch
         self.recorder.reset()
         shared, self.backend.recorder = self.backend.recorder, self.recorder
-        self.paired = 0
         try:
-            for command, both in Replay.pairs(self.commands):
-                if both is not None:  # two linear layers on one input (q and k, gate and up): one dispatch
-                    self.recorder.dispatch(both)
-                    self.paired += 1
-                    continue
-                record = getattr(command.execution, "record", None)
-                if record is not None:
-                    record()
+            for step in steps:
+                if isinstance(step, Dispatch):
+                    self.recorder.dispatch(step)
                 else:
-                    command.execution.on_execute(command.inputs, command.outputs)
+                    step()
         finally:
             self.backend.recorder = shared
         self.recorder.end()
-        self.recorded = True
-        self.records += 1
 
-    def run(self) -> None:
-        moved = False
-        for execution in self.stepped:
-            moved = execution.before_run() or moved
+    def play(self) -> None:
         self.backend.recorder.flush()  # what a growing cache recorded: its old rows copied over
-        if moved or not self.recorded:
-            self._record()
         self.recorder.submit(wait=False)
         self.backend.replaying = self.recorder  # on_execute_end (or a host access) waits
 

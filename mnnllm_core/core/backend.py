@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -18,6 +18,9 @@ from .kv_meta import KVMeta
 from .op import Op
 from .tensor import Tensor
 from .weight_cache import WeightCache
+
+if TYPE_CHECKING:
+    from .replay import Replay
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +55,17 @@ class Execution:
     """One op on one backend: resize when shapes change, execute every run.
 
     `packed_bytes`: bytes of packed weights one run reads (the decode roofline adds them up).
+
+    The replay hooks (`replay_steps`, `fused_with`, `before_run`, `capturable`) say what a
+    backend's Replay (replay.py) records for this op instead of calling on_execute per run;
+    their defaults keep any Execution replayable as its on_execute.
     """
 
     packed_bytes = 0
+    # Whether this op's steps only launch device work (no host decision on a value that
+    # changes per token), so a replay may capture them once into a device graph (a CUDA
+    # graph); False makes such a replay run its steps call by call.
+    capturable = True
 
     def __init__(self, backend: "Backend"):
         self.backend = backend
@@ -69,6 +80,28 @@ class Execution:
         """A twin for another session that shares packed weights; None if unsupported."""
         return None
 
+    # -- replay hooks --------------------------------------------------------------
+    def replay_steps(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[Any]:
+        """What a replay records for this op: steps of the backend's replay, each a callable
+        without arguments or an object of the backend's own (opencl: a bound kernel; vulkan: a
+        dispatch). Asked at every recording (the first run after a resize, and when a
+        `before_run` says buffers moved). Default: on_execute bound to these tensors."""
+        return [functools.partial(self.on_execute, inputs, outputs)]
+
+    def fused_with(self, following: Sequence[Any]) -> tuple[int, list[Any]] | None:
+        """Steps doing this op and the first `n` of the `following` commands (the next few,
+        each with `.execution`, `.inputs`, `.outputs`) at once, as (n, steps): two linear
+        layers on one input as one kernel, or those and the MUL_SILU after them. None (the
+        default): this op records its own `replay_steps`."""
+        return None
+
+    def before_run(self) -> bool:
+        """Host work of every replayed run that cannot be recorded (a KV cache's bookkeeping
+        and growth, this step's lengths written where the recorded steps read them), run
+        before the recorded steps; True when buffers those steps bind have moved (the cache
+        grew), so the replay records again. A replay calls only the overrides of this method."""
+        return False
+
 
 @dataclass(frozen=True)
 class Refused:
@@ -80,32 +113,6 @@ class Refused:
 
     def __bool__(self) -> bool:
         return False
-
-
-class Replay:
-    """A resized pipeline's commands turned by a static-shape backend into one step it can
-    replay token after token (MNN records command buffers for the same reason; so do CUDA
-    graphs): per run only `run()` is called, never each Execution's `on_execute`. Values that
-    change per token (the KV length, positions, the mask) live in device buffers the replay or
-    the pipeline's input uploads update; a replay whose recorded commands no longer hold (a
-    KV cache moved to a larger buffer) records them again itself. A new shape means a new
-    resize, and the pipeline asks for a new Replay."""
-
-    def run(self) -> None:
-        """Run the recorded step once (between the backends' on_execute_begin and _end)."""
-        raise NotImplementedError
-
-    @staticmethod
-    def pairs(commands: Sequence[Any]) -> Iterator[tuple[Any, Any]]:
-        """The commands as (command, None), except that a command whose execution's
-        `paired_with(next execution)` gives something (one kernel for two layers) comes as
-        (command, that) and the next one is skipped."""
-        at = 0
-        while at < len(commands):
-            pair = getattr(commands[at].execution, "paired_with", None)
-            both = pair(commands[at + 1].execution) if pair is not None and at + 1 < len(commands) else None
-            yield commands[at], both
-            at += 2 if both is not None else 1
 
 
 OpCreator = Callable[["Backend", Sequence[Tensor], Sequence[Tensor], Op], "Execution | Refused | None"]
@@ -191,10 +198,11 @@ class Backend:
     def on_execute_end(self) -> None:
         pass
 
-    def on_record(self, commands: Sequence[Any]) -> Replay | None:
+    def on_record(self, commands: Sequence[Any]) -> "Replay | None":
         """The resized `commands` (each with `.execution`, `.inputs`, `.outputs`, all on this
-        backend) as one replayable step, or None (the default) to keep the per-op loop.
-        Called after every resize of a static-shape pipeline unless the "replay" hint is off."""
+        backend) as one Replay (replay.py) of the backend's own kind, or None (the default) to
+        keep the per-op loop. Called after every resize of a pipeline wholly on this backend
+        unless the "replay" hint is off."""
         return None
 
 

@@ -24,8 +24,9 @@ import numpy as np
 
 from ..errors import BackendError, ConfigError, ExecutionError, MnnllmError, UnsupportedError, shorten
 from ..geometry.transform import lower
-from .backend import Backend, Execution, Refused, Replay
+from .backend import Backend, Execution, Refused
 from .op import Op
+from .replay import Replay
 from .schedule import ScheduleInfo
 from .size_computer import compute_size
 from .tensor import Tensor

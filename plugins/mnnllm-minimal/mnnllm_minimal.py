@@ -1,8 +1,9 @@
 """The smallest mnnllm backend: numpy storage and one op type, BinaryOp.
-Every other op runs on the cpu backend, which the pipeline falls back to by itself."""
+Every other op runs on the cpu backend, which the pipeline falls back to by itself.
+A pipeline wholly on it is replayed: its steps called as one list, not op by op."""
 import numpy as np
 
-from mnnllm_core.backend_api import Execution, HostBackend, Runtime, RuntimeCreator, hookimpl
+from mnnllm_core.backend_api import Execution, HostBackend, Replay, Runtime, RuntimeCreator, hookimpl
 
 BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": np.divide}
 
@@ -23,8 +24,20 @@ def create_binary(backend, inputs, outputs, op):
     return BinaryExecution(backend, function)
 
 
+class MinimalReplay(Replay):  # the core walks the commands into steps: bound on_execute calls here
+    def record(self, steps):
+        self.calls = steps
+
+    def play(self):
+        for call in self.calls:
+            call()
+
+
 class MinimalBackend(HostBackend):  # storage: numpy arrays (alloc, upload, download)
     name = "minimal"
+
+    def on_record(self, commands):  # asked after every resize of a pipeline wholly on minimal
+        return MinimalReplay(commands)
 
 
 class MinimalRuntime(Runtime):

@@ -115,7 +115,7 @@ class LinearExecution(KernelExecution):
     def on_resize(self, inputs, outputs) -> None:
         p, backend = self.packed, self.backend
         rows = inputs[0].size // p.ic
-        self.gemv = self.pair = None  # set below for a one-token q4 GEMV (what paired_with pairs)
+        self.gemv = self.pair = None  # set below for a one-token q4 GEMV (what _pair pairs)
         if rows >= CPU_MIN_ROWS and cpu_kernels(backend) and cpu_kernel_fits(p, backend.runtime.device.device.local_mem_size):
             self.kernel = self.bind_cpu(inputs, outputs, rows)
             return
@@ -152,8 +152,17 @@ class LinearExecution(KernelExecution):
             inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
             *(np.int32(v) for v in (p.ic, p.oc, p.block, p.has_bias, self.act)), gemv_stage(p))
 
-    def paired_with(self, other) -> list | None:
-        """One launch for this layer and `other` (the next command) when both are one-token q4
+    def fused_with(self, following) -> tuple[int, list] | None:
+        """This layer and the next as one launch (`_pair`), with the MUL_SILU after them where
+        `_gated` allows it; None when the next layer does not pair."""
+        pair = self._pair(following[0].execution) if following else None
+        if pair is None:
+            return None
+        gated = self._gated(following[1]) if len(following) > 1 else None
+        return (2, gated) if gated is not None else (1, pair)
+
+    def _pair(self, other) -> list | None:
+        """One launch for this layer and `other` (the next command's) when both are one-token q4
         GEMVs of gemv_cpu.cl on the same x, ic and block; None otherwise."""
         if not isinstance(other, LinearExecution) or self.gemv is None or other.gemv is None \
                 or self.gemv[0] is not other.gemv[0] or (self.packed.ic, self.packed.block) != \
@@ -169,8 +178,8 @@ class LinearExecution(KernelExecution):
             self.pair = (other, other.kernel, program)
         return [self.pair[2]]
 
-    def gated_with(self, binary) -> list | None:
-        """After paired_with gave a pair: one launch for the two layers and `binary` (the command
+    def _gated(self, binary) -> list | None:
+        """After _pair gave a pair: one launch for the two layers and `binary` (the command
         after them) when that is MUL_SILU of exactly their outputs (gate and up); the kernel
         stores all three outputs. None otherwise."""
         other = self.pair[0]

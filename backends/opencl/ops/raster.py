@@ -3,11 +3,15 @@ device-side buffer copy when it is contiguous at both ends, else one launch of t
 copy kernel (element type chosen by size, so it serves every dtype and fp16 storage)."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pyopencl as cl
 import pyopencl.cltypes as cltypes
 
 from mnnllm_core.backend_api import Execution, RasterParam, Refused, walks_contiguously
+
+from ..device import Program
 
 ELEMENT_TYPES = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong"}
 
@@ -43,8 +47,10 @@ class RasterExecution(Execution):
         for step in self.steps:
             step(self.backend.queue)
 
-    def enqueues(self) -> list:
-        return list(self.steps)
+    def replay_steps(self, inputs, outputs) -> list:
+        """Its kernels, and its fills and copies with the queue bound."""
+        queue = self.backend.queue
+        return [step if isinstance(step, Program) else partial(step, queue) for step in self.steps]
 
     def on_clone(self, backend, op):
         return RasterExecution(backend, op.param)

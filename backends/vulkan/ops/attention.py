@@ -22,9 +22,9 @@ FUSED_DIMS = (64, 128)  # head dims with an attn_fused<dim> shader (a device wit
 
 class AttentionExecution(Execution):
     """Per run, `before_run()` does the host's part (the cache's bookkeeping, growing it, and the
-    step's past/total written into `step`, a mapped buffer the shaders read), `record()` the
-    device's (kv_write, scores, softmax, context): a replayed command buffer records once and
-    calls only before_run per token."""
+    step's past/total written into `step`, a mapped buffer the shaders read), the dispatches
+    the device's (kv_write, scores, softmax, context): a replayed command buffer records them
+    (`replay_steps`) once and calls only before_run per token."""
 
     def __init__(self, backend, params: AttentionParams, cache: DeviceKVCache | None = None):
         super().__init__(backend)
@@ -138,14 +138,15 @@ class AttentionExecution(Execution):
         return Dispatch(self.backend.device, "attn_softmax", bindings, pack_push("2i", rows, stride),
                         (-(-rows // 64), 1, 1))
 
-    def record(self) -> None:
-        recorder = self.backend.recorder
-        for item in self.dispatches:
-            recorder.dispatch(item)
+    def replay_steps(self, inputs, outputs) -> list:
+        """The dispatches the last before_run made."""
+        return list(self.dispatches)
 
     def on_execute(self, inputs, outputs) -> None:
         self.before_run()
-        self.record()
+        recorder = self.backend.recorder
+        for item in self.dispatches:
+            recorder.dispatch(item)
 
     def on_clone(self, backend, op):
         return AttentionExecution(backend, self.params, self.cache)

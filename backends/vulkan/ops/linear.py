@@ -135,12 +135,17 @@ class LinearExecution(DispatchExecution):
         shader, groups = p.launch(rows)
         push = pack_push("6i", p.ic, p.oc, rows, p.block, int(p.has_bias), self.act)
         self.io = (inputs[0].storage, outputs[0].storage, rows)
-        self.pair = None  # (the other layer's own Dispatch, the paired one): made by paired_with
+        self.pair = None  # (the other layer's own Dispatch, the paired one): made by _pair
         self.dispatch = Dispatch(self.backend.device, shader, p.bindings(inputs[0].storage, outputs[0].storage),
                                  push, groups)
 
-    def paired_with(self, other) -> Dispatch | None:
-        """One dispatch computing this layer and `other` (the next command), when both are texel
+    def fused_with(self, following) -> tuple[int, list] | None:
+        """This layer and the next as one dispatch (`_pair`); None when they do not pair."""
+        pair = self._pair(following[0].execution) if following else None
+        return None if pair is None else (1, [pair])
+
+    def _pair(self, other) -> Dispatch | None:
+        """One dispatch computing this layer and `other` (the next command's), when both are texel
         decode layers of one input x; None otherwise. Kept until either resizes."""
         if not isinstance(other, LinearExecution) or self.io[2] != 1 or other.io[2] != 1 \
                 or self.io[0] is not other.io[0] or self.packed.variant != "texel" \

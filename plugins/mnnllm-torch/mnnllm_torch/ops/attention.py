@@ -9,10 +9,10 @@ broadcast matmul over the query groups is 30x slower on a loaded cpu). A run is 
                 ones) and one small write of (past, total) into the device tensor `step`;
                 True when the cache moved to larger tensors (a captured step must be captured
                 again)
-  compute()     device work only, reading past/total from `step`: the new keys and values
-                written at rows past.., scores over the whole capacity with the keys at or
-                beyond total (and, causally, beyond each query's position) masked out, softmax,
-                the weighted values
+  compute()     device work only (its `replay_steps`), reading past/total from `step`: the new
+                keys and values written at rows past.., scores over the whole capacity with the
+                keys at or beyond total (and, causally, beyond each query's position) masked
+                out, softmax, the weighted values
 
 on_execute is the two in a row, so the per-op loop and a replay (TorchReplay) compute exactly the
 same. A full float or int mask (not the scalar "causal" one) is placed by host indexes: then the
@@ -123,6 +123,10 @@ class AttentionExecution(Execution):
         self.host_step[0], self.host_step[1] = step
         self.step.copy_(self.host_step, non_blocking=True)
         return moved
+
+    def replay_steps(self, inputs, outputs) -> list:
+        """Its device work only: `compute`."""
+        return [self.compute]
 
     def compute(self) -> None:
         queries, k, v, out = self.views  # q [kv_heads, group, seq, dim], k/v [kv_heads, kv_seq, dim]
