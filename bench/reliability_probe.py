@@ -1,4 +1,4 @@
-"""The reliability probe of issue 15: hostile inputs to the CLI and the API, each in its own
+"""The reliability probe: hostile inputs to the CLI and the API, each in its own
 process under a timeout, sorted into clean / traceback / hang / crash / silent per class.
 
 clean: a one-line typed error (exit 2, "error: ...", no traceback, at most 300 characters)
