@@ -40,11 +40,17 @@ FIT_ELEMENTS = 1 << 28  # rows fitted together (MNN's _QUANT_MAX_ELEMENTS)
 
 
 def _shrink(x: np.ndarray) -> np.ndarray:
-    """The l_p proximal step: |x| pulled towards 0 by |x|^(p-1) / beta, never past it."""
+    """The l_p proximal step: |x| pulled towards 0 by |x|^(p-1) / beta, never past it (x = 0 stays 0).
+    |x|^(p-1) as exp((p-1) log|x|): numpy's float32 power with such an exponent is several times slower."""
     magnitude = np.abs(x)
     with np.errstate(divide="ignore"):
-        pull = np.power(magnitude, np.float32(LP_NORM - 1)) * np.float32(1 / BETA)
-    return np.sign(x) * np.maximum(magnitude - pull, np.float32(0))
+        pull = np.log(magnitude)
+    pull *= np.float32(LP_NORM - 1)
+    np.exp(pull, out=pull)
+    pull *= np.float32(1 / BETA)
+    np.subtract(magnitude, pull, out=pull)
+    np.maximum(pull, np.float32(0), out=pull)
+    return np.copysign(pull, x, out=pull)
 
 
 class HqqFit:
@@ -99,20 +105,27 @@ class HqqFit:
     def _step(self, r0: int, r1: int, w: np.ndarray) -> float:
         """One proximal step on rows [r0, r1); returns their sum of |w - r| (r before the update)."""
         s = self.inv_scale[r0:r1]
+        z = 0 if self.zero is None else self.zero[r0:r1]
+        q = w * s
+        q += z
+        np.round(q, out=q)
+        np.clip(q, self.low, self.high, out=q)
+        r = q - z
+        r /= s
+        np.subtract(w, r, out=r)  # w - r
+        error = float(np.abs(r).sum(dtype=np.float64))
+        moved = _shrink(r)
+        np.subtract(w, moved, out=moved)  # w - e
         if self.symmetric:
-            q = np.clip(np.round(w * s), self.low, self.high)
-            r = q / s
-            moved = w - _shrink(w - r)
             norm = (q * q).sum(axis=-1, keepdims=True)
-            new = norm / ((moved * q).sum(axis=-1, keepdims=True) + np.float32(EPS))
+            moved *= q
+            new = norm / (moved.sum(axis=-1, keepdims=True) + np.float32(EPS))
             self.inv_scale[r0:r1] = np.where(norm == 0, s, new)
         else:
-            z = self.zero[r0:r1]
-            q = np.clip(np.round(w * s + z), self.low, self.high)
-            r = (q - z) / s
-            moved = w - _shrink(w - r)
-            self.zero[r0:r1] = (q - moved * s).mean(axis=-1, keepdims=True)
-        return float(np.abs(w - r).sum(dtype=np.float64))
+            moved *= s
+            np.subtract(q, moved, out=moved)
+            self.zero[r0:r1] = moved.mean(axis=-1, keepdims=True)
+        return error
 
     def quantize(self, r0: int, w: np.ndarray, alpha_dtype: type = np.float16) -> tuple[np.ndarray, np.ndarray]:
         """Rows [r0, r0 + len(w)) -> (uint8 codes [rows, ic], alpha [rows, blocks, 2] (zero, scale) or
