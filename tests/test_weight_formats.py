@@ -281,6 +281,17 @@ def test_a_field_the_sizes_contradict_is_a_config_error_naming_it(change, field,
 
 
 # -- our exporter: the same formats, MNN's runtime on them = our engine -----------------------
+
+# `--quant-config`: layer 0 at 8 bits, layer 1 at the default 4 but for a 32-block q_proj, a symmetric
+# 3-bit up_proj (its readType 0 in a model whose other convs are asymmetric) and an fp16 o_proj; the lm_head
+# at 8 bits.
+MIXED = {**{f"/layers.0/{p}/Linear": {"bits": 8} for p in ("self_attn/q_proj", "self_attn/k_proj",
+                                                            "self_attn/v_proj", "self_attn/o_proj", "mlp/gate_proj",
+                                                            "mlp/up_proj", "mlp/down_proj")},
+         "/layers.1/self_attn/q_proj/Linear": {"block_size": 32},
+         "/layers.1/mlp/up_proj/Linear": {"bits": 3, "symmetric": True},
+         "/layers.1/self_attn/o_proj/Linear": {"bits": 16},
+         "/lm/lm_head/Linear": {"bits": 8}}
 EXPORTS = {  # name: (tied source, export_model keywords)
     "q2-b64-sep": (True, dict(quant_bit=2, quant_block=64, separate_embed=True)),
     "q3-b64-sep": (True, dict(quant_bit=3, quant_block=64, separate_embed=True)),
@@ -294,18 +305,8 @@ EXPORTS = {  # name: (tied source, export_model keywords)
     "q4-hqq-sym": (True, dict(quant_bit=4, quant_block=64, hqq=True, sym=True)),
     "q3-hqq-sep": (True, dict(quant_bit=3, quant_block=32, hqq=True, separate_embed=True)),
     "q4-emb8-sep-hqq": (False, dict(quant_bit=4, quant_block=64, embed_bit=8, separate_embed=True, hqq=True)),
-    "mixed": (True, dict(quant_bit=4, quant_block=64, quant_config="MIXED")),
+    "mixed": (True, dict(quant_bit=4, quant_block=64, quant_config=MIXED)),  # written to a file by export()
 }
-# `--quant-config`: layer 0 at 8 bits, layer 1 at the default 4 but for a 32-block q_proj, a symmetric
-# 3-bit up_proj (its readType 0 in a model whose other convs are asymmetric) and an fp16 o_proj; the lm_head
-# at 8 bits.
-MIXED = {**{f"/layers.0/{p}/Linear": {"bits": 8} for p in ("self_attn/q_proj", "self_attn/k_proj",
-                                                            "self_attn/v_proj", "self_attn/o_proj", "mlp/gate_proj",
-                                                            "mlp/up_proj", "mlp/down_proj")},
-         "/layers.1/self_attn/q_proj/Linear": {"block_size": 32},
-         "/layers.1/mlp/up_proj/Linear": {"bits": 3, "symmetric": True},
-         "/layers.1/self_attn/o_proj/Linear": {"bits": 16},
-         "/lm/lm_head/Linear": {"bits": 8}}
 
 
 @pytest.fixture(scope="module")
@@ -319,9 +320,9 @@ def hf_sources(tmp_path_factory) -> dict[bool, Path]:
 def export(hf_sources, tmp_path: Path, name: str) -> Path:
     from mnnllm_core.export import export_model
     tied, keywords = EXPORTS[name]
-    if keywords.get("quant_config") == "MIXED":
-        (tmp_path / "mixed.json").write_text(json.dumps(MIXED))
-        keywords = {**keywords, "quant_config": str(tmp_path / "mixed.json")}
+    if isinstance(keywords.get("quant_config"), dict):
+        (tmp_path / "quant_config.json").write_text(json.dumps(keywords["quant_config"]))
+        keywords = {**keywords, "quant_config": str(tmp_path / "quant_config.json")}
     export_model(str(hf_sources[tied]), str(tmp_path / name), **keywords)
     return tmp_path / name
 
