@@ -349,7 +349,8 @@ def cmd_export(args) -> int:
     report = export_model(args.src, args.dst, quant_bit=args.quant_bit, quant_block=args.quant_block,
                           separate_embed=args.separate_embed, tokenizer=args.tokenizer, force=args.force,
                           lora=args.lora, lora_split=args.lora_split, sym=args.sym,
-                          lm_quant_bit=args.lm_quant_bit, embed_bit=args.embed_bit)
+                          lm_quant_bit=args.lm_quant_bit, embed_bit=args.embed_bit, hqq=args.hqq,
+                          quant_config=args.quant_config)
     if args.json:
         print(json.dumps(vars(report), default=str, indent=2))
     else:
@@ -478,6 +479,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--lm-quant-bit", type=int, choices=(2, 3, 4, 8, 16),
                         help="the lm_head's bits (default: --quant-bit)")
     export.add_argument("--sym", action="store_true", help="symmetric blocks: one scale per block, no zero point")
+    export.add_argument("--hqq", action="store_true",
+                        help="Half-Quadratic Quantization: refine each block's zero (or, with --sym, scale) "
+                             "iteratively instead of min/max, as MNN's --hqq (same file layout)")
+    export.add_argument("--quant-config", metavar="FILE",
+                        help="JSON of per-linear settings, as MNN's --quant_config: {\"/layers.0/mlp/down_proj/Linear\": "
+                             "{\"bits\": 8, \"block_size\": 32, \"symmetric\": false}, ...}")
     export.add_argument("--embed-bit", type=int, choices=(4, 8, 16), default=16,
                         help="an untied (or --separate-embed) embedding table in embeddings_int8/int4.bin, "
                              "block-quantized with fp32 scales (16: embeddings_bf16.bin)")

@@ -15,6 +15,8 @@ Where MNN's runtime reads memory it never wrote, its ids are not a reference, an
   block its scales hold (64), MNN's runtime and ours agree (including the graph's readType-0 linears).
 Formats not in shared (symmetric int4 / int8 embedding files) are made from the shared ones by
 re-quantizing the table, with MNN's runtime as the oracle.
+Our exporter writes the same formats, and `--hqq` (HQQ-fitted zeros / scales, same layout) and
+`--quant-config` (per-linear bits, blocks and symmetry): MNN's runtime on each gives our engine's ids.
 """
 from __future__ import annotations
 
@@ -279,6 +281,17 @@ def test_a_field_the_sizes_contradict_is_a_config_error_naming_it(change, field,
 
 
 # -- our exporter: the same formats, MNN's runtime on them = our engine -----------------------
+
+# `--quant-config`: layer 0 at 8 bits, layer 1 at the default 4 but for a 32-block q_proj, a symmetric
+# 3-bit up_proj (its readType 0 in a model whose other convs are asymmetric) and an fp16 o_proj; the lm_head
+# at 8 bits.
+MIXED = {**{f"/layers.0/{p}/Linear": {"bits": 8} for p in ("self_attn/q_proj", "self_attn/k_proj",
+                                                            "self_attn/v_proj", "self_attn/o_proj", "mlp/gate_proj",
+                                                            "mlp/up_proj", "mlp/down_proj")},
+         "/layers.1/self_attn/q_proj/Linear": {"block_size": 32},
+         "/layers.1/mlp/up_proj/Linear": {"bits": 3, "symmetric": True},
+         "/layers.1/self_attn/o_proj/Linear": {"bits": 16},
+         "/lm/lm_head/Linear": {"bits": 8}}
 EXPORTS = {  # name: (tied source, export_model keywords)
     "q2-b64-sep": (True, dict(quant_bit=2, quant_block=64, separate_embed=True)),
     "q3-b64-sep": (True, dict(quant_bit=3, quant_block=64, separate_embed=True)),
@@ -288,6 +301,11 @@ EXPORTS = {  # name: (tied source, export_model keywords)
     "q4-lm8": (True, dict(quant_bit=4, quant_block=64, lm_quant_bit=8)),
     "q4-emb8-sep": (False, dict(quant_bit=4, quant_block=64, embed_bit=8, separate_embed=True)),
     "q4-emb4-sep-sym": (False, dict(quant_bit=4, quant_block=64, embed_bit=4, separate_embed=True, sym=True)),
+    "q4-hqq": (True, dict(quant_bit=4, quant_block=64, hqq=True)),
+    "q4-hqq-sym": (True, dict(quant_bit=4, quant_block=64, hqq=True, sym=True)),
+    "q3-hqq-sep": (True, dict(quant_bit=3, quant_block=32, hqq=True, separate_embed=True)),
+    "q4-emb8-sep-hqq": (False, dict(quant_bit=4, quant_block=64, embed_bit=8, separate_embed=True, hqq=True)),
+    "mixed": (True, dict(quant_bit=4, quant_block=64, quant_config=MIXED)),  # written to a file by export()
 }
 
 
@@ -302,6 +320,9 @@ def hf_sources(tmp_path_factory) -> dict[bool, Path]:
 def export(hf_sources, tmp_path: Path, name: str) -> Path:
     from mnnllm_core.export import export_model
     tied, keywords = EXPORTS[name]
+    if isinstance(keywords.get("quant_config"), dict):
+        (tmp_path / "quant_config.json").write_text(json.dumps(keywords["quant_config"]))
+        keywords = {**keywords, "quant_config": str(tmp_path / "quant_config.json")}
     export_model(str(hf_sources[tied]), str(tmp_path / name), **keywords)
     return tmp_path / name
 
@@ -318,7 +339,8 @@ def test_mnns_runtime_on_our_export_gives_our_ids(name, hf_sources, tmp_path):
     assert generate(model, ids, memory="low", n=12) == theirs
 
 
-DEVICE_EXPORTS = [(b, n) for b in ("opencl", "vulkan") for n in ("q3-b64-sep", "q8-sym", "q4-emb4-sep-sym")]
+DEVICE_EXPORTS = [(b, n) for b in ("opencl", "vulkan")
+                  for n in ("q3-b64-sep", "q8-sym", "q4-emb4-sep-sym", "q4-hqq-sym", "mixed")]
 
 
 @pytest.mark.parametrize("backend,name", DEVICE_EXPORTS, ids=[f"{b}-{n}" for b, n in DEVICE_EXPORTS])
@@ -368,3 +390,27 @@ def test_our_2_and_3_bit_tied_export_reads_back_as_quantized(bits, hf_sources, t
     embedding = DiskEmbedding(LlmConfig.from_file(tmp_path / "m" / "config.json"))
     tokens = list(range(0, len(table), 7))
     np.testing.assert_allclose(embedding.embedding(tokens)[:, 0], want.reshape(len(table), 64)[tokens], atol=1e-6)
+
+
+def test_the_mixed_export_stores_each_linear_as_its_entry_says(hf_sources, tmp_path):
+    """Bits, blocks and symmetry per conv as MIXED asks, the rest at the defaults; tie_embeddings describes
+    the 8-bit lm_head."""
+    from mnnllm_core.schema.reader import read_net_file
+    model = export(hf_sources, tmp_path, "mixed")
+    got = {}
+    for op in read_net_file(str(model / "llm.mnn")).oplists:
+        quant = getattr(op.main, "quanParameter", None) if op.main is not None else None
+        if quant is not None:
+            name = op.name.decode() if isinstance(op.name, bytes) else op.name
+            oc, ic = op.main.common.outputCount, op.main.common.inputCount
+            blocks = quant.readType // oc if quant.readType else None
+            got[name] = (16, None, None) if quant.type == 3 else (quant.aMaxOrBits, ic // blocks if blocks else None,
+                                                                   quant.aMin)
+    assert got.pop("/lm/lm_head/Linear") == (8, 64, 1)
+    assert got.pop("/layers.1/self_attn/o_proj/Linear") == (16, None, None)
+    for name, (bits, block, a_min) in got.items():
+        entry = MIXED.get(name, {})
+        want_block = None if entry.get("symmetric") else entry.get("block_size", 64 if "down_proj" not in name else 32)
+        assert (bits, block, a_min) == (entry.get("bits", 4), want_block, 0 if entry.get("symmetric") else 1), name
+    tie = json.loads((model / "llm_config.json").read_text())["tie_embeddings"]
+    assert (tie["quant_bit"], tie["quant_block"], tie["alpha_dtype"]) == (8, 64, "fp16")

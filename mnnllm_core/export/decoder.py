@@ -670,8 +670,9 @@ class DecoderGraph:
 def linear(g: GraphBuilder, weights: WeightWriter, name: str, x: str, weight: LazyTensor,
            bias: LazyTensor | None = None, output: str | None = None) -> tuple[str, LinearInfo]:
     """A Linear as MNN writes it: a 1x1 Convolution on NC4HW4 [rows, ic, 1, 1], its weight
-    quantized into the weight file at the writer's bits (the lm_head at its own)."""
-    info = weights.linear(weight, bias, lm_head=name == LM_HEAD)
+    quantized into the weight file at the writer's bits (the lm_head at its own, any linear at its
+    quant-config entry's), readType and aMin following that linear's own symmetry."""
+    info = weights.linear(weight, bias, lm_head=name == LM_HEAD, name=name)
     common = Convolution2DCommonT()
     common.outputCount, common.inputCount = info.oc, info.ic
     quant = IDSTQuanT()

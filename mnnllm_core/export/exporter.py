@@ -17,11 +17,12 @@ from mnnllm_core.progress import Progress
 
 from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwen3_moe, smollm3
 from . import gemma4, gpt_oss, hunyuan_v1_dense, lfm2, lfm2_moe, llama4, phi, qwen3_5, qwen3_5_moe
-from .decoder import DecoderGraph
+from .decoder import LM_HEAD, DecoderGraph
 from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
 from .lora import LoraAdapter, MergedSource
 from .lora_split import LORA_GRAPH, split_lora_graph
+from .quant_config import QuantConfig
 from .sources import Source, TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
 from .weights import (EMBED_BITS, QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding,
@@ -82,7 +83,7 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
                  tokenizer: str = "mtok", force: bool = False,
                  runtime_config: Mapping[str, Any] | None = None, lora: str | None = None,
                  lora_split: bool = False, *, sym: bool = False, lm_quant_bit: int | None = None,
-                 embed_bit: int = 16) -> ExportReport:
+                 embed_bit: int = 16, hqq: bool = False, quant_config: str | None = None) -> ExportReport:
     """Export `src` (HF folder or .gguf) into the folder `dst`; returns what was written.
 
     The model is written beside `dst` and renamed into place when complete (see folder.py):
@@ -91,7 +92,9 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     `lora`: a PEFT adapter folder, merged into the weights (W + scale * B @ A); with `lora_split`
     the base is exported unchanged and the adapter goes into MNN's split `lora.mnn` beside it.
     `sym`: one scale per block, no zero (`--sym`); `lm_quant_bit`: the lm_head's bits; `embed_bit`
-    8 or 4: an untied embedding goes to embeddings_int8/int4.bin instead of embeddings_bf16.bin.
+    8 or 4: an untied embedding goes to embeddings_int8/int4.bin instead of embeddings_bf16.bin;
+    `hqq`: Half-Quadratic Quantization of every block instead of min/max (`--hqq`, see hqq.py);
+    `quant_config`: a JSON file of per-linear bits / block / symmetry (`--quant-config`, see quant_config.py).
     """
     source = open_source(src)
     adapter = LoraAdapter(lora) if lora is not None else None
@@ -104,7 +107,8 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     with staging_folder(target) as out:
         merged = MergedSource(source, adapter) if adapter is not None and not lora_split else None
         report = write_model(merged or source, out, quant_bit, quant_block, separate_embed, tokenizer,
-                             runtime_config, sym=sym, lm_quant_bit=lm_quant_bit, embed_bit=embed_bit)
+                             runtime_config, sym=sym, lm_quant_bit=lm_quant_bit, embed_bit=embed_bit, hqq=hqq,
+                             quant_config=quant_config)
         if merged is not None:
             merged.check_all_merged()
         if lora_split:
@@ -120,7 +124,8 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
 
 def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: int = 64, separate_embed: bool = False,
                 tokenizer: str = "mtok", runtime_config: Mapping[str, Any] | None = None, *, sym: bool = False,
-                lm_quant_bit: int | None = None, embed_bit: int = 16) -> ExportReport:
+                lm_quant_bit: int | None = None, embed_bit: int = 16, hqq: bool = False,
+                quant_config: str | None = None) -> ExportReport:
     """Write the export of `src` (a path or an opened source) into the existing folder `out`."""
     start = time.perf_counter()
     out = Path(out)
@@ -133,9 +138,13 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
         raise ConfigError(f"quant block {quant_block} is not one of {QUANT_BLOCKS}", field="quant_block")
     if tokenizer not in TOKENIZER_FORMATS:
         raise ConfigError(f"tokenizer format {tokenizer!r} is not one of {TOKENIZER_FORMATS}", field="tokenizer")
+    overrides = QuantConfig.load(quant_config) if quant_config is not None else None
     source = src if isinstance(src, Source) else open_source(src)
     model_type = source.config.get("model_type")
     if model_type in ENCODERS:
+        if hqq or overrides is not None:
+            raise UnsupportedError(f"--hqq and --quant-config are for decoder models, not the embedding model "
+                                   f"{model_type!r}", file=source.path, field="hqq" if hqq else "quant_config")
         return _write_encoder(source, out, quant_bit, quant_block, tokenizer, runtime_config, start)
     arch = ARCHITECTURES.get(model_type)
     if arch is None:
@@ -148,8 +157,9 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
     tied = args.tie_word_embeddings and not separate_embed
     embedding_file = "embeddings_bf16.bin" if embed_bit == 16 else f"embeddings_int{embed_bit}.bin"
     report = ExportReport(str(out), model_type, quant_bit, quant_block, model.parameter_count(source))
-    logger.info("exporting %s (%d layers) from %s: %d-bit%s, block %d, embedding %s", model_type,
-                args.num_hidden_layers, source.path, quant_bit, " symmetric" if sym else "", quant_block,
+    logger.info("exporting %s (%d layers) from %s: %d-bit%s%s, block %d%s, embedding %s", model_type,
+                args.num_hidden_layers, source.path, quant_bit, " symmetric" if sym else "", " HQQ" if hqq else "",
+                quant_block, f", per-linear settings from {quant_config}" if overrides else "",
                 "tied to the lm_head" if tied else f"in {embedding_file}")
 
     embed_total = 0 if tied else source.tensor(model.embedding()).shape[0] * args.hidden_size
@@ -157,11 +167,15 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
     embed_total += sum(t.shape[0] * t.shape[1] for t in tables.values())
     progress = Progress(report.parameters + embed_total, "export", unit="M params", scale=1e6)
     with open(out / "llm.mnn.weight", "wb") as f:
-        writer = WeightWriter(f, quant_bit, quant_block, progress.update, sym, lm_quant_bit)
+        writer = WeightWriter(f, quant_bit, quant_block, progress.update, sym, lm_quant_bit, hqq=hqq,
+                              quant_config=overrides)
         graph_bytes, lm_head = DecoderGraph(model, source, writer).build(
-            f"{source.path}|{quant_bit}|{quant_block}{'|sym' if sym else ''}")
+            f"{source.path}|{quant_bit}|{quant_block}{'|sym' if sym else ''}{'|hqq' if hqq else ''}"
+            f"{'|' + quant_config if quant_config else ''}")
+    if overrides is not None:
+        overrides.check_all_used()
     (out / "llm.mnn").write_bytes(graph_bytes)
-    tie = _tied_rows(lm_head, quant_block) if tied else None
+    tie = _tied_rows(lm_head, writer.choice(LM_HEAD, lm_head=True).block) if tied else None
     files: dict[str, str] = {}
     if not tied:
         with open(out / embedding_file, "wb") as f:
@@ -169,7 +183,7 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
                 write_bf16_embedding(f, source.tensor(model.embedding()), progress.update)
             else:
                 tie = write_int_embedding(f, source.tensor(model.embedding()), embed_bit, quant_block, sym,
-                                          progress.update)
+                                          progress.update, hqq)
         if embed_bit != 16:
             files["embedding_file"] = embedding_file
     for name, table in tables.items():

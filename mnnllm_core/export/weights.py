@@ -15,22 +15,40 @@ Symmetric (`--sym`): scale = absmax / (2^(bits-1) - 1), code = clamp(round(w / s
 -(2^(bits-1)-1), 2^(bits-1)-1) + 2^(bits-1), so that w ~ scale * (code - 2^(bits-1)).
 16 bits stores the weight as fp16 with no header and no alpha (quanParameter type 3).
 A LayerNorm stores fp32 gamma then fp32 beta (zeros for an RMSNorm).
+With `hqq`, the codes and alphas come from `hqq.HqqFit` instead of min/max (same layout), and a
+`QuantConfig` (`--quant-config`) may give any linear its own bits, block and symmetry.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import BinaryIO, Callable
+from typing import TYPE_CHECKING, BinaryIO, Callable
 
 import numpy as np
 
 from mnnllm_core.errors import UnsupportedError
 
+from .hqq import HqqFit
 from .sources import LazyTensor
+
+if TYPE_CHECKING:
+    from .quant_config import QuantConfig
 
 QUANT_BITS = (2, 3, 4, 8, 16)
 EMBED_BITS = (4, 8, 16)
 QUANT_BLOCKS = (0, 32, 64, 128)
 _CHUNK_ELEMENTS = 1 << 20
+
+
+RowQuantizer = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    """How one linear is stored: bits (16: fp16), requested block (0: one per row), symmetric or not."""
+
+    bits: int
+    block: int
+    symmetric: bool
 
 
 @dataclass(frozen=True)
@@ -87,6 +105,16 @@ def _quantize_symmetric(blocks: np.ndarray, bits: int, alpha_dtype: type) -> tup
     return codes, scale.astype(alpha_dtype)
 
 
+def row_quantizer(tensor: LazyTensor, bits: int, block_size: int, symmetric: bool, hqq: bool, step: int,
+                  alpha_dtype: type = np.float16) -> RowQuantizer:
+    """(first row, fp32 rows) -> (codes, alphas) for `tensor`: min/max per chunk, or HQQ fitted over the
+    whole tensor first (reading it `step` rows at a time)."""
+    if hqq:
+        fit = HqqFit.fit(tensor.rows, tensor.shape[0], tensor.shape[1], bits, block_size, symmetric, step)
+        return lambda r0, rows: fit.quantize(r0, rows, alpha_dtype)
+    return lambda r0, rows: quantize_rows(rows, bits, block_size, symmetric, alpha_dtype)
+
+
 def pack_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Flat uint8 codes -> bytes, most significant bits first (4 bits: two codes per byte, high nibble
     first; 2 and 3 bits: one bit stream, zero-padded to a whole byte)."""
@@ -123,8 +151,10 @@ class WeightWriter:
     """Appends tensors to llm.mnn.weight and hands back the `external` fields for the ops."""
 
     def __init__(self, out: BinaryIO, bits: int, block: int, on_progress: Callable[[int], None],
-                 symmetric: bool = False, lm_bits: int | None = None):
-        """`lm_bits`: the lm_head's bits (`--lm-quant-bit`), by default `bits`."""
+                 symmetric: bool = False, lm_bits: int | None = None, *, hqq: bool = False,
+                 quant_config: QuantConfig | None = None):
+        """`lm_bits`: the lm_head's bits (`--lm-quant-bit`), by default `bits`; `hqq`: HQQ instead of
+        min/max; `quant_config`: per-linear overrides, looked up by the name `linear` is given."""
         for name, value in (("quant_bit", bits), ("lm_quant_bit", lm_bits if lm_bits is not None else bits)):
             if value not in QUANT_BITS:
                 raise UnsupportedError(f"{name} {value} (supported: {QUANT_BITS})", field=name)
@@ -135,8 +165,17 @@ class WeightWriter:
         self.lm_bits = lm_bits if lm_bits is not None else bits
         self.block = block
         self.symmetric = symmetric
+        self.hqq = hqq
+        self.quant_config = quant_config
         self.offset = 0
         self.on_progress = on_progress
+
+    def choice(self, name: str | None, lm_head: bool = False) -> QuantChoice:
+        """The bits, block and symmetry of the linear `name`: the writer's, overridden by the quant config."""
+        default = QuantChoice(self.lm_bits if lm_head else self.bits, self.block, self.symmetric)
+        if self.quant_config is None or name is None:
+            return default
+        return self.quant_config.choice(name, default)
 
     def _write(self, data: bytes | np.ndarray) -> int:
         raw = data if isinstance(data, bytes) else np.ascontiguousarray(data).tobytes()
@@ -156,8 +195,10 @@ class WeightWriter:
         self.on_progress(g.size + (0 if beta is None else b.size))
         return [start, g_len, b_len]
 
-    def linear(self, weight: LazyTensor, bias: LazyTensor | None, lm_head: bool = False) -> LinearInfo:
-        bits = self.lm_bits if lm_head else self.bits
+    def linear(self, weight: LazyTensor, bias: LazyTensor | None, lm_head: bool = False,
+               name: str | None = None) -> LinearInfo:
+        choice = self.choice(name, lm_head)
+        bits = choice.bits
         if len(weight.shape) != 2:
             raise UnsupportedError(f"tensor {weight.name!r}: a linear weight must be 2-D, got {weight.shape}",
                                    field=weight.name)
@@ -173,14 +214,15 @@ class WeightWriter:
                 self.on_progress(rows.size)
             a_len = 0
         else:
-            block_size = block_size_for(ic, self.block)
+            block_size = block_size_for(ic, choice.block)
             header, shape_int32 = weight_header(oc, ic, bits)
             header_len = w_len = self._write(header)
             alphas = []
             step = step if bits in (4, 8) else max(8, step // 8 * 8)  # a 2/3-bit chunk ends on a whole byte
+            quantize = row_quantizer(weight, bits, block_size, choice.symmetric, self.hqq, step)
             for r0 in range(0, oc, step):
                 rows = weight.rows(r0, min(r0 + step, oc))
-                codes, alpha = quantize_rows(rows, bits, block_size, self.symmetric)
+                codes, alpha = quantize(r0, rows)
                 w_len += self._write(pack_codes(codes, bits))
                 alphas.append(alpha)
                 self.on_progress(rows.size)
@@ -194,7 +236,7 @@ class WeightWriter:
             b_len = self._write(b)
         self.offset += w_len + a_len + b_len
         return LinearInfo([start, w_len, a_len, b_len, 0], bits, oc, ic, block_size, header_len, shape_int32,
-                          self.symmetric and bits != 16)
+                          choice.symmetric and bits != 16)
 
 
 def write_bf16_embedding(out: BinaryIO, table: LazyTensor, on_progress: Callable[[int], None]) -> int:
@@ -212,16 +254,17 @@ def write_bf16_embedding(out: BinaryIO, table: LazyTensor, on_progress: Callable
 
 
 def write_int_embedding(out: BinaryIO, table: LazyTensor, bits: int, quant_block: int, symmetric: bool,
-                        on_progress: Callable[[int], None]) -> dict[str, int | str]:
+                        on_progress: Callable[[int], None], hqq: bool = False) -> dict[str, int | str]:
     """embeddings_int8.bin / embeddings_int4.bin (`--embed-bit 8|4`): the [vocab, hidden] table's codes
     (packed as a linear's), then its alphas as fp32; returns its `tie_embeddings` description."""
     vocab, hidden = table.shape
     block = block_size_for(hidden, quant_block)
     step = max(2, _CHUNK_ELEMENTS // hidden // 2 * 2)
+    quantize = row_quantizer(table, bits, block, symmetric, hqq, step, np.float32)
     code_bytes, alphas = 0, []
     for r0 in range(0, vocab, step):
         rows = table.rows(r0, min(r0 + step, vocab)).astype(np.float32)
-        codes, alpha = quantize_rows(rows, bits, block, symmetric, np.float32)
+        codes, alpha = quantize(r0, rows)
         packed = pack_codes(codes, bits)
         out.write(packed.tobytes())
         code_bytes += packed.size
