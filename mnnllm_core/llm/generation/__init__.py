@@ -1,4 +1,6 @@
-"""Generation strategies (MNN's GenerationStrategy), chosen by `speculative_type`."""
+"""Generation strategies (MNN's GenerationStrategy), chosen by `speculative_type`. A strategy sees
+the model through target.py's narrow protocol, not the Llm, and emits its tokens through
+strategy.py's loop, the same for all."""
 from __future__ import annotations
 
 import logging
