@@ -107,7 +107,7 @@ def _held_queue_ms(llm, pipeline, token: int, steps: int) -> dict:
 def measure(config: str, backend: str, steps: int, replay: str | None) -> dict:
     import numpy as np
 
-    from mnnllm_core.llm.llm import create
+    from mnnllm_core.llm.create import create
 
     llm = create(config)
     settings = {"backend_type": backend, "thread_num": 2, "sampler_type": "greedy"}

@@ -107,7 +107,7 @@ def _config_path(path: str | None) -> str:
 
 def _load_llm(args, embedding_model: bool = False):
     from .llm.config import LlmConfig
-    from .llm.llm import create
+    from .llm.create import create
     llm = create(_config_path(args.config), embedding_model)
     updates = _parse_set(args.set)
     _check_keys(updates, LlmConfig.key_names() | set(llm.config.to_dict()))
@@ -290,7 +290,7 @@ def cmd_inspect(args) -> int:
 
 
 def _placement(config_path: str, backend: str) -> dict:
-    from .llm.llm import create
+    from .llm.create import create
     llm = create(config_path)
     llm.set_config({"backend_type": backend}, source="--backend")
     llm.load()

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from mnnllm_core.errors import ConfigError
-from mnnllm_core.llm.llm import create
+from mnnllm_core.llm.create import create
 from mnnllm_core.plugins.manager import registry
 from paths import SHARED
 

@@ -391,7 +391,7 @@ def mnn_generate(config: Path, prompts: list[list[int]], n: int) -> list[list[in
 
 
 def engine_generate(config: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    from mnnllm_core.llm.llm import create
+    from mnnllm_core.llm.create import create
 
     cfg = json.loads(config.read_text())
     cfg.update(base_dir=str(config.parent) + "/", memory="normal", sampler_type="greedy")

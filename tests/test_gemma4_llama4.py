@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
-from mnnllm_core.llm.llm import create
+from mnnllm_core.llm.create import create
 from mnnllm_core.plugins.manager import registry
 from paths import SHARED
 

@@ -95,7 +95,7 @@ def test_kvcache_mmap_keeps_the_cpu_kv_cache_in_an_unlinked_file_mapping_with_th
         while isinstance(array, np.ndarray):
             array = array.base
         return isinstance(array, memoryview) and isinstance(array.obj, mmap.mmap)
-    caches = model_caches(llm)
+    caches = model_caches(llm.module)
     assert caches and all(in_a_mapping(c.k) and in_a_mapping(c.v) for c in caches)
     llm.set_config({"kvcache_mmap": False})
     assert not in_a_mapping(np.zeros(3))

@@ -36,7 +36,7 @@ def load(backend: str, **keys):
 
 def cache_length(llm) -> int:
     """The number of tokens every layer's cache holds (the same in all of them)."""
-    lengths = {c.length for c in model_caches(llm)}
+    lengths = {c.length for c in model_caches(llm.module)}
     assert len(lengths) == 1, lengths
     return lengths.pop()
 
@@ -78,7 +78,7 @@ def chat(llm, new_tokens: int, templated: bool) -> tuple[list[list[int]], list[i
 def test_a_four_turn_chat_reuses_the_cache_and_gives_the_tokens_of_a_fresh_prefill(backend):
     new_tokens, templated = CHATS[backend]
     llm = load(backend)
-    assert model_caches(llm), "no Attention with a KV cache found"
+    assert model_caches(llm.module), "no Attention with a KV cache found"
     prefills = record_prefills(llm)
     reused, lengths = chat(llm, new_tokens, templated)
     assert prefills[0] == lengths[0]

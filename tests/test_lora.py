@@ -24,7 +24,7 @@ from safetensors.numpy import save_file  # noqa: E402  (a dependency of transfor
 
 from mnnllm_core.errors import ConfigError, FormatError, MnnllmError, UnsupportedError  # noqa: E402
 from mnnllm_core.export import export_model  # noqa: E402
-from mnnllm_core.llm.llm import create  # noqa: E402
+from mnnllm_core.llm.create import create  # noqa: E402
 
 LLAMA = Arch("llama", "llama", {"tie_word_embeddings": False})
 ADAPTERS = {  # name -> (r, lora_alpha, target_modules)
@@ -257,7 +257,7 @@ def test_mnn_runs_our_split_lora_over_our_base_as_transformers_with_the_adapter_
 
 MEMORY_SCRIPT = r"""
 import json, sys
-from mnnllm_core.llm.llm import create
+from mnnllm_core.llm.create import create
 
 def rss():
     with open("/proc/self/status") as f:

@@ -26,7 +26,8 @@ from mnnllm_core.core import op_params
 from mnnllm_core.core.op_params import LinearAttentionParams
 from mnnllm_core.errors import UnsupportedError
 from mnnllm_core.llm.config import LlmConfig
-from mnnllm_core.llm.llm import Llm, create
+from mnnllm_core.llm.create import create
+from mnnllm_core.llm.llm import Llm
 from mnnllm_core.plugins.manager import registry
 from mnnllm_core.testing.cases.linear_attention import gated_delta_rule_op
 from mnnllm_core.testing.harness import Const, new_runtime, run_op

@@ -21,7 +21,6 @@ from mnnllm_core.errors import KVStateError, UnsupportedError
 from mnnllm_core.export.draft import fit_drafts, random_eagle, write_eagle
 from mnnllm_core.llm.attention_mask import tree_allowed, tree_attention_mask, tree_depths
 from mnnllm_core.llm.generation import EagleGeneration
-from mnnllm_core.llm.generation.speculative import keep_rows
 from mnnllm_core.llm.generation.token_tree import DraftTree, TreeBuilder
 from mnnllm_core.llm.prefix_cache import model_caches
 from mnnllm_core.plugins.manager import registry
@@ -227,7 +226,7 @@ def tree_step(llm):
     rows = llm.forward(tokens, all_logits=True, parents=parents)
     kept = tree.accepted_rows(rows.argmax(axis=-1))
     assert kept == [0, 2, 4]
-    keep_rows(llm, tokens, kept)
+    llm.conversation.keep_rows(tokens, kept)
     return prompt, answer, tokens, parents, rows
 
 
@@ -349,7 +348,7 @@ def test_a_second_architecture_verifies_token_trees_exactly(tmp_path) -> None:
     want = [p[reference["reference"]][:N] for p in reference["prompts"]]
     write_eagle(config.parent, fit_drafts(llm, [ids + out for ids, out in zip(prompts, want)], heads=2,
                                           draft_vocab=256, ridge=1e-2)[1])
-    assert all(cache.reservable for cache in model_caches(llm))
+    assert all(cache.reservable for cache in model_caches(llm.module))
     for files in (RANDOM, FITTED):
         for topk, depth, nodes in ((2, 3, 6), (4, 4, 12)):
             llm.set_config({"speculative_type": "eagle", "eagle_topk": topk, "eagle_depth": depth,

@@ -263,7 +263,7 @@ def test_qwen3_5_visual_encoder_loads_as_qwen3_vl_and_encodes():
     from mnnllm_core.llm.config import LlmConfig, resolve_config_path
     from mnnllm_core.llm.runtime import init_runtime
     from mnnllm_core.llm.tokenizer import create_tokenizer
-    from mnnllm_core.llm.vision import create_vision_encoder
+    from mnnllm_core.llm.vision_encoders import create_vision_encoder
     from mnnllm_core.llm.vision_qwen3 import Qwen3VisionEncoder
     folder = ARCH3 / "tiny-qwen3_5-mnn-q4"
     if not folder.exists():

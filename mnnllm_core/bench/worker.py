@@ -87,7 +87,7 @@ def _packed_bytes(llm) -> int:
 
 def run(job: dict) -> dict:
     from mnnllm_core import __version__
-    from mnnllm_core.llm.llm import create
+    from mnnllm_core.llm.create import create
     from mnnllm_core.plugins.manager import registry
 
     llm = create(job["config"])

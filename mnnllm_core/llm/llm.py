@@ -24,15 +24,16 @@ from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
 from .attention_mask import check_attention_type, check_mask_input, step_mask, tree_depths, tree_mask
-from .config import LlmConfig, resolve_config_path
+from .config import LlmConfig
 from .context import STOPPED, LlmContext
+from .conversation import Conversation
 from .embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation, needs_hidden_states
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
 from .per_layer_embedding import INPUT_NAME as PLE_INPUT
 from .per_layer_embedding import PerLayerEmbedding, has_per_layer_embedding
-from .prefix_cache import PrefixCache
+from .prefix_cache import PrefixCache, model_caches
 from .prompt import Prompt
 from .runtime import backend_choices, init_runtime, schedule_config
 from .sampler import Sampler, SamplerConfig
@@ -55,6 +56,7 @@ class Llm:
         self.config = config
         self.base = base  # a loaded Llm whose packed weights this one shares where they agree (LoRA)
         self.context = LlmContext()
+        self.conversation = Conversation(self.context)  # the only writer of the history and the KV meta
         self.runtime_manager: RuntimeManager | None = None
         self.module: NetModule | None = None
         self.pool: ModulePool | None = None
@@ -102,7 +104,8 @@ class Llm:
             check_mask_input(cfg.attention_type, self.module.info.input_dims.get("attention_mask", []), cfg.llm_model,
                              cfg.origin("attention_type"))
         self.pool = ModulePool(self.module)
-        self.prefix_cache = PrefixCache.for_llm(self)
+        self.conversation.attach(self.runtime_manager.kv_meta, model_caches(self.module))
+        self.prefix_cache = PrefixCache.for_model(cfg, self.runtime_manager.config.backend_type, self.conversation)
         self._decode_mask = self._attention_mask(1)
         self.generation = create_generation(self)
         self.context.load_us = int((time.perf_counter() - start) * 1e6)
@@ -193,11 +196,10 @@ class Llm:
     def _attention_mask(self, seq_len: int) -> np.ndarray:
         """("full" float: a scalar, the causal mask is Attention's.)"""
         cfg = self.config
-        return step_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, len(self.context.history_tokens),
-                         seq_len)
+        return step_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, len(self.conversation), seq_len)
 
     def _position_ids(self, seq_len: int) -> np.ndarray:
-        past = len(self.context.history_tokens)
+        past = len(self.conversation)
         if seq_len == 1 and not self.config.is_mrope:
             self._decode_position[0, 0] = past  # prepared once; the session copies it in
             return self._decode_position
@@ -206,7 +208,7 @@ class Llm:
 
     def _tree_inputs(self, parents: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """attention_mask and position_ids for a token tree after the cached history."""
-        past, cfg = len(self.context.history_tokens), self.config
+        past, cfg = len(self.conversation), self.config
         mask = tree_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, past, parents)
         positions = (past + tree_depths(parents)).astype(np.int32).reshape(1, -1)
         return mask, np.repeat(positions, 3, axis=0) if cfg.is_mrope else positions
@@ -226,8 +228,7 @@ class Llm:
 
     def _commit(self, ids: list[int]) -> None:
         """Tokens that ran through the model join the history (the KV cache holds them now)."""
-        self.context.history_tokens.extend(ids)
-        self.context.all_seq_len = len(self.context.history_tokens)
+        self.conversation.commit(ids)
 
     def forward(self, input_ids: Sequence[int], all_logits: bool | None = None,
                 parents: Sequence[int] | None = None) -> np.ndarray:
@@ -246,7 +247,7 @@ class Llm:
             return self._forward(ids, bool(all_logits), None if parents is None else [int(p) for p in parents])
 
     def _forward(self, ids: list[int], all_logits: bool, parents: list[int] | None = None) -> np.ndarray:
-        past = len(self.context.history_tokens)
+        past = len(self.conversation)
         seq = len(ids)
         if past + seq > self.config.max_all_tokens:
             raise ContextLengthError(f"{past} cached + {seq} new tokens exceed max_all_tokens "
@@ -260,12 +261,8 @@ class Llm:
             positions = self._position_ids(seq)
         feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask, "position_ids": positions,
                  "logits_index": self._logits_index[bool(all_logits)], **self._extra_feeds(ids)}
-        meta = self.kv_meta
-        # The history is the truth: the cache is cut back to it before every step (keeping the
-        # reserved rows a verified tree left), so a step interrupted anywhere (Ctrl-C inside a
-        # layer, or after the commit below) leaves no stale rows.
-        meta.cut_to(past)
-        meta.add = seq
+        conversation = self.conversation
+        conversation.start_step(seq)
         try:
             outputs = self.pool.get(seq, all_logits).forward(feeds)
         except BaseException as err:
@@ -275,15 +272,14 @@ class Llm:
                                          "to what the KV cache holds", file=self.config.origin("max_all_tokens"),
                                          field="max_all_tokens") from err
             raise
-        meta.sync()
         self._commit(ids)
-        if meta.previous != self.context.all_seq_len:
-            cached = meta.previous
+        if conversation.cached != len(conversation):
+            cached = conversation.cached
             self._forget()
             raise KVStateError(f"the KV cache holds {cached} tokens after a step, the history "
                                f"{past + seq}: the conversation was reset", field="kv_meta")
         if self.prefix_cache is not None:
-            self.prefix_cache.saved_after(self.context.history_tokens)
+            self.prefix_cache.saved_after(conversation.history)
         if len(outputs) > 1:
             self._keep_hidden_states(outputs[1])
         logits = outputs[0]
@@ -313,7 +309,7 @@ class Llm:
         if not reuse_enabled(self.config):
             return 0
         common = 0
-        for a, b in zip(self.context.history_tokens, prompt_ids):
+        for a, b in zip(self.conversation.history, prompt_ids):
             if a != b:
                 break
             common += 1
@@ -325,7 +321,6 @@ class Llm:
             return self._cut_to_prefix(prompt_ids)
 
     def _cut_to_prefix(self, prompt_ids: list[int]) -> list[int]:
-        history = self.context.history_tokens
         if not prompt_ids:
             raise MnnllmError("the prompt encodes to no tokens", field="input_ids")
         if len(prompt_ids) > self.config.max_all_tokens:
@@ -335,7 +330,7 @@ class Llm:
         common = self.cached_prefix(prompt_ids)
         if self.prefix_cache is not None:  # a longer prefix saved on disk by an earlier process
             common = self.prefix_cache.restore(prompt_ids, common)
-        del history[common:]  # forward cuts the KV cache back to the history
+        self.conversation.rewind(common)
         ctx = self.context
         ctx.prompt_len, ctx.gen_seq_len = len(prompt_ids), 0
         ctx.prefill_us = ctx.decode_us = ctx.sample_us = 0
@@ -424,10 +419,7 @@ class Llm:
             self._forget()
 
     def _forget(self) -> None:
-        self.kv_meta.reset()
-        self.context.history_tokens.clear()
-        self.context.output_tokens = []
-        self.context.all_seq_len = 0
+        self.conversation.forget()
 
     def placement(self) -> dict:
         """Where the ops of the most recently used clone ran (empty before the first forward)."""
@@ -446,26 +438,3 @@ def _refuse_text_encoder(graph: str, err: UnsupportedError) -> None:
         raise UnsupportedError("this is an embedding model (its graph outputs sentence_embeddings, not logits): "
                                "load it with create(config, embedding_model=True) or run `mnnllm embed`",
                                file=graph, field="inputs") from err
-
-
-def create(config_path: str | os.PathLike, embedding_model: bool = False, base: Llm | None = None) -> Llm:
-    """MNN's Llm::createLLM: read the config and pick Llm or Omni (not loaded yet); with
-    `embedding_model`, pymnn's flag, Embedding::createEmbedding's text encoder (text_embedding.py).
-
-    `config_path` is a config.json, or a model folder (its config.json, else llm_config.json).
-    `base`: a loaded Llm (same architecture, same runtime keys) whose packed weights this model
-    shares for every op whose weights are the same (e.g. an export merged with a LoRA adapter);
-    each Llm keeps its own KV cache and conversation.
-    """
-    config = LlmConfig.from_file(resolve_config_path(config_path))
-    multimodal = config.is_visual or config.is_audio or config.has_talker
-    if base is not None and (embedding_model or multimodal):
-        raise UnsupportedError("a base is supported for text LLMs only (not embedding or multimodal models)",
-                               file=config.source, field="base")
-    if embedding_model:
-        from .text_embedding import Embedding  # Embedding builds on Llm
-        return Embedding(config)
-    if multimodal:
-        from .omni import Omni  # Omni builds on Llm
-        return Omni(config)
-    return Llm(config, base=base)

@@ -25,7 +25,8 @@ from .deepstack import DEEPSTACK_INPUT, NO_DEEPSTACK, deepstack_rows, graph_take
 from .multimodal import (IMG_TAG, ImageRows, MropePositions, PromptPlan, decode_key, inline_image_parts,
                          named_image, parse_image_content)
 from .runtime import init_runtime
-from .vision import VisionEncoder, create_vision_encoder, token_id
+from .vision import VisionEncoder, token_id
+from .vision_encoders import create_vision_encoder
 
 log = logging.getLogger(__name__)
 

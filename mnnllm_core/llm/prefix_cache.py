@@ -33,11 +33,13 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from ..core.file_identity import file_identity
-from ..files import open_regular_file, written_beside
 from ..core.kv_cache import KVCache
+from ..files import open_regular_file, written_beside
 
 if TYPE_CHECKING:
-    from .llm import Llm
+    from ..express.module import NetModule
+    from .config import LlmConfig
+    from .conversation import Conversation
 
 log = logging.getLogger(__name__)
 
@@ -55,43 +57,42 @@ def token_hash(tokens: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(tokens, "<i4").tobytes()).hexdigest()[:16]
 
 
-def model_caches(llm: "Llm") -> list[KVCache]:
+def model_caches(module: "NetModule") -> list[KVCache]:
     """Every per-token state the executions keep (Attention's KV caches, a short convolution's
     history, ...: each a KVCache the module pool's clones share with the loaded module)."""
-    executions = llm.module.static_module.session.pipeline.executions.values()
+    executions = module.static_module.session.pipeline.executions.values()
     return [value for _, e in executions for value in vars(e).values() if isinstance(value, KVCache)]
 
 
 class PrefixCache:
-    def __init__(self, folder: str, identity: dict, caches: list[KVCache], llm: "Llm"):
+    def __init__(self, folder: str, identity: dict, conversation: "Conversation"):
         self.identity = identity
         self.folder = os.path.join(folder, hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
                                    .hexdigest()[:16])
-        self.caches = caches
-        self.llm = llm
+        self.caches = conversation.caches
+        self.conversation = conversation
         self._pending: list[int] | None = None  # the prompt whose prefill is under way
         self._restored = 0  # how many of its tokens came from the caches
         self._superseded: str | None = None  # the file it extends: removed once it is saved
 
     @classmethod
-    def for_llm(cls, llm: "Llm") -> "PrefixCache | None":
+    def for_model(cls, cfg: "LlmConfig", backend: str, conversation: "Conversation") -> "PrefixCache | None":
         """The model's prefix cache, or None when `prefix_cache_path` is unset or its backend's
         KV cache cannot be saved."""
-        cfg = llm.config
         folder = cfg.get("prefix_cache_path")
         if not folder:
             return None
-        caches = model_caches(llm)
+        caches = conversation.caches
         unsaveable = sorted({type(c).__name__ for c in caches if not c.saveable})
         if not caches or unsaveable:
             log.warning("prefix cache off: the KV cache (%s) of backend %s cannot be saved",
-                        ", ".join(unsaveable) or "none found", llm.runtime_manager.config.backend_type)
+                        ", ".join(unsaveable) or "none found", backend)
             return None
         options = cfg.runtime_options()
         identity = {"format": VERSION, "model": file_identity([cfg.llm_model, cfg.llm_weight, cfg.embedding_file]),
-                    "backend": llm.runtime_manager.config.backend_type, "precision": options.precision,
+                    "backend": backend, "precision": options.precision,
                     "memory": options.memory, "layers": len(caches)}
-        return cls(str(folder), identity, caches, llm)
+        return cls(str(folder), identity, conversation)
 
     # -- the Llm's two calls -------------------------------------------------------------
     def restore(self, prompt_ids: list[int], common: int) -> int:
@@ -111,9 +112,7 @@ class PrefixCache:
             use = min(shared, limit)
             for cache, k, v in zip(self.caches, keys, values):
                 cache.restore(k[:use], v[:use])
-            self.llm.context.history_tokens[:] = prompt_ids[:use]
-            meta = self.llm.kv_meta
-            meta.previous, meta.remove, meta.add, meta.reserve = use, 0, 0, ()
+            self.conversation.restore(prompt_ids[:use])
             self._restored = use
             if shared == len(header["tokens"]):  # the new prompt extends that file's: it replaces it
                 self._superseded = path

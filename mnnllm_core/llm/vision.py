@@ -1,9 +1,9 @@
 """MNN's Omni vision front end: visual.mnn loaded through the same Module path as the LLM (its
 own module, on the `mllm` backend or the LLM's, weights packed, placement with fallback), and
-the encoder family chosen by the graph's inputs as MNN's Omni::visionProcess does: `patches`
-first is the Qwen-VL family (vision_qwen2: Qwen2-VL; vision_qwen3: Qwen3-VL and Qwen3.5, with
-idx_tensor / weight_tensor), a lone `pixel_values` is Idefics3 / SmolVLM (vision_idefics3).
-Each family turns one image into the ids that stand for it in the prompt and the embedding rows
+what every encoder family shares; vision_encoders.py chooses the family by the graph's inputs
+as MNN's Omni::visionProcess does: `patches` first is the Qwen-VL family (vision_qwen2: Qwen2-VL;
+vision_qwen3: Qwen3-VL and Qwen3.5, with idx_tensor / weight_tensor), a lone `pixel_values` is
+Idefics3 / SmolVLM (vision_idefics3). Each family turns one image into the ids that stand for it in the prompt and the embedding rows
 written over its image_pad ids."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError, UnsupportedError
+from ..errors import ConfigError, FormatError
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -108,21 +108,3 @@ def load_vision_module(config: LlmConfig, runtime_manager: RuntimeManager) -> Ne
     finally:
         runtime_manager.external_file = llm_weights
 
-
-def create_vision_encoder(config: LlmConfig, runtime_manager: RuntimeManager, tokenizer) -> VisionEncoder:
-    """MNN's choice by the encoder's inputs: `patches` first (Qwen2-VL, or Qwen3-VL with
-    idx_tensor), or a lone `pixel_values` (Idefics3 / SmolVLM)."""
-    from .vision_idefics3 import Idefics3VisionEncoder
-    from .vision_qwen2 import Qwen2VisionEncoder
-    from .vision_qwen3 import QWEN3_INPUTS, Qwen3VisionEncoder
-    module = load_vision_module(config, runtime_manager)
-    inputs = module.input_names
-    if inputs == QWEN3_INPUTS:
-        return Qwen3VisionEncoder(config, module, tokenizer)
-    if inputs[:1] == ["patches"]:
-        return Qwen2VisionEncoder(config, module, tokenizer)
-    if inputs == ["pixel_values"]:
-        return Idefics3VisionEncoder(config, module, tokenizer)
-    raise UnsupportedError(f"vision encoder inputs {inputs}: mnnllm runs Qwen2-VL ({', '.join(QWEN3_INPUTS[:3])}), "
-                           f"Qwen3-VL ({', '.join(QWEN3_INPUTS)}) and Idefics3/SmolVLM (pixel_values) encoders",
-                           file=config.visual_model, field="inputs")

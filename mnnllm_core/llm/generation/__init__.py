@@ -1,4 +1,6 @@
-"""Generation strategies (MNN's GenerationStrategy), chosen by `speculative_type`."""
+"""Generation strategies (MNN's GenerationStrategy), chosen by `speculative_type`. A strategy sees
+the model through target.py's narrow protocol, not the Llm, and emits its tokens through
+strategy.py's loop, the same for all."""
 from __future__ import annotations
 
 import logging
@@ -13,8 +15,8 @@ from .mtp import MtpGeneration
 
 if TYPE_CHECKING:
     from ..config import LlmConfig
-    from ..llm import Llm
     from ..sampler import Sampler
+    from .target import DraftingTarget
 
 __all__ = ["ARGeneration", "EagleGeneration", "LookaheadGeneration", "MtpGeneration", "create_generation", "needs_hidden_states"]
 
@@ -26,24 +28,24 @@ def needs_hidden_states(config: "LlmConfig") -> bool:
     return str(config.speculative_type or "") in DRAFTED
 
 
-def create_generation(llm: "Llm", sampler: "Sampler | None" = None):
+def create_generation(target: "DraftingTarget", sampler: "Sampler | None" = None):
     """"" -> autoregressive; "lookahead" (n-gram guesses), "mtp", "eagle" (draft modules) ->
     speculative decoding, greedy sampler only, where it is exact; with another sampler it falls
     back to autoregressive, logged. `sampler` replaces the model's own sampler (a per-request one)."""
-    kind = str(llm.config.speculative_type or "")
+    kind = str(target.config.speculative_type or "")
     if kind == "":
-        return ARGeneration(llm, sampler)
+        return ARGeneration(target, sampler)
     if kind not in SPECULATIVE:
         raise ConfigError(f"speculative_type {kind!r} is not supported (supported: '', "
-                          f"{', '.join(repr(k) for k in SPECULATIVE)})", file=llm.config.origin("speculative_type"),
+                          f"{', '.join(repr(k) for k in SPECULATIVE)})", file=target.config.origin("speculative_type"),
                           field="speculative_type")
-    config = llm.config if sampler is None else sampler.config
+    config = target.config if sampler is None else sampler.config
     if config.sampler_type != "greedy" or (sampler is not None and sampler.config.stage_order):
         logging.getLogger(__name__).warning(
             "speculative_type %s needs a plain greedy sampler (got %s): decoding token by token", kind,
             config.sampler_type)
-        return ARGeneration(llm, sampler)
+        return ARGeneration(target, sampler)
     if kind == "lookahead":
-        return LookaheadGeneration(llm)
-    draft = load_drafts(llm, kind)
-    return MtpGeneration(llm, draft) if kind == "mtp" else EagleGeneration(llm, draft)
+        return LookaheadGeneration(target)
+    draft = load_drafts(target, kind)
+    return MtpGeneration(target, draft) if kind == "mtp" else EagleGeneration(target, draft)

@@ -11,23 +11,21 @@ go again at the next catch-up (KV meta remove), so the cache keeps only the hist
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
 from ..attention_mask import step_mask, tree_mask
 from .drafts import DraftModule
-
-if TYPE_CHECKING:
-    from ..llm import Llm
+from .target import Target
 
 
 class DraftKV:
     """`widths`: the draft's outputs and their row widths; `logits_index` as the draft graph
     takes it (0 all rows, -1 the last: an MTP module guesses from the last row only)."""
 
-    def __init__(self, llm: "Llm", module: DraftModule, widths: dict[str, int], logits_index: int = 0):
-        self.llm, self.module, self.widths = llm, module, widths
+    def __init__(self, target: Target, module: DraftModule, widths: dict[str, int], logits_index: int = 0):
+        self.target, self.module, self.widths = target, module, widths
         self.logits_index = np.array([logits_index], np.int32)
         self.meta = module.kv_meta
         self.next = 0  # the main-model position of the next row taken in
@@ -39,9 +37,9 @@ class DraftKV:
     def start(self) -> None:
         """After a prefill: the cache is emptied at the next step and starts at the history's last
         position (the prefill gives the hidden state of its last token only)."""
-        history = self.llm.context.history_tokens
+        history = self.target.conversation.history
         self.next, self.drop, self.grown = len(history) - 1, self.meta.previous, []
-        self.kept_hidden, self.kept_tokens = [self.llm.hidden_states[-1:]], [history[-1]]
+        self.kept_hidden, self.kept_tokens = [self.target.hidden_states[-1:]], [history[-1]]
 
     def keep(self, hidden: np.ndarray, tokens: list[int]) -> None:
         """A verify step kept these main-model rows (consecutive positions after the last kept)."""
@@ -58,7 +56,7 @@ class DraftKV:
 
     def take_in(self, tokens: list[int], hidden: np.ndarray) -> list[np.ndarray]:
         """Rows for (hidden[i], token i) at positions next.. (causal); the draft's outputs."""
-        cfg, rows = self.llm.config, len(tokens)
+        cfg, rows = self.target.config, len(tokens)
         past = self.meta.previous - self.drop
         mask = step_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, past, rows)
         out = self._run(tokens, hidden, mask, np.arange(self.next, self.next + rows), self.drop)
@@ -69,7 +67,7 @@ class DraftKV:
     def grow(self, tokens: list[int], hidden: np.ndarray, continues: list[int], level: int) -> list[np.ndarray]:
         """Grown rows for (hidden[i], token i) at position next + level; row i continues grown
         row continues[i] (-1: the last kept row). The draft's outputs."""
-        cfg = self.llm.config
+        cfg = self.target.config
         first = len(self.grown)
         self.grown += continues
         past = self.meta.previous - first
@@ -83,7 +81,7 @@ class DraftKV:
         rows = hidden.shape[0]
         meta = self.meta
         meta.remove, meta.add, meta.reserve = remove, rows, ()
-        embeds = self.llm.embedding.embedding(tokens)
+        embeds = self.target.embedding.embedding(tokens)
         feeds = {"input_embed": embeds.reshape(rows, 1, -1).astype(np.float32, copy=False),
                  "hidden_states": hidden.astype(np.float32, copy=False), "attention_mask": np.ascontiguousarray(mask),
                  "position_ids": positions.astype(np.int32).reshape(1, rows), "logits_index": self.logits_index}

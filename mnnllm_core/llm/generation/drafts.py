@@ -29,7 +29,7 @@ from ...express.static_module import Config
 from ...schema.reader import op_type_name, read_net_file
 
 if TYPE_CHECKING:
-    from ..llm import Llm
+    from .target import DraftingTarget
 
 DRAFT_INPUTS = ["input_embed", "hidden_states", "attention_mask", "position_ids", "logits_index"]
 MTP_OUTPUTS = ["logits"]
@@ -40,20 +40,20 @@ FC_INPUTS, FC_OUTPUTS = ["fc_hidden"], ["hidden_states"]
 class DraftModule:
     """One draft graph; `run` feeds it with MNN's inputs and checks what comes back."""
 
-    def __init__(self, llm: "Llm", key: str, inputs: list[str], outputs: list[str]):
-        self.path = path = getattr(llm.config, key)
+    def __init__(self, target: "DraftingTarget", key: str, inputs: list[str], outputs: list[str]):
+        self.path = path = getattr(target.config, key)
         self.key = key
         if not os.path.isfile(path):
             problem = "is not a regular file" if os.path.exists(path) else "does not exist"
             raise ConfigError(f"{key} names a file that {problem}: {path}",
-                              file=llm.config.origin(key) or llm.config.source, field=key)
+                              file=target.config.origin(key) or target.config.source, field=key)
         net = read_net_file(path)
         types = {op_type_name(op.type) for op in net.oplists or []}
         self.attends = "Attention" in types
         if "LinearAttention" in types or (self.attends and key not in ("eagle_model", "mtp_model")):
             raise UnsupportedError(f"{key}: a draft's own KV cache is supported for Attention ops in an Eagle step or "
                                    "an MTP module, not for linear attention or elsewhere", file=path, field="oplists")
-        manager = llm.runtime_manager.derive() if self.attends else llm.runtime_manager
+        manager = target.runtime_manager.derive() if self.attends else target.runtime_manager
         self.kv_meta = manager.kv_meta if self.attends else None  # the draft's own, for draft_kv.py
         main_weights = manager.external_file
         manager.set_external_file(path + ".weight")
@@ -97,8 +97,8 @@ class MtpDraft:
     module: DraftModule
 
     @classmethod
-    def load(cls, llm: "Llm") -> "MtpDraft":
-        return cls(DraftModule(llm, "mtp_model", DRAFT_INPUTS, MTP_OUTPUTS))
+    def load(cls, target: "DraftingTarget") -> "MtpDraft":
+        return cls(DraftModule(target, "mtp_model", DRAFT_INPUTS, MTP_OUTPUTS))
 
 
 @dataclass
@@ -108,18 +108,18 @@ class EagleDraft:
     d2t: np.ndarray  # int64 [draft vocab]: target token = i + d2t[i]
 
     @classmethod
-    def load(cls, llm: "Llm") -> "EagleDraft":
-        step = DraftModule(llm, "eagle_model", DRAFT_INPUTS, EAGLE_OUTPUTS)
-        fc = DraftModule(llm, "eagle_fc", FC_INPUTS, FC_OUTPUTS)
-        return cls(fc, step, read_d2t(llm, llm.embedding.vocab))
+    def load(cls, target: "DraftingTarget") -> "EagleDraft":
+        step = DraftModule(target, "eagle_model", DRAFT_INPUTS, EAGLE_OUTPUTS)
+        fc = DraftModule(target, "eagle_fc", FC_INPUTS, FC_OUTPUTS)
+        return cls(fc, step, read_d2t(target, target.embedding.vocab))
 
 
-def read_d2t(llm: "Llm", vocab: int) -> np.ndarray:
+def read_d2t(target: "DraftingTarget", vocab: int) -> np.ndarray:
     """eagle_d2t: the first int32 Const of the Variable file, checked to map into the vocabulary."""
-    path = llm.config.eagle_d2t
+    path = target.config.eagle_d2t
     if not os.path.isfile(path):
         raise ConfigError(f"eagle_d2t names a file that does not exist: {path}",
-                          file=llm.config.origin("eagle_d2t") or llm.config.source, field="eagle_d2t")
+                          file=target.config.origin("eagle_d2t") or target.config.source, field="eagle_d2t")
     net = read_net_file(path)
     for op in net.oplists or []:
         blob = op.main if op_type_name(op.type) == "Const" else None
@@ -134,14 +134,14 @@ def read_d2t(llm: "Llm", vocab: int) -> np.ndarray:
                       field="oplists")
 
 
-def load_drafts(llm: "Llm", kind: str):
+def load_drafts(target: "DraftingTarget", kind: str):
     """The draft of `kind` ("mtp" / "eagle"), loaded once per Llm and files and kept on it."""
     keys = ("mtp_model",) if kind == "mtp" else ("eagle_model", "eagle_fc", "eagle_d2t")
-    wanted = (kind,) + tuple(getattr(llm.config, key) for key in keys)
-    if llm.drafts is None or llm.drafts[0] != wanted:
-        if llm.module is None or "hidden_states" not in llm.module.output_names:
+    wanted = (kind,) + tuple(getattr(target.config, key) for key in keys)
+    if target.drafts is None or target.drafts[0] != wanted:
+        if target.module is None or "hidden_states" not in target.module.output_names:
             raise ConfigError(f"speculative_type {kind} needs the main model's hidden_states output: set it before "
-                              "load (the model was loaded without it)", file=llm.config.origin("speculative_type"),
+                              "load (the model was loaded without it)", file=target.config.origin("speculative_type"),
                               field="speculative_type")
-        llm.drafts = (wanted, (MtpDraft if kind == "mtp" else EagleDraft).load(llm))
-    return llm.drafts[1]
+        target.drafts = (wanted, (MtpDraft if kind == "mtp" else EagleDraft).load(target))
+    return target.drafts[1]

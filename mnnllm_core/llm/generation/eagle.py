@@ -16,18 +16,14 @@ level's guesses see their ancestors by a tree mask.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..prefix_cache import model_caches
 from .draft_kv import DraftKV
 from .drafts import EagleDraft, draft_feeds
 from .speculative import SpeculativeGeneration
+from .target import Target
 from .token_tree import DraftTree, TreeBuilder
-
-if TYPE_CHECKING:
-    from ..llm import Llm
 
 log = logging.getLogger(__name__)
 
@@ -43,40 +39,40 @@ def top(rows: np.ndarray, k: int) -> np.ndarray:
 
 
 class EagleGeneration(SpeculativeGeneration):
-    def __init__(self, llm: "Llm", draft: EagleDraft):
-        super().__init__(llm)
+    def __init__(self, target: Target, draft: EagleDraft):
+        super().__init__(target)
         self.eagle = draft
-        self.depth = llm.config.eagle_depth
-        self.topk = llm.config.eagle_topk
+        self.depth = target.config.eagle_depth
+        self.topk = target.config.eagle_topk
         self.hidden = None  # [1, hidden]: the main model's hidden state before the pending token
-        self.tree = self.topk > 1 and all(cache.reservable for cache in model_caches(llm))
+        self.tree = self.topk > 1 and target.conversation.reservable
         if self.topk > 1 and not self.tree:
             log.info("eagle_topk %d: the model's KV cache cannot keep a tree's path; verifying the best path only",
                      self.topk)
-        widths = {"logits": draft.d2t.size, "out_hidden_states": llm.config.hidden_size}
-        self.kv = DraftKV(llm, draft.step, widths) if draft.step.attends else None
+        widths = {"logits": draft.d2t.size, "out_hidden_states": target.config.hidden_size}
+        self.kv = DraftKV(target, draft.step, widths) if draft.step.attends else None
 
     def start(self, new_ids: list[int]) -> None:
-        self.hidden = self.llm.hidden_states[-1:]
+        self.hidden = self.target.hidden_states[-1:]
         if self.kv is not None:
             self.kv.start()
 
     def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
-        self.hidden = self.llm.hidden_states[rows[-1]:rows[-1] + 1]
+        self.hidden = self.target.hidden_states[rows[-1]:rows[-1] + 1]
         if self.kv is not None:
-            self.kv.keep(self.llm.hidden_states[rows], [tokens[row] for row in rows])
+            self.kv.keep(self.target.hidden_states[rows], [tokens[row] for row in rows])
 
     def _step(self, tokens: list[int], hidden: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One draft step for each (token, draft state) row: log probabilities over the draft
         vocabulary and the next draft states."""
-        llm, eagle = self.llm, self.eagle
-        logits, hidden = eagle.step.run(draft_feeds(llm.embedding.embedding(tokens), hidden),
-                                        {"logits": eagle.d2t.size, "out_hidden_states": llm.config.hidden_size})
+        target, eagle = self.target, self.eagle
+        logits, hidden = eagle.step.run(draft_feeds(target.embedding.embedding(tokens), hidden),
+                                        {"logits": eagle.d2t.size, "out_hidden_states": target.config.hidden_size})
         return log_softmax(logits), hidden
 
     def _fc(self, hidden: np.ndarray) -> np.ndarray:
         """The main model's hidden states in the draft's space (eagle_fc)."""
-        return self.eagle.fc.run({"fc_hidden": hidden}, {"hidden_states": self.llm.config.hidden_size})[0]
+        return self.eagle.fc.run({"fc_hidden": hidden}, {"hidden_states": self.target.config.hidden_size})[0]
 
     def _first(self, token: int) -> tuple[np.ndarray, np.ndarray]:
         """The step at the pending token (for a draft with a KV cache, after the rows kept since)."""

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
 
 from ...errors import ConfigError
 from .ngram import CONFUSING, MAX_KEY, NgramCache, build_cache
 from .speculative import SpeculativeGeneration
-
-if TYPE_CHECKING:
-    from ..llm import Llm
+from .target import Target
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +20,9 @@ LOOKUP_LIMIT = 1 << 20  # bytes of lookup_file read (a prior text, not a corpus)
 
 
 class LookaheadGeneration(SpeculativeGeneration):
-    def __init__(self, llm: "Llm"):
-        super().__init__(llm)
-        cfg = llm.config
+    def __init__(self, target: Target):
+        super().__init__(target)
+        cfg = target.config
         if cfg.ngram_match_maxlen > MAX_KEY:
             raise ConfigError(f"ngram_match_maxlen must be at most {MAX_KEY} (MNN's longest n-gram key), got "
                               f"{cfg.ngram_match_maxlen}", file=cfg.origin("ngram_match_maxlen"),
@@ -38,24 +35,24 @@ class LookaheadGeneration(SpeculativeGeneration):
     def _lookup_ids(self) -> list[int]:
         """lookup_file's tokens (read once; a missing file means none, as in MNN)."""
         if self._lookup is None:
-            path = self.llm.config.lookup_file
+            path = self.target.config.lookup_file
             self._lookup = []
             if os.path.isfile(path):
                 with open(path, "rb") as f:
                     text = f.read(LOOKUP_LIMIT).decode("utf-8", errors="replace")
-                self._lookup = self.llm.tokenizer.encode(text)
+                self._lookup = self.target.tokenizer.encode(text)
                 log.info("lookahead: %d tokens of n-grams from %s", len(self._lookup), path)
         return self._lookup
 
     def start(self, new_ids: list[int]) -> None:
-        cfg = self.llm.config
-        self.cache = build_cache(self.llm.context.history_tokens, cfg.ngram_match_maxlen, cfg.draft_selection_rule,
+        cfg = self.target.config
+        self.cache = build_cache(self.target.conversation.history, cfg.ngram_match_maxlen, cfg.draft_selection_rule,
                                  self._lookup_ids())
 
     def draft(self, token: int, room: int) -> list[int]:
-        strictness = "high" if self.llm.tokenizer_decode(token) in CONFUSING else self.strictness
-        return self.cache.draft(self.llm.context.history_tokens + [token], room, strictness)
+        strictness = "high" if self.target.tokenizer.decode_id(token) in CONFUSING else self.strictness
+        return self.cache.draft([*self.target.conversation.history, token], room, strictness)
 
     def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
         if self.update:
-            self.cache.update(self.llm.context.history_tokens, accepted + 1)
+            self.cache.update(self.target.conversation.history, accepted + 1)

@@ -8,39 +8,36 @@ module with its own KV cache (Attention ops) first takes in the rows the last ve
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from .draft_kv import DraftKV
 from .drafts import MtpDraft, draft_feeds
 from .speculative import SpeculativeGeneration
-
-if TYPE_CHECKING:
-    from ..llm import Llm
+from .target import Target
 
 
 class MtpGeneration(SpeculativeGeneration):
-    def __init__(self, llm: "Llm", draft: MtpDraft):
-        super().__init__(llm)
+    def __init__(self, target: Target, draft: MtpDraft):
+        super().__init__(target)
         self.mtp = draft
         self.hidden = None  # [1, hidden]: the main model's hidden state before the pending token
         module = draft.module
-        self.kv = DraftKV(llm, module, {"logits": llm.embedding.vocab}, logits_index=-1) if module.attends else None
+        widths = {"logits": target.embedding.vocab}
+        self.kv = DraftKV(target, module, widths, logits_index=-1) if module.attends else None
 
     def start(self, new_ids: list[int]) -> None:
-        self.hidden = self.llm.hidden_states[-1:]
+        self.hidden = self.target.hidden_states[-1:]
         if self.kv is not None:
             self.kv.start()
 
     def draft(self, token: int, room: int) -> list[int]:
-        llm = self.llm
+        embedding = self.target.embedding
         if self.kv is not None:
             logits, = self.kv.catch_up(token)
         else:
-            logits, = self.mtp.module.run(draft_feeds(llm.embedding.embedding([token]), self.hidden),
-                                          {"logits": llm.embedding.vocab})
+            logits, = self.mtp.module.run(draft_feeds(embedding.embedding([token]), self.hidden),
+                                          {"logits": embedding.vocab})
         return [int(t) for t in logits.argmax(axis=-1)[:room]]
 
     def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
-        self.hidden = self.llm.hidden_states[rows[-1]:rows[-1] + 1]
+        self.hidden = self.target.hidden_states[rows[-1]:rows[-1] + 1]
         if self.kv is not None:
-            self.kv.keep(self.llm.hidden_states[rows], [tokens[row] for row in rows])
+            self.kv.keep(self.target.hidden_states[rows], [tokens[row] for row in rows])
