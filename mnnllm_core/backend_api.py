@@ -40,6 +40,7 @@ from .core.allocator import BufferPool
 from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Replay,
                            Runtime, RuntimeCreator, ScheduleConfig)
 from .core.dtypes import FLOAT32, INT32
+from .core.expert_program import EXPERT_BINARY, EXPERT_UNARY, ExpertProgram, ExpertStep, step_name
 from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
 from .core.kv_meta import KVMeta
@@ -71,7 +72,7 @@ __all__ = [
     "NO_ACTIVATION", "RELU", "RELU6",
     # weights
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
-    "MoEExpert",
+    "MoEExpert", "ExpertProgram", "ExpertStep", "EXPERT_UNARY", "EXPERT_BINARY", "step_name",
     # the KV cache; packed weights kept on disk (use_mmap)
     "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
     # kernel variants tuned once per device (gpu_tuning)

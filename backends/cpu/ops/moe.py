@@ -1,28 +1,54 @@
 """MNN's MoE op: each token's hidden state through its top_k experts, weighted by the routing
 weights and summed. Inputs: hidden [tokens, hidden], routing weights and expert ids [.., tokens,
-top_k]. Each expert (gate_up, down; see MoEExpert) is dequantized once to fp32 at creation;
-a run groups the tokens by expert, as MNN's MoEModule does in prefill."""
+top_k]. Each expert (gate_up, its program on the two halves, down; see MoEExpert) is dequantized
+once to fp32 at creation, its program bound to this backend's UnaryOp / BinaryOp functions; a run
+groups the tokens by expert, as MNN's MoEModule does in prefill."""
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import Execution, MoEExpert, Refused
+from mnnllm_core.backend_api import Execution, ExpertProgram, MoEExpert, Refused, step_name
+
+from .elementwise import BINARY, UNARY
+
+
+def bind_program(program: ExpertProgram) -> list[tuple[Callable, tuple]] | str:
+    """Each step as (function, operands), an operand a slot (0 gate, 1 up, 2 + i step i's result)
+    or a float32 scalar; or why a step has no function here."""
+    slots = {"gate": 0, "up": 1}
+    bound = []
+    for index, step in enumerate(program):
+        function = (UNARY if len(step.operands) == 1 else BINARY).get(step.operation)
+        if function is None:
+            return f"no {step.operation} kernel for an expert's program"
+        bound.append((function, tuple(np.float32(o) if isinstance(o, float) else slots[o] for o in step.operands)))
+        slots[step_name(index)] = 2 + index
+    return bound
 
 
 class PackedExpert:
-    def __init__(self, expert: MoEExpert):
+    def __init__(self, expert: MoEExpert, program: list[tuple[Callable, tuple]]):
         self.gate_up = expert.gate_up.dequantize()
         self.gate_up_bias = expert.gate_up.nonzero_bias
         self.down = expert.down.dequantize()
         self.down_bias = expert.down.nonzero_bias
         self.inter = expert.intermediate
+        self.program = program
+
+    def activate(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        """The expert's program on the two halves of gate_up's output."""
+        values = [gate, up]
+        for function, operands in self.program:
+            values.append(function(*(values[o] if isinstance(o, int) else o for o in operands)))
+        return values[-1]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         h = x @ self.gate_up.T
         if self.gate_up_bias is not None:
             h += self.gate_up_bias
-        gate, up = h[:, :self.inter], h[:, self.inter:]
-        y = (gate / (1.0 + np.exp(-gate)) * up) @ self.down.T
+        y = self.activate(h[:, :self.inter], h[:, self.inter:]) @ self.down.T
         return y + self.down_bias if self.down_bias is not None else y
 
 
@@ -49,7 +75,12 @@ class MoEExecution(Execution):
 def create_moe(backend, inputs, outputs, op):
     if op.weights is None:
         return Refused("its experts were packed for another backend")
-    experts = [PackedExpert(e) for e in op.weights.experts()]
+    experts = []
+    for expert in op.weights.experts():
+        program = bind_program(expert.program)
+        if isinstance(program, str):
+            return Refused(program)
+        experts.append(PackedExpert(expert, program))
     return MoEExecution(backend, experts, op.param.top_k)
 
 
