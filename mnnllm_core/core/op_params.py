@@ -193,6 +193,10 @@ def _rope(op: Op) -> RoPEParams | None:
                       _qk_norm(_field(p, "qNorm")), _qk_norm(_field(p, "kNorm")))
 
 
+# why a kernel without the sinks input (MNN's fifth Attention input, gpt-oss) refuses the op
+SINKS_REFUSAL = "attention sinks (a fifth input, one logit per head) are not implemented"
+
+
 @dataclass(frozen=True)
 class AttentionParams:
     """Fused attention: q, k, v, and an optional mask (a scalar means causal). With `kv_cache`
@@ -231,6 +235,8 @@ class AttentionParams:
             return "float32 only"
         if len(inputs) > 3 and inputs[3].dtype not in (np.float32, np.int32):
             return "a mask neither float32 nor int32"
+        if len(inputs) > 4:
+            return SINKS_REFUSAL
         if inputs[0].shape and self.layout(inputs[0].shape, inputs[1].shape) is None:
             return "the inputs do not say the head layout"
         return None
