@@ -2,6 +2,7 @@
 and down Linears and, between them, the expression of the two halves as an ExpertProgram. An
 expression with an op outside the expert operations, halves sliced elsewhere, or a missing
 expert subgraph is a typed error naming the file and field."""
+import numpy as np
 import pytest
 
 from mnnllm_core.core.expert_program import EXPERT_BINARY, EXPERT_UNARY, SILU_GLU, ExpertStep
@@ -12,6 +13,7 @@ from mnnllm_core.express.weight_file import ExternalWeightFile
 from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
 from mnnllm_core.schema.reader import op_type_name, read_net_file
 from mnnllm_backends.cpu.ops.elementwise import BINARY, UNARY
+from mnnllm_backends.cpu.ops.moe import bind_program
 from paths import SHARED
 
 MODEL = SHARED / "models" / "arch" / "tiny-qwen3_moe-mnn-fp16" / "llm.mnn"
@@ -74,3 +76,9 @@ def test_a_missing_expert_subgraph_is_a_format_error(net) -> None:
 
 def test_the_cpu_backend_has_a_function_for_every_expert_operation() -> None:
     assert EXPERT_UNARY <= UNARY.keys() and EXPERT_BINARY <= BINARY.keys()
+
+
+def test_the_cpu_silu_program_gives_the_bits_of_the_fixed_silu_expert() -> None:
+    h = np.random.default_rng(0).standard_normal((5, 2 * 7)).astype(np.float32) * 4
+    gate, up = h[:, :7], h[:, 7:]
+    assert np.array_equal(bind_program(SILU_GLU)(gate, up), gate / (1.0 + np.exp(-gate)) * up)

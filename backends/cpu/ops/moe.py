@@ -14,41 +14,47 @@ from mnnllm_core.backend_api import Execution, ExpertProgram, MoEExpert, Refused
 from .elementwise import BINARY, UNARY
 
 
-def bind_program(program: ExpertProgram) -> list[tuple[Callable, tuple]] | str:
-    """Each step as (function, operands), an operand a slot (0 gate, 1 up, 2 + i step i's result)
-    or a float32 scalar; or why a step has no function here."""
+class BoundProgram:
+    """An expert's program with each step bound to this backend's UnaryOp / BinaryOp function;
+    an operand is a slot (0 gate, 1 up, 2 + i step i's result) or a float32 scalar."""
+
+    def __init__(self, steps: list[tuple[Callable, tuple]]):
+        self.steps = steps
+
+    def __call__(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+        values = [gate, up]
+        for function, operands in self.steps:
+            values.append(function(*(values[o] if isinstance(o, int) else o for o in operands)))
+        return values[-1]
+
+
+def bind_program(program: ExpertProgram) -> BoundProgram | str:
+    """The program bound to this backend's functions, or why a step has none here."""
     slots = {"gate": 0, "up": 1}
-    bound = []
+    steps = []
     for index, step in enumerate(program):
         function = (UNARY if len(step.operands) == 1 else BINARY).get(step.operation)
         if function is None:
             return f"no {step.operation} kernel for an expert's program"
-        bound.append((function, tuple(np.float32(o) if isinstance(o, float) else slots[o] for o in step.operands)))
+        steps.append((function, tuple(np.float32(o) if isinstance(o, float) else slots[o] for o in step.operands)))
         slots[step_name(index)] = 2 + index
-    return bound
+    return BoundProgram(steps)
 
 
 class PackedExpert:
-    def __init__(self, expert: MoEExpert, program: list[tuple[Callable, tuple]]):
+    def __init__(self, expert: MoEExpert, activation: BoundProgram):
         self.gate_up = expert.gate_up.dequantize()
         self.gate_up_bias = expert.gate_up.nonzero_bias
         self.down = expert.down.dequantize()
         self.down_bias = expert.down.nonzero_bias
         self.inter = expert.intermediate
-        self.program = program
-
-    def activate(self, gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-        """The expert's program on the two halves of gate_up's output."""
-        values = [gate, up]
-        for function, operands in self.program:
-            values.append(function(*(values[o] if isinstance(o, int) else o for o in operands)))
-        return values[-1]
+        self.activation = activation
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         h = x @ self.gate_up.T
         if self.gate_up_bias is not None:
             h += self.gate_up_bias
-        y = self.activate(h[:, :self.inter], h[:, self.inter:]) @ self.down.T
+        y = self.activation(h[:, :self.inter], h[:, self.inter:]) @ self.down.T
         return y + self.down_bias if self.down_bias is not None else y
 
 

@@ -267,6 +267,15 @@ def _sinks(heads: int, kv_heads: int, dim: int, prompt: int, count: int, window:
     return build
 
 
+def _sinks_per_kv_head(rng) -> Trial:
+    heads, kv_heads, dim, tokens = 4, 2, 8, 3
+    q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
+    trial = Trial(attention_op(heads, kv_heads, dim), [*feeds(q, k, v, SCALAR), Const(randn(rng, kv_heads))],
+                  [Step(feeds(q, k, v, SCALAR))])
+    trial.error = (UnsupportedError, "sinks")
+    return trial
+
+
 def _short_mask(rng) -> Trial:
     heads, kv_heads, dim, tokens = 4, 2, 8, 7
     q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
@@ -315,5 +324,7 @@ def cases() -> list[Case]:
                                 f"prompt={p} decode={n}", _sinks(h, kv, d, p, n, w), tags=_tags(d) | {"sinks"})
               for h, kv, d, p, n, w in ((9, 3, 64, 7, 3, None), (3, 1, 16, 37, 2, None), (5, 5, 12, 6, 2, None),
                                         (6, 2, 16, 9, 4, 4), (3, 1, 8, 5, 3, 16), (7, 7, 5, 4, 2, 3))]
+    found.append(Case("Attention", "sinks, one per kv head instead of per head, are an UnsupportedError",
+                      _sinks_per_kv_head, tags=frozenset({"sinks"})))
     found.append(Case("Attention", "a mask with fewer rows than queries is an UnsupportedError", _short_mask))
     return found
