@@ -75,6 +75,14 @@ def test_our_engine_on_our_export_gives_the_transformers_tokens(exports, arch, b
     assert [until_stop(t) for t in got] == expected
 
 
+@pytest.mark.parametrize("name", ["gpt_oss", "gemma4_moe"])
+def test_our_engine_with_memory_low_runs_sinks_and_expert_programs_to_the_transformers_tokens(exports, name):
+    """memory "low": packed int4 kernels; gpt-oss's sinks in every Attention, both experts' programs."""
+    config, expected = exports(next(a for a in ARCHS if a.name == name), 4)
+    got = engine_generate(config, PROMPTS, NEW_TOKENS, memory="low")
+    assert [until_stop(t) for t in got] == expected
+
+
 def test_fused_qwen3_5_moe_experts_export_the_same_bytes_as_per_expert_ones(tmp_path):
     """transformers 5 holds the experts fused ([E, 2I, H] gate_up, [E, H, I] down); save_pretrained writes
     them per expert. Both layouts of one checkpoint give the same llm.mnn.weight."""
