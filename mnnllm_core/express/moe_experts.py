@@ -114,6 +114,10 @@ class _ExpertGraph:
         if len(slices) != 2 or any(len(op.inputIndexes) < 4 for op in slices):
             raise self.unsupported(f"{len(slices)} slices of gate_up, not its two halves")
         for op in slices:
+            masks = (getattr(op.main, m, 0) for m in ("beginMask", "endMask", "ellipsisMask", "newAxisMask",
+                                                       "shrinkAxisMask"))
+            if int(getattr(op.main, "fromType", 0)) != 1 or any(masks):  # 1: ONNX Slice (data, starts, ends, axes)
+                raise self.unsupported(f"slice {_text(op.name)!r} of gate_up is not a Slice (starts, ends, axes)")
             if self._const_int(int(op.inputIndexes[3])) != -1 or (
                     len(op.inputIndexes) > 4 and self._const_int(int(op.inputIndexes[4])) != 1):
                 raise self.unsupported(f"slice {_text(op.name)!r} of gate_up is not on its last axis with step 1")
