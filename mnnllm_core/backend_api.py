@@ -34,7 +34,10 @@ timed once per device on the real shapes and kept in a file, MNN's mnn_cachefile
 runtime hint "gpu_tuning" turns it on), `broadcast_strides` and
 `walks_contiguously` (views device kernels walk), `norm_tables` / `layernorm_launch` /
 `head_norm_tables` (norm tables as device kernels take them), the weights' `scale_zero()`,
-`offset_codes()` and `dequantize()` (packing).
+`offset_codes()` and `dequantize()` (packing), `MoEExpert.program` (an `ExpertProgram`: the
+elementwise steps between an expert's two Linears, from EXPERT_UNARY / EXPERT_BINARY, which a
+backend evaluates with its own elementwise kernels). An Attention with a fifth input (sinks) is
+refused with SINKS_REFUSAL by a kernel that does not add them to its softmax.
 
 Check a backend with `mnnllm test-backend NAME` (the conformance suite, mnnllm_core.testing).
 """
@@ -44,16 +47,17 @@ from .core.allocator import BufferPool
 from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
                            RuntimeCreator, ScheduleConfig)
 from .core.dtypes import FLOAT32, INT32
+from .core.expert_program import EXPERT_BINARY, EXPERT_UNARY, ExpertProgram, ExpertStep, step_name
 from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
 from .core.kv_meta import KVMeta
 from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
                                layernorm_launch, norm_tables)
 from .core.op import Op
-from .core.op_params import (NO_ACTIVATION, RELU, RELU6, AttentionMask, AttentionParams, BinaryParams, CastParams,
-                             ConvolutionParams, EltwiseParams, GatherParams, LayerNormParams, LinearAttentionParams,
-                             MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams, ReluParams, RoPEParams,
-                             SoftmaxParams, TopKParams, UnaryParams, attention_mask)
+from .core.op_params import (NO_ACTIVATION, RELU, RELU6, SINKS_REFUSAL, AttentionMask, AttentionParams, BinaryParams,
+                             CastParams, ConvolutionParams, EltwiseParams, GatherParams, LayerNormParams,
+                             LinearAttentionParams, MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams,
+                             ReluParams, RoPEParams, SoftmaxParams, TopKParams, UnaryParams, attention_mask)
 from .core.replay import Replay
 from .core.tensor import Tensor
 from .core.tuning_cache import TUNING_HINT, TuningCache
@@ -73,10 +77,10 @@ __all__ = [
     "ConvolutionParams", "LayerNormParams", "NormLayout", "QKNorm", "RoPEParams", "AttentionParams",
     "AttentionMask", "attention_mask", "BinaryParams", "UnaryParams", "EltwiseParams", "ReductionParams",
     "CastParams", "GatherParams", "MatMulParams", "SoftmaxParams", "ReluParams", "TopKParams", "MoEParams", "LinearAttentionParams", "RasterParam", "Region", "View",
-    "NO_ACTIVATION", "RELU", "RELU6",
+    "NO_ACTIVATION", "RELU", "RELU6", "SINKS_REFUSAL",
     # weights
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
-    "MoEExpert",
+    "MoEExpert", "ExpertProgram", "ExpertStep", "EXPERT_UNARY", "EXPERT_BINARY", "step_name",
     # the KV cache; packed weights kept on disk (use_mmap)
     "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
     # kernel variants tuned once per device (gpu_tuning)

@@ -124,7 +124,8 @@ def test_matmul_with_an_inner_dimension_over_one_depth_block():
     assert_product_close(out, reference(weight), x.astype(np.float64))
 
 
-def attention_reference(q, keys, values, past, scale):
+def attention_reference(q, keys, values, past, scale, sinks=None):
+    """float64; a head's sink logit (when given) adds exp(sink) to its softmax denominator."""
     tokens, heads, dim = q.shape
     group = heads // keys.shape[0]
     out = np.zeros(q.shape)
@@ -132,23 +133,27 @@ def attention_reference(q, keys, values, past, scale):
         for h in range(heads):
             visible = past + t + 1
             s = keys[h // group, :visible].astype(np.float64) @ q[t, h] * scale
-            p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ values[h // group, :visible]
+            top = s.max() if sinks is None else max(s.max(), float(sinks[h]))
+            p = np.exp(s - top)
+            total = p.sum() + (0.0 if sinks is None else np.exp(float(sinks[h]) - top))
+            out[t, h] = (p / total) @ values[h // group, :visible]
     return out
 
 
+@pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("tokens, past, heads, kv_heads, dim", [
     (1, 0, 9, 3, 64), (1, 70, 9, 3, 64), (5, 17, 4, 2, 32), (37, 0, 6, 3, 16), (100, 29, 4, 1, 48)])
-def test_attention_kernels_match_float64(tokens, past, heads, kv_heads, dim):
+def test_attention_kernels_match_float64(tokens, past, heads, kv_heads, dim, with_sinks):
     capacity = -(-(past + tokens) // 16) * 16 + 16
     keys = RNG.standard_normal((kv_heads, capacity, dim)).astype(np.float32)
     values = RNG.standard_normal((kv_heads, capacity, dim)).astype(np.float32)
     q = RNG.standard_normal((tokens, heads, dim)).astype(np.float32)
-    expected = attention_reference(q, keys, values, past, 0.2)
+    sinks = (RNG.standard_normal(heads) * 2).astype(np.float32) if with_sinks else np.zeros(0, np.float32)
+    expected = attention_reference(q, keys, values, past, 0.2, sinks if with_sinks else None)
     keys_t = np.ascontiguousarray(keys.transpose(0, 2, 1))
     for kernel in (attention.attend, attention.attend_parallel):
         out = np.full_like(q, np.nan)
-        kernel(q, keys_t, values, past, np.float32(0.2), out)
+        kernel(q, keys_t, values, past, np.float32(0.2), sinks, out)
         np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 

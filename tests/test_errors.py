@@ -10,7 +10,7 @@ import mnnllm_core
 from mnnllm_core.core.dtypes import DT_BFLOAT16, DT_FLOAT
 from mnnllm_core.errors import ConfigError, FormatError, MnnllmError, TokenizerError, WeightFileError
 from mnnllm_core.express.module import Module
-from mnnllm_core.express.pipeline_module import blob_to_array
+from mnnllm_core.express.const_blob import blob_to_array
 from mnnllm_core.express.static_module import Config
 from mnnllm_core.express.weight_file import ExternalWeightFile
 from mnnllm_core.schema.MNN.Blob import BlobT

@@ -390,12 +390,12 @@ def mnn_generate(config: Path, prompts: list[list[int]], n: int) -> list[list[in
     return json.loads(lines[0][7:])
 
 
-def engine_generate(config: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+def engine_generate(config: Path, prompts: list[list[int]], n: int, memory: str = "normal") -> list[list[int]]:
     from mnnllm_core.llm.create import create
 
     cfg = json.loads(config.read_text())
-    cfg.update(base_dir=str(config.parent) + "/", memory="normal", sampler_type="greedy")
-    path = config.parent.parent / f"{config.parent.name}-engine.json"
+    cfg.update(base_dir=str(config.parent) + "/", memory=memory, sampler_type="greedy")
+    path = config.parent.parent / f"{config.parent.name}-engine-{memory}.json"
     path.write_text(json.dumps(cfg))
     llm = create(str(path))
     llm.load()

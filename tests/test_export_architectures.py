@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from mnnllm_core.errors import UnsupportedError
 from hf_tiny import ARCHS, COMPOSITES, PROMPTS, NEW_TOKENS, Arch, build, dequantize_into, greedy, until_stop
 from test_export import engine_generate, mnn_generate
 
@@ -20,19 +19,9 @@ pytest.importorskip("transformers", reason="transformers builds the tiny referen
 BLOCK = 32
 CASES = [(arch, bits) for arch in ARCHS for bits in (16, 4)]
 IDS = [f"{arch.name}-{bits}bit" for arch, bits in CASES]
-# What our engine refuses to run, and the refusal it gives (MNN's runtime runs these exports).
-ENGINE_LACKS = {
-    # its MoE runs the fixed silu(gate) * up expert, not the expert subgraph (gpt-oss's clamped swiglu);
-    # its Attention would also ignore the sinks input
-    "gpt_oss": "is not gate_up -> silu\\(gate\\) \\* up -> down",
-    # the same fixed silu expert: Gemma 4's experts are gelu_tanh(gate) * up
-    "gemma4_moe": "is not gate_up -> silu\\(gate\\) \\* up -> down",
-}
 # MNN 3.6.1's runtime keeps per-layer-embedding state across reset(): a second prompt in the same
 # process decodes wrongly (the first, and Llm::forward step by step, agree with transformers).
 MNN_PROMPT_PER_PROCESS = {"gemma4", "gemma4_vl", "gemma4_kv_shared"}
-ENGINE_CASES = [pytest.param(arch, bits, id=f"{arch.name}-{bits}bit") for arch, bits in CASES
-                if arch.name not in ENGINE_LACKS]
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +68,18 @@ def test_mnn_runtime_on_our_export_gives_the_transformers_tokens(exports, arch, 
     assert [until_stop(t) for t in got] == expected
 
 
-@pytest.mark.parametrize("arch,bits", ENGINE_CASES)
+@pytest.mark.parametrize("arch,bits", CASES, ids=IDS)
 def test_our_engine_on_our_export_gives_the_transformers_tokens(exports, arch, bits):
     config, expected = exports(arch, bits)
     got = engine_generate(config, PROMPTS, NEW_TOKENS)
+    assert [until_stop(t) for t in got] == expected
+
+
+@pytest.mark.parametrize("name", ["gpt_oss", "gemma4_moe"])
+def test_our_engine_with_memory_low_runs_sinks_and_expert_programs_to_the_transformers_tokens(exports, name):
+    """memory "low": packed int4 kernels; gpt-oss's sinks in every Attention, both experts' programs."""
+    config, expected = exports(next(a for a in ARCHS if a.name == name), 4)
+    got = engine_generate(config, PROMPTS, NEW_TOKENS, memory="low")
     assert [until_stop(t) for t in got] == expected
 
 
@@ -115,10 +112,3 @@ def test_fused_qwen3_5_moe_experts_export_the_same_bytes_as_per_expert_ones(tmp_
         write_model(str(src), tmp_path / f"{src.name}-out", quant_bit=4, quant_block=BLOCK)
     assert ((tmp_path / "fused-out" / "llm.mnn.weight").read_bytes() ==
             (tmp_path / "per_expert-out" / "llm.mnn.weight").read_bytes())
-
-
-@pytest.mark.parametrize("arch", [a for a in ARCHS if a.name in ENGINE_LACKS], ids=lambda a: a.name)
-def test_our_engine_refuses_an_export_it_cannot_run_yet(exports, arch):
-    config, _ = exports(arch, 16)
-    with pytest.raises(UnsupportedError, match=ENGINE_LACKS[arch.name]):
-        engine_generate(config, PROMPTS, NEW_TOKENS)

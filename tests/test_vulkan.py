@@ -161,7 +161,8 @@ def test_the_kernels_without_subgroups_pass_the_cases_the_subgroup_kernels_pass(
     """norm / attention softmax: the subgroup kernels (the default where the device has subgroup
     arithmetic, lavapipe included) and the one-invocation-per-row kernels forced by the hint."""
     for hints in ({}, {"vulkan_subgroups": False}):
-        results = run_suite("vulkan", hints=hints, cases=select(op))
+        cases = [c for c in select(op) if "sinks" not in c.tags]  # refused by every vulkan kernel
+        results = run_suite("vulkan", hints=hints, cases=cases)
         failed = [(r.case.id, r.status, r.reason) for r in results if r.status != "pass"]
         assert results and not failed, (hints, failed)
 

@@ -193,6 +193,10 @@ def _rope(op: Op) -> RoPEParams | None:
                       _qk_norm(_field(p, "qNorm")), _qk_norm(_field(p, "kNorm")))
 
 
+# why a kernel without the sinks input (MNN's fifth Attention input, gpt-oss) refuses the op
+SINKS_REFUSAL = "attention sinks (a fifth input, one logit per head) are not implemented"
+
+
 @dataclass(frozen=True)
 class AttentionParams:
     """Fused attention: q, k, v, and an optional mask (a scalar means causal). With `kv_cache`
@@ -221,16 +225,21 @@ class AttentionParams:
             return None
         return int(q_shape[-3]), int(q_shape[-2]), int(k_shape[-2]), int(q_shape[-1])
 
-    def float_kernel_refusal(self, inputs: Sequence, outputs: Sequence) -> str | None:
-        """Why a device kernel on float32 q/k/v (and a float32 or int32 mask) cannot take this
-        op, or None. The core may create Attention before shapes are known (so that clones share
-        its cache): then the heads decide, and the kernel's on_resize checks again."""
+    def float_kernel_refusal(self, inputs: Sequence, outputs: Sequence, sinks: bool = False) -> str | None:
+        """Why a device kernel on float32 q/k/v (and a float32 or int32 mask; float32 sinks when
+        it adds them, `sinks`) cannot take this op, or None. The core may create Attention before
+        shapes are known (so that clones share its cache): then the heads decide, and the
+        kernel's on_resize checks again."""
         if self.heads is not None and self.heads[0] % self.heads[1]:
             return "heads not a multiple of kv heads"
         if any(t.dtype != np.float32 for t in (*inputs[:3], outputs[0])):
             return "float32 only"
         if len(inputs) > 3 and inputs[3].dtype not in (np.float32, np.int32):
             return "a mask neither float32 nor int32"
+        if len(inputs) > 4 and not sinks:
+            return SINKS_REFUSAL
+        if len(inputs) > 4 and inputs[4].dtype != np.float32:
+            return "sinks not float32"
         if inputs[0].shape and self.layout(inputs[0].shape, inputs[1].shape) is None:
             return "the inputs do not say the head layout"
         return None

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import FormatError
+from .expert_program import SILU_GLU, ExpertProgram
 
 if TYPE_CHECKING:
     from .backend import Refused
@@ -192,11 +193,13 @@ class ConvolutionWeights:
 
 @dataclass
 class MoEExpert:
-    """One expert of an MoE op, as MNN's exporter writes its subgraph: `gate_up` [2 * inter,
-    hidden] (gate rows first), then silu(gate) * up, then `down` [hidden, inter]."""
+    """One expert of an MoE op, as its subgraph computes it: `gate_up` [2 * inter, hidden]
+    (gate rows first), then `program` on the two halves (see expert_program.py; silu(gate) * up
+    unless the subgraph says otherwise), then `down` [hidden, inter]."""
 
     gate_up: ConvolutionWeights
     down: ConvolutionWeights
+    program: ExpertProgram = SILU_GLU
 
     @property
     def intermediate(self) -> int:

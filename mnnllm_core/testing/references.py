@@ -77,9 +77,11 @@ def rope_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: in
 
 
 def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float | None = None,
-                        bias: np.ndarray | None = None, causal_offset: int | None = 0) -> np.ndarray:
+                        bias: np.ndarray | None = None, causal_offset: int | None = 0,
+                        sinks: np.ndarray | None = None) -> np.ndarray:
     """q [seq, heads, dim], k/v [total, kv_heads, dim] -> [seq, heads, dim]. Query i sits at
-    position causal_offset + i (None: no causal mask); bias [seq, total] is added."""
+    position causal_offset + i (None: no causal mask); bias [seq, total] is added; sinks [heads]
+    (one logit per head) join every row's softmax as an extra column that is then dropped."""
     seq, heads, dim = q.shape
     total, kv_heads, _ = k.shape
     group = heads // kv_heads
@@ -92,8 +94,11 @@ def attention_reference(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: floa
         if causal_offset is not None:
             allowed = np.arange(total)[None, :] <= causal_offset + np.arange(seq)[:, None]
             scores = np.where(allowed, scores, -np.inf)
+        if sinks is not None:
+            scores = np.concatenate([scores, np.full((seq, 1), float(sinks[h]))], axis=-1)
         p = np.exp(scores - scores.max(axis=-1, keepdims=True))
-        out[:, h] = (p / p.sum(axis=-1, keepdims=True)) @ v[:, h // group].astype(np.float64)
+        p = p / p.sum(axis=-1, keepdims=True)
+        out[:, h] = p[:, :total] @ v[:, h // group].astype(np.float64)
     return out
 
 

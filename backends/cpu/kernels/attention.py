@@ -4,7 +4,8 @@ The cache holds keys transposed, [kv_heads, dim, capacity] (values [kv_heads, ca
 For one kv head, the queries of its heads for every new token are rows r = t * group + j of
 a matrix A (scaled by `scale`); scores = A @ K^T and context = softmax(scores) @ V are both
 products of the GEMM core (`gemm.py`) reading the cache contiguously, for one token as for
-a prefill. Row r (token t) sees cache positions < past + t + 1.
+a prefill. Row r (token t) sees cache positions < past + t + 1. `sinks` (one logit per head, or
+empty) join each row's softmax denominator, as MNN's Attention fifth input, and are then dropped.
 """
 from __future__ import annotations
 
@@ -20,12 +21,16 @@ ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one parallel task of a prefill
 
 
 @jit()
-def _softmax(scores, visible, width):
-    """scores[:visible] becomes its softmax; scores[visible:width] becomes 0."""
+def _softmax(scores, visible, width, has_sink, sink):
+    """scores[:visible] becomes its softmax (with the sink logit in the denominator when
+    `has_sink`); scores[visible:width] becomes 0."""
     best = scores[0]
     for p in range(1, visible):
         best = max(best, scores[p])
     total = np.float32(0.0)
+    if has_sink:
+        best = max(best, sink)
+        total = exp32(sink - best)
     for p in range(visible):
         weight = exp32(scores[p] - best)
         scores[p] = weight
@@ -38,12 +43,13 @@ def _softmax(scores, visible, width):
 
 
 @jit()
-def _attend_rows(q, keys_t, values, past, scale, out, kv, r0, r1):
+def _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, r0, r1):
     """Rows r0..r1 of kv head `kv`'s query matrix."""
     tokens, heads, dim = q.shape
     kv_heads, _, capacity = keys_t.shape
     group = heads // kv_heads
     count = r1 - r0
+    has_sinks = sinks.shape[0] > 0
     width = -(-(past + (r1 - 1) // group + 1) // PANEL) * PANEL
     queries = np.empty(count * dim, np.float32)
     scores = np.empty(count * width, np.float32)
@@ -62,7 +68,9 @@ def _attend_rows(q, keys_t, values, past, scale, out, kv, r0, r1):
             gemm_block(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity + n0, capacity, dim, scores,
                        m0 * width + n0, width, False)
         for i in range(m0, m0 + rows):
-            _softmax(scores[i * width:(i + 1) * width], past + (r0 + i) // group + 1, columns)
+            t, j = divmod(r0 + i, group)
+            sink = sinks[kv * group + j] if has_sinks else np.float32(0.0)
+            _softmax(scores[i * width:(i + 1) * width], past + t + 1, columns, has_sinks, sink)
         for n0 in range(0, dim, PANEL):
             gemm_block(rows, scores, m0 * width, width, flat_v, kv * capacity * dim + n0, dim, visible, context,
                        m0 * dim + n0, dim, False)
@@ -74,19 +82,20 @@ def _attend_rows(q, keys_t, values, past, scale, out, kv, r0, r1):
 
 
 @jit()
-def attend(q, keys_t, values, past, scale, out):
+def attend(q, keys_t, values, past, scale, sinks, out):
     """q, out [tokens, heads, dim] with dim a multiple of 16, on the calling thread, in blocks of
-    ROWS_PER_TASK rows as `attend_parallel` (the scores of a block, not of the whole prompt)."""
+    ROWS_PER_TASK rows as `attend_parallel` (the scores of a block, not of the whole prompt);
+    sinks float32 [heads], or empty for none."""
     tokens, heads, _ = q.shape
     kv_heads = keys_t.shape[0]
     rows = tokens * (heads // kv_heads)
     for kv in range(kv_heads):
         for r0 in range(0, rows, ROWS_PER_TASK):
-            _attend_rows(q, keys_t, values, past, scale, out, kv, r0, min(rows, r0 + ROWS_PER_TASK))
+            _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, r0, min(rows, r0 + ROWS_PER_TASK))
 
 
 @jit(parallel=True)
-def attend_parallel(q, keys_t, values, past, scale, out):
+def attend_parallel(q, keys_t, values, past, scale, sinks, out):
     """As `attend`, tasks of ROWS_PER_TASK rows of one kv head spread over the threads."""
     tokens, heads, _ = q.shape
     kv_heads = keys_t.shape[0]
@@ -94,5 +103,5 @@ def attend_parallel(q, keys_t, values, past, scale, out):
     per_head = -(-rows // ROWS_PER_TASK)
     for task in prange(kv_heads * per_head):
         kv, block = divmod(np.int64(task), per_head)  # prange counts unsigned; int64 keeps the arithmetic integral
-        _attend_rows(q, keys_t, values, past, scale, out, kv, block * ROWS_PER_TASK,
+        _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, block * ROWS_PER_TASK,
                      min(rows, (block + 1) * ROWS_PER_TASK))

@@ -53,9 +53,9 @@ def warm_up(threads: int) -> None:
                  x.copy(), x.copy())
     q = np.zeros((2, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
-    attention.attend(q, keys_t, values, 0, np.float32(1.0), q.copy())
+    attention.attend(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
     if threads > 1:
-        attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), q.copy())
+        attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
     activation.mul_silu(x, x, x.copy())
     qk, state = np.zeros((1, 2, 16), np.float32), np.zeros((2, 16, 16), np.float32)
     gates = np.zeros((1, 2), np.float32)

@@ -3,6 +3,8 @@
 q [seq, heads*dim, 1, 1] (packed, as MNN's transformer-fused export emits) or [1, seq, heads, dim];
 k and v likewise with kv heads. Grouped-query heads share kv heads. A scalar mask means
 "causal"; a full float mask is added to the scores; an int mask blocks where it is 0.
+An optional fifth input, the sinks (one learned logit per head, gpt-oss), joins each row's
+softmax denominator and is then dropped, as in MNN's CPUAttention.
 With memory "low" and the causal mask, numba kernels attend (`kernels/attention.py`), over a
 cache that holds keys transposed.
 """
@@ -15,6 +17,7 @@ from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused
 FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
 PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
 SCORES_BUDGET = 1 << 24  # attention scores (float32) held at once: a prefill attends in blocks of queries
+NO_SINKS = np.zeros(0, np.float32)  # the kernels' sinks argument without a fifth input
 
 
 def query_blocks(seq: int, heads: int, total: int) -> range:
@@ -88,10 +91,18 @@ class HostKVCache(KVCache):
         self.add(k, v)
 
 
-def softmax_last(x: np.ndarray) -> np.ndarray:
-    x = x - x.max(axis=-1, keepdims=True)
+def softmax_last(x: np.ndarray, sinks: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the last axis; `sinks` (broadcast against x's rows, one logit a row) count in
+    each row's denominator without a column of their own."""
+    top = x.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        top = np.maximum(top, sinks)
+    x = x - top
     np.exp(x, out=x)
-    x /= x.sum(axis=-1, keepdims=True)
+    total = x.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        total += np.exp(sinks - top)
+    x /= total
     return x
 
 
@@ -108,6 +119,15 @@ class AttentionExecution(Execution):
         if layout is None:
             raise UnsupportedError("packed attention inputs need the head configuration", field="heads")
         return layout
+
+    @staticmethod
+    def _sinks(inputs, num_head: int) -> np.ndarray | None:
+        """The fifth input as float32 [heads], or None without one."""
+        if len(inputs) < 5:
+            return None
+        if inputs[4].size != num_head:
+            raise UnsupportedError(f"Attention: {inputs[4].size} sinks for {num_head} heads", field="sinks")
+        return np.ascontiguousarray(inputs[4].storage.reshape(num_head), dtype=np.float32)
 
     def on_resize(self, inputs, outputs) -> None:
         self.kernel_call = None
@@ -127,6 +147,7 @@ class AttentionExecution(Execution):
         group = num_head // kv_heads
         mask = inputs[3] if len(inputs) > 3 else None
         kind = attention_mask(mask, seq)
+        sinks = self._sinks(inputs, num_head)
         if self.params.kv_cache:
             past = self.cache.begin_step(self.backend.kv_meta)
             self.cache.add(k, v)
@@ -134,7 +155,7 @@ class AttentionExecution(Execution):
             if self.cache.keys_transposed:
                 if self.kernel_call is not None and kind.kind == "causal":
                     kernel, queries, out, scale = self.kernel_call
-                    kernel(queries, self.cache.k, self.cache.v, past, scale, out)
+                    kernel(queries, self.cache.k, self.cache.v, past, scale, NO_SINKS if sinks is None else sinks, out)
                     return
                 keys = self.cache.k[:, :, :length].transpose(0, 2, 1)
             else:
@@ -148,12 +169,13 @@ class AttentionExecution(Execution):
         keys_t = keys.transpose(0, 2, 1)[:, None]
         scale = np.float32(self.params.scale_for(dim))
         out = outputs[0].storage.reshape(seq, kv_heads, group, dim)
+        sink_rows = None if sinks is None else sinks.reshape(kv_heads, group, 1, 1)
         starts = query_blocks(seq, num_head, total)
         for t0 in starts:
             t1 = min(seq, t0 + starts.step)
             scores = np.matmul(queries[:, :, t0:t1], keys_t) * scale
             self._mask(scores, mask, kind.kind, past, seq, total, t0, t1)
-            probs = softmax_last(scores)
+            probs = softmax_last(scores, sink_rows)
             out[t0:t1] = np.matmul(probs, values[:, None]).transpose(2, 0, 1, 3)  # from [kvh, group, t, dim]
 
     @staticmethod

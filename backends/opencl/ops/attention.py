@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import AttentionParams, DeviceKVCache, Execution, Refused, UnsupportedError, attention_mask
+from mnnllm_core.backend_api import (SINKS_REFUSAL, AttentionParams, DeviceKVCache, Execution, Refused,
+                                     UnsupportedError, attention_mask)
 
 from .variant import cpu_kernels
 
@@ -92,9 +93,11 @@ class AttentionExecution(Execution):
 
 def create_attention(backend, inputs, outputs, op):
     """Refused (cpu fallback) when the shapes are known and the heads are not, or head_dim is not
-    a multiple of 4. The core creates Attention before shapes are known (so that clones share its
-    cache): then the op's heads decide, and on_resize checks again."""
+    a multiple of 4, or with sinks. The core creates Attention before shapes are known (so that
+    clones share its cache): then the op's heads decide, and on_resize checks again."""
     p = op.param
+    if len(inputs) > 4:
+        return Refused(SINKS_REFUSAL)
     if p.heads is not None and p.heads[2] % 4:
         return Refused("head_dim is not a multiple of 4")
     if inputs[0].shape:

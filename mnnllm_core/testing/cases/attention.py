@@ -4,7 +4,9 @@ capacity), tokens removed from the cache, runs of them kept (KV meta reserve, ov
 moves too), full float and int masks, a token tree's mask over the cache (and its path kept
 after), a sliding-window mask over the cache (prefill and decode), attnScale, no cache (keys
 outnumbering queries), unpacked heads, packed q/k with an unpacked v (Gemma 4's v_norm output)
-at its attn_scale 1.0, and a mask with too few rows (a typed error)."""
+at its attn_scale 1.0, sinks (gpt-oss: a fifth input, one logit per head in every row's softmax;
+causal and sliding-window, prefill and decode, odd and grouped heads) and a mask with too few
+rows (a typed error)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,6 +14,7 @@ import numpy as np
 from ...core.op import Op
 from ...core.op_params import AttentionParams
 from ...errors import UnsupportedError
+from ..harness import Const
 from ..references import attention_reference
 from . import Case, Step, Trial, randn
 
@@ -241,6 +244,38 @@ def _sliding_window(heads: int, kv_heads: int, dim: int, prompt: int, count: int
     return build
 
 
+def _sinks(heads: int, kv_heads: int, dim: int, prompt: int, count: int, window: int | None):
+    """Sinks as a constant fifth input: a prefill of `prompt` tokens, then `count` decode steps,
+    under the causal scalar mask or (with `window`) a windowed float mask over the cache."""
+    def build(rng) -> Trial:
+        total = prompt + count
+        q, k, v = randn(rng, total, heads, dim), randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
+        sinks = randn(rng, heads) * 2
+        steps = []
+        for start, end in [(0, prompt)] + [(t, t + 1) for t in range(prompt, total)]:
+            if window is None:
+                mask, bias, offset = SCALAR, None, start
+            else:
+                bias, offset = window_bias(start, end - start, window), None
+                mask = np.where(np.isinf(bias), np.finfo(np.float32).min, 0.0).astype(np.float32)
+                mask = mask.reshape(1, 1, end - start, end)
+            expected = attention_reference(q[start:end], k[:end], v[:end], bias=bias, causal_offset=offset,
+                                           sinks=sinks)
+            steps.append(Step(feeds(q[start:end], k[start:end], v[start:end], mask), [packed(expected)]))
+        return Trial(attention_op(heads, kv_heads, dim), [*steps[0].feeds, Const(sinks)], steps,
+                     checks=[_meta_previous(total)])
+    return build
+
+
+def _sinks_per_kv_head(rng) -> Trial:
+    heads, kv_heads, dim, tokens = 4, 2, 8, 3
+    q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
+    trial = Trial(attention_op(heads, kv_heads, dim), [*feeds(q, k, v, SCALAR), Const(randn(rng, kv_heads))],
+                  [Step(feeds(q, k, v, SCALAR))])
+    trial.error = (UnsupportedError, "sinks")
+    return trial
+
+
 def _short_mask(rng) -> Trial:
     heads, kv_heads, dim, tokens = 4, 2, 8, 7
     q, k, v = randn(rng, tokens, heads, dim), randn(rng, tokens, kv_heads, dim), randn(rng, tokens, kv_heads, dim)
@@ -285,5 +320,11 @@ def cases() -> list[Case]:
               for h, kv, d, runs in ((4, 2, 8, (5, 3)), (4, 2, 16, (5, 3, 1)))]
     found.append(Case("Attention", "no cache, keys outnumber queries", _keys_outnumber_queries))
     found.append(Case("Attention", "unpacked [1, seq, heads, dim] inputs", _unpacked))
+    found += [Case("Attention", f"sinks, {'causal' if w is None else f'sliding window {w}'} heads={h}/{kv} dim={d} "
+                                f"prompt={p} decode={n}", _sinks(h, kv, d, p, n, w), tags=_tags(d) | {"sinks"})
+              for h, kv, d, p, n, w in ((9, 3, 64, 7, 3, None), (3, 1, 16, 37, 2, None), (5, 5, 12, 6, 2, None),
+                                        (6, 2, 16, 9, 4, 4), (3, 1, 8, 5, 3, 16), (7, 7, 5, 4, 2, 3))]
+    found.append(Case("Attention", "sinks, one per kv head instead of per head, are an UnsupportedError",
+                      _sinks_per_kv_head, tags=frozenset({"sinks"})))
     found.append(Case("Attention", "a mask with fewer rows than queries is an UnsupportedError", _short_mask))
     return found

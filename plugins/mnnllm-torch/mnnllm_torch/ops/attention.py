@@ -15,7 +15,8 @@ broadcast matmul over the query groups is 30x slower on a loaded cpu). A run is 
                 out, softmax, the weighted values
 
 on_execute is the two in a row, so the per-op loop and a replay (TorchReplay) compute exactly the
-same. A full float or int mask (not the scalar "causal" one) is placed by host indexes: then the
+same. Sinks (a fifth input, one logit per head: gpt-oss) are a last score column of every row,
+dropped after the softmax. A full float or int mask (not the scalar "causal" one) is placed by host indexes: then the
 step cannot be captured (`capturable` is False) and a replay runs it eagerly.
 """
 from __future__ import annotations
@@ -90,6 +91,7 @@ class AttentionExecution(Execution):
         self.kv_seq = 0
         self.mask = None
         self.views = None
+        self.sinks = None  # [kv_heads, group, 1, 1] when the op has sinks
 
     def on_resize(self, inputs, outputs) -> None:
         shape = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -107,6 +109,11 @@ class AttentionExecution(Execution):
                       inputs[2].storage.view(self.kv_seq, kv_heads, dim).transpose(0, 1),
                       outputs[0].storage.view(seq, kv_heads, group, dim))
         self.new_rows = torch.arange(self.kv_seq, device=self.backend.device)
+        self.sinks = None
+        if len(inputs) > 4:
+            if inputs[4].size != heads:
+                raise UnsupportedError(f"Attention: {inputs[4].size} sinks for {heads} heads", field="sinks")
+            self.sinks = inputs[4].storage.view(kv_heads, group, 1, 1)
         self.query_rows = torch.arange(seq, device=self.backend.device)[:, None]
 
     def before_run(self) -> bool:
@@ -148,7 +155,11 @@ class AttentionExecution(Execution):
         scores = scores * self.params.scale_for(dim)
         if kind.kind != "causal":
             scores = scores + self._full_mask(mask, kind.kind, seq, keys.shape[1])
-        probs = scores.masked_fill(blocked, float("-inf")).softmax(-1)
+        scores = scores.masked_fill(blocked, float("-inf"))
+        if self.sinks is None:
+            probs = scores.softmax(-1)
+        else:
+            probs = torch.cat([scores, self.sinks.expand(-1, -1, seq, 1)], -1).softmax(-1)[..., :-1]
         context = torch.bmm(probs.view(kv_heads, -1, keys.shape[1]), values)
         out.copy_(context.view(kv_heads, -1, seq, dim).permute(2, 0, 1, 3))
 
@@ -172,7 +183,7 @@ class AttentionExecution(Execution):
 
 
 def create_attention(backend, inputs, outputs, op):
-    refusal = op.param.float_kernel_refusal(inputs, outputs)
+    refusal = op.param.float_kernel_refusal(inputs, outputs, sinks=True)
     return Refused(refusal) if refusal else AttentionExecution(backend, op.param)
 
 
