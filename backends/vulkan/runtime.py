@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator,
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator,
                                      ScheduleConfig, Tensor, TuningCache)
 
 class VulkanBackend(Backend):
@@ -41,6 +41,7 @@ class VulkanBackend(Backend):
     def __init__(self, runtime: "VulkanRuntime", config: BackendConfig):
         super().__init__(runtime, config)
         self.device = runtime.device
+        self.allocator = runtime.allocator
         self.recorder = runtime.recorder
         self.replaying = None  # the Recorder of a replay submitted and not yet waited for
 
@@ -61,16 +62,16 @@ class VulkanBackend(Backend):
         return max(4, tensor.size * tensor.dtype.itemsize)
 
     def alloc(self, tensor: Tensor):
-        return self.device.alloc(self.buffer_key(tensor))
+        return self.allocator.alloc(self.buffer_key(tensor))
 
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
         self.idle()
-        tensor.storage.write(np.asarray(array, dtype=tensor.dtype))
+        self.allocator.copyin(tensor.storage, np.asarray(array, dtype=tensor.dtype))
 
     def download(self, tensor: Tensor) -> np.ndarray:
         self.idle()
         nbytes = tensor.size * tensor.dtype.itemsize
-        return tensor.storage.read(nbytes).view(tensor.dtype).reshape(tensor.shape)
+        return self.allocator.copyout(tensor.storage, nbytes).view(tensor.dtype).reshape(tensor.shape)
 
     def on_copy_buffer(self, src: Tensor, dst: Tensor) -> None:
         other = src.backend
@@ -83,42 +84,8 @@ class VulkanBackend(Backend):
         self.idle()
 
     def on_record(self, commands) -> "VulkanReplay":
+        from .replay import VulkanReplay
         return VulkanReplay(self, commands)
-
-
-class VulkanReplay(Replay):
-    """A resized pipeline as one reusable command buffer. Per token: every `before_run()`
-    (Attention: the KV bookkeeping, past/total into its step buffer); when one says its
-    buffers moved (the cache grew) the buffer is recorded again; then one submit, waited for
-    at on_execute_end. A step is a Dispatch, recorded as it is, or a callable run while this
-    replay's recorder stands in for the backend's (an on_execute, which here only records).
-    Two consecutive linear layers on one input (q and k, gate and up) are one dispatch where
-    `fused_with` allows it (lavapipe pays ~25 us per dispatch)."""
-
-    def __init__(self, backend: VulkanBackend, commands):
-        from .device import Recorder
-        super().__init__(commands)
-        self.backend = backend
-        self.recorder = Recorder(backend.device, reusable=True)
-
-    def record(self, steps: list) -> None:
-        from .device import Dispatch
-        self.recorder.reset()
-        shared, self.backend.recorder = self.backend.recorder, self.recorder
-        try:
-            for step in steps:
-                if isinstance(step, Dispatch):
-                    self.recorder.dispatch(step)
-                else:
-                    step()
-        finally:
-            self.backend.recorder = shared
-        self.recorder.end()
-
-    def play(self) -> None:
-        self.backend.recorder.flush()  # what a growing cache recorded: its old rows copied over
-        self.recorder.submit(wait=False)
-        self.backend.replaying = self.recorder  # on_execute_end (or a host access) waits
 
 
 class VulkanRuntime(Runtime):
@@ -132,6 +99,7 @@ class VulkanRuntime(Runtime):
         from .ops import CREATORS
         from .ops.linear import DECODE_Q4
         self.device = device.open_device(device.device_spec(self.hints))
+        self.allocator = device.Allocator(self.device)
         self.recorder = device.Recorder(self.device)
         self.linear_forced = self.hints.get("vulkan_linear") is not None
         self.linear_variant = self.hints.get("vulkan_linear") or ("texel" if self.device.is_cpu else "group")

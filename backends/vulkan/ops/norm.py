@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from mnnllm_core.backend_api import FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch, norm_tables
 
-from ..device import Dispatch, DispatchExecution, Texels, fold, pack_push
+from ..device import Program, ProgramExecution, Texels, fold, pack_push
 
 
-class LayerNormExecution(DispatchExecution):
+class LayerNormExecution(ProgramExecution):
     def __init__(self, backend, params: LayerNormParams, tables: NormTables):
         super().__init__(backend)
         self.params, self.tables = params, tables
@@ -21,11 +21,11 @@ class LayerNormExecution(DispatchExecution):
             push = pack_push("3ifiI", rows, length, hw, self.params.epsilon, launch.flags, groups_x)
             bindings = [Texels(x, "float"), Texels(second, "float"), outputs[0].storage, launch.target.storage,
                         Texels(gamma, "float"), Texels(beta, "float")]
-            self.dispatch = Dispatch(self.backend.device, "norm_subgroup", bindings, push,
+            self.program = Program(self.backend.device, "norm_subgroup", bindings, push,
                                      groups if rows else (0, 0, 0))
             return
         push = pack_push("3ifi", rows, length, hw, self.params.epsilon, launch.flags)
-        self.dispatch = Dispatch(self.backend.device, "norm",
+        self.program = Program(self.backend.device, "norm",
                                  [x, second, outputs[0].storage, launch.target.storage, gamma, beta], push,
                                  (-(-rows // 64), 1, 1) if rows else (0, 0, 0))
 
@@ -39,7 +39,7 @@ def create_layernorm(backend, inputs, outputs, op):
     if not backend.fits(*inputs, *outputs):
         return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
-    return LayerNormExecution(backend, op.param, norm_tables(backend.device.constant, gamma, beta))
+    return LayerNormExecution(backend, op.param, norm_tables(backend.allocator.constant, gamma, beta))
 
 
 CREATORS = {"LayerNorm": create_layernorm}
