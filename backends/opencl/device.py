@@ -212,5 +212,6 @@ def probe(spec: str | None) -> str:
     return device.description
 
 
-def device_spec(hints: dict) -> str | None:
-    return hints.get("opencl_device") or os.environ.get(ENV_DEVICE) or None
+def device_spec(hint: str | None) -> str | None:
+    """The device the "opencl_device" hint names, else $MNNLLM_OPENCL_DEVICE, else None (default)."""
+    return hint or os.environ.get(ENV_DEVICE) or None

@@ -117,7 +117,17 @@ def subgroup_support(physical) -> tuple[int, bool]:
                                         and sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT)
 
 
-def pick_device(physical, spec: str | None):
+def list_devices() -> list[str]:
+    """Every physical device as "index name" (the index "vulkan_device" takes)."""
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(), None)
+    try:
+        return [f"{i} {vk.vkGetPhysicalDeviceProperties(p).deviceName}"
+                for i, p in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
+    finally:
+        vk.vkDestroyInstance(instance, None)
+
+
+def select_device(physical, spec: str | None):
     if not physical:
         raise RuntimeError("the Vulkan loader found no physical device (is mesa-vulkan-drivers installed?)")
     if spec not in (None, ""):
@@ -139,7 +149,7 @@ class VulkanDevice:
         app = vk.VkApplicationInfo(pApplicationName="mnnllm", applicationVersion=1, pEngineName="mnnllm",
                                    engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
         self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
-        self.physical = pick_device(list(vk.vkEnumeratePhysicalDevices(self.instance)), spec)
+        self.physical = select_device(list(vk.vkEnumeratePhysicalDevices(self.instance)), spec)
         props = vk.vkGetPhysicalDeviceProperties(self.physical)
         self.name = vk.ffi.string(props.deviceName).decode() if not isinstance(props.deviceName, str) \
             else props.deviceName
@@ -321,8 +331,8 @@ class Program:
     def __init__(self, device: VulkanDevice, name: str, buffers, push: bytes, groups: tuple[int, int, int]):
         self.device = device
         self.name = name  # the shader's (bench/vulkan_device_time.py groups by it)
-        self.pipeline = Compiler(device).compile(name, tuple(TEXEL if isinstance(b, Texels) else STORAGE for b in buffers),
-                                                  len(push))
+        kinds = tuple(TEXEL if isinstance(b, Texels) else STORAGE for b in buffers)
+        self.pipeline = Compiler(device).compile(name, kinds, len(push))
         self.buffers = list(buffers)
         self.dset = device.descriptor_set(self.pipeline, self.buffers)
         self.push = vk.ffi.new("char[]", push) if push else None
@@ -479,8 +489,9 @@ def probe(spec: str | None) -> str:
     return device.description
 
 
-def device_spec(hints: dict) -> str | None:
-    return hints.get("vulkan_device") or os.environ.get(ENV_DEVICE) or None
+def device_spec(hint: int | str | None) -> str | None:
+    """The device the "vulkan_device" hint names, else $MNNLLM_VULKAN_DEVICE, else None (default)."""
+    return hint or os.environ.get(ENV_DEVICE) or None
 
 
 class ProgramExecution(Execution):

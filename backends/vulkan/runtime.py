@@ -26,12 +26,23 @@ recorded, so the host sees and changes memory only when the device is idle.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator,
-                                     ScheduleConfig, Tensor, TuningCache)
+                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache)
+
+
+@dataclass(frozen=True)
+class VulkanHints(RuntimeHints):
+    """The vulkan hints of the module docstring; None: the device class decides."""
+
+    vulkan_device: int | str | None = None
+    vulkan_linear: str | None = None
+    vulkan_subgroups: bool | None = None
+
 
 class VulkanBackend(Backend):
     """Storage of a tensor is a device.Buffer (fp32, int32 as they are on the host)."""
@@ -92,23 +103,25 @@ class VulkanRuntime(Runtime):
     """One device, one recorder (command buffer + fence) shared by the backends it creates."""
 
     name = "vulkan"
+    hints_type = VulkanHints
 
-    def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
+    def __init__(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None):
         super().__init__(config, hints)
         from . import device
         from .ops import CREATORS
         from .ops.linear import DECODE_Q4
-        self.device = device.open_device(device.device_spec(self.hints))
+        self.device = device.open_device(device.device_spec(self.hints.vulkan_device))
         self.allocator = device.Allocator(self.device)
         self.recorder = device.Recorder(self.device)
-        self.linear_forced = self.hints.get("vulkan_linear") is not None
-        self.linear_variant = self.hints.get("vulkan_linear") or ("texel" if self.device.is_cpu else "group")
+        self.linear_forced = self.hints.vulkan_linear is not None
+        self.linear_variant = self.hints.vulkan_linear or ("texel" if self.device.is_cpu else "group")
         if self.linear_variant not in DECODE_Q4:
             raise ConfigError(f"vulkan_linear must be one of {sorted(DECODE_Q4)}, got {self.linear_variant!r}",
-                              field="vulkan_linear")
+                              field="backend_hints.vulkan_linear")
         self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
         device_can = self.device.subgroup_arithmetic and self.device.subgroup_size >= 8
-        self.subgroups = bool(self.hints.get("vulkan_subgroups", device_can)) and device_can
+        forced = self.hints.vulkan_subgroups
+        self.subgroups = (device_can if forced is None else forced) and device_can
         self.op_creators.update(CREATORS)
 
     def linear_variant_for(self, problem: str, variants: list[str], run: Callable[[str], None]) -> str:
@@ -133,28 +146,22 @@ class VulkanRuntimeCreator(RuntimeCreator):
 
     name = "vulkan"
     static_shapes = True
+    hints_type = VulkanHints
 
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs the probe shader on the selected device; never raises."""
-        try:
-            from . import device
-        except Exception as err:  # the package missing, or libvulkan not loadable (OSError)
-            return False, f"the vulkan package cannot be imported: {type(err).__name__}: {err}"
-        spec = device.device_spec({})
-        return self.probe_once(spec, lambda: device.probe(spec), "no Vulkan driver (ICD) or device the loader can use; "
-                               "on a machine without a GPU install mesa-vulkan-drivers (lavapipe)")
+        return self.probe_device_module(device_module, "the vulkan package",
+                                        "no Vulkan driver (ICD) or device the loader can use; "
+                                        "on a machine without a GPU install mesa-vulkan-drivers (lavapipe)")
 
-    def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> VulkanRuntime:
+    def create(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None) -> VulkanRuntime:
         return VulkanRuntime(config, hints)
 
-    def devices(self) -> list[str]:
-        try:
-            import vulkan as vk
-            instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(), None)
-            try:
-                return [f"{i} {vk.vkGetPhysicalDeviceProperties(p).deviceName}"
-                        for i, p in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
-            finally:
-                vk.vkDestroyInstance(instance, None)
-        except Exception:  # no driver: no devices to list
-            return []
+    def list_devices(self) -> list[str]:
+        return device_module().list_devices()
+
+
+def device_module():
+    """device.py, which imports vulkan (hence only when the backend is probed or used)."""
+    from . import device
+    return device

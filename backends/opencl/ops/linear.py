@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
+from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, linear_creator
 
 from ..device import ProgramExecution
 from .elementwise import BinaryExecution
@@ -213,10 +213,8 @@ class LinearExecution(ProgramExecution):
         return LinearExecution(backend, self.packed, self.act)
 
 
-def create_linear(backend, inputs, outputs, op):
-    weights = linear_weights(op)
-    if isinstance(weights, Refused):
-        return weights
+@linear_creator
+def create_linear(backend, inputs, outputs, op, weights):
     packed = pack(backend, weights)
     log.debug("packed %s as %s [%d, %d]", op.name, packed.format, packed.oc, packed.ic)
     return LinearExecution(backend, packed, op.param.activation)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import LayerNormParams, NormTables, layernorm_launch, norm_tables
+from mnnllm_core.backend_api import LayerNormParams, NormTables, layernorm_launch, layernorm_weights, norm_tables
 
 from ..device import ProgramExecution
 
@@ -28,7 +28,7 @@ class LayerNormExecution(ProgramExecution):
 
 
 def create_layernorm(backend, inputs, outputs, op):
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    gamma, beta = layernorm_weights(op)
     return LayerNormExecution(backend, op.param, norm_tables(backend.allocator.constant, gamma, beta))
 
 

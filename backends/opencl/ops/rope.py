@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import HeadNormTables, Refused, RoPEParams, head_norm_tables
+from mnnllm_core.backend_api import HeadNormTables, Refused, RoPEParams, rope_norm_tables
 
 from ..device import ProgramExecution
 
@@ -31,8 +31,7 @@ def create_rope(backend, inputs, outputs, op):
     p = op.param
     if p is None:
         return Refused("the RoPE table has no head layout")
-    constant = backend.allocator.constant
-    return RoPEExecution(backend, p, head_norm_tables(constant, p.q_norm), head_norm_tables(constant, p.k_norm))
+    return RoPEExecution(backend, p, *rope_norm_tables(backend.allocator.constant, p))
 
 
 CREATORS = {"RoPE": create_rope}

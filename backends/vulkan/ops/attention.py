@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, Refused,
-                                     UnsupportedError, attention_mask)
+from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, UnsupportedError, attention_mask,
+                                     float_attention_creator)
 
 from ..device import Program, Texels, fold, pack_push
 
@@ -96,19 +96,19 @@ class AttentionExecution(Execution):
         context_groups, context_row = fold(-(-(seq * heads * lanes) // LOCAL), LOCAL)
         found = [
             Program(device, "attn_scores", [Texels(q, "vec4"), Texels(keys, "vec4"), Texels(q, "float"),
-                                             Texels(keys, "float"), Texels(mask, "uint"), self.scratch, step],
-                     pack_push("5if3iI", seq, heads, kv_heads, dim, stride,
-                               float(np.float32(self.params.scale_for(dim))), mode, rows, cols, scores_row),
-                     scores_groups),
+                                            Texels(keys, "float"), Texels(mask, "uint"), self.scratch, step],
+                    pack_push("5if3iI", seq, heads, kv_heads, dim, stride,
+                              float(np.float32(self.params.scale_for(dim))), mode, rows, cols, scores_row),
+                    scores_groups),
             self._softmax(seq * heads, stride, step),
             Program(device, "attn_context", [Texels(self.scratch, "float"), Texels(values, "vec4"),
-                                              Texels(values, "float"), out, out, step],
-                     pack_push("5iI", seq, heads, kv_heads, dim, stride, context_row), context_groups)]
+                                             Texels(values, "float"), out, out, step],
+                    pack_push("5iI", seq, heads, kv_heads, dim, stride, context_row), context_groups)]
         if self.params.kv_cache:
             count = self.kv_seq * kv_heads * dim
             groups, row = fold(-(-count // LOCAL), LOCAL)
             found.insert(0, Program(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values, step],
-                                     pack_push("2iI", count, kv_heads * dim, row), groups))
+                                    pack_push("2iI", count, kv_heads * dim, row), groups))
         return tuple(found)
 
     def _fused(self, keys, values) -> Program:
@@ -121,12 +121,12 @@ class AttentionExecution(Execution):
         cached = self.params.kv_cache
         groups, groups_x = fold(seq * heads, 1)
         return Program(self.backend.device, f"attn_fused{dim}",
-                        [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"),
-                         Texels(keys, "vec4"), Texels(values, "vec4"), Texels(mask, "uint"), out,
-                         keys if cached else out, values if cached else out, Texels(self.step, "int")],
-                        pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
-                                  float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
-                                  groups_x), groups)
+                       [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"),
+                        Texels(keys, "vec4"), Texels(values, "vec4"), Texels(mask, "uint"), out,
+                        keys if cached else out, values if cached else out, Texels(self.step, "int")],
+                       pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
+                                 float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
+                                 groups_x), groups)
 
     def _softmax(self, rows: int, stride: int, step) -> Program:
         """attn_softmax: an invocation per row, or with subgroups a work-group of 8 per row."""
@@ -134,9 +134,9 @@ class AttentionExecution(Execution):
         if self.backend.runtime.subgroups:
             groups, groups_x = fold(rows, 1)
             return Program(self.backend.device, "attn_softmax_subgroup", bindings,
-                            pack_push("2iI", rows, stride, groups_x), groups)
+                           pack_push("2iI", rows, stride, groups_x), groups)
         return Program(self.backend.device, "attn_softmax", bindings, pack_push("2i", rows, stride),
-                        (-(-rows // 64), 1, 1))
+                       (-(-rows // 64), 1, 1))
 
     def replay_steps(self, inputs, outputs) -> list:
         """The dispatches the last before_run made."""
@@ -152,9 +152,4 @@ class AttentionExecution(Execution):
         return AttentionExecution(backend, self.params, self.cache)
 
 
-def create_attention(backend, inputs, outputs, op):
-    refusal = op.param.float_kernel_refusal(inputs, outputs)
-    return Refused(refusal) if refusal else AttentionExecution(backend, op.param)
-
-
-CREATORS = {"Attention": create_attention}
+CREATORS = {"Attention": float_attention_creator(AttentionExecution)}

@@ -29,9 +29,9 @@ class BinaryExecution(ProgramExecution):
         groups, row = fold(-(-total // LOCAL), LOCAL)
         push = pack_push("4i4i4iiiiI", *dims, *sa, *sb, total, self.code, self.act, row)
         self.program = Program(self.backend.device, "binary",
-                                 [Texels(inputs[0].storage, "float"), Texels(inputs[1].storage, "float"),
-                                  outputs[0].storage], push,
-                                 groups if total else (0, 0, 0))
+                               [Texels(inputs[0].storage, "float"), Texels(inputs[1].storage, "float"),
+                                outputs[0].storage], push,
+                               groups if total else (0, 0, 0))
 
     def on_clone(self, backend, op):
         return BinaryExecution(backend, self.code, self.act)
@@ -49,7 +49,7 @@ class ElementwiseExecution(ProgramExecution):
         groups, row = fold(-(-total // LOCAL), LOCAL)
         source = Texels(inputs[0].storage, "float") if self.shader == "unary" else inputs[0].storage
         self.program = Program(self.backend.device, self.shader, [source, outputs[0].storage],
-                                 pack_push("iiI", total, self.code, row), groups if total else (0, 0, 0))
+                               pack_push("iiI", total, self.code, row), groups if total else (0, 0, 0))
 
     def on_clone(self, backend, op):
         return ElementwiseExecution(backend, self.shader, self.code)

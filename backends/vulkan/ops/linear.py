@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
+from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_creator
 
 from ..device import Program, ProgramExecution, Recorder, Texels, pack_push
 
@@ -119,8 +119,8 @@ def run_decode(backend, packed: PackedLinear) -> None:
     shader, groups = packed.launch(1)
     recorder = Recorder(device)
     recorder.dispatch(Program(device, shader, packed.bindings(x, y),
-                               pack_push("6i", packed.ic, packed.oc, 1, packed.block, int(packed.has_bias), 0),
-                               groups))
+                              pack_push("6i", packed.ic, packed.oc, 1, packed.block, int(packed.has_bias), 0),
+                              groups))
     recorder.flush()
 
 
@@ -138,7 +138,7 @@ class LinearExecution(ProgramExecution):
         self.io = (inputs[0].storage, outputs[0].storage, rows)
         self.pair = None  # (the other layer's own Program, the paired one): made by _pair
         self.program = Program(self.backend.device, shader, p.bindings(inputs[0].storage, outputs[0].storage),
-                                 push, groups)
+                               push, groups)
 
     def fused_with(self, following) -> tuple[int, list] | None:
         """This layer and the next as one dispatch (`_pair`); None when they do not pair."""
@@ -160,17 +160,15 @@ class LinearExecution(ProgramExecution):
             push = pack_push("10i", a.ic, a.oc, 1, a.block, int(a.has_bias), self.act, b.oc, int(b.has_bias),
                              other.act, groups0)
             self.pair = (other.program, Program(self.backend.device, PAIRED_TEXEL, first + second[1:], push,
-                                                  (groups0 + other.program.groups[0], 1, 1)))
+                                                (groups0 + other.program.groups[0], 1, 1)))
         return self.pair[1]
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
 
 
-def create_linear(backend, inputs, outputs, op):
-    weights = linear_weights(op)
-    if isinstance(weights, Refused):
-        return weights
+@linear_creator
+def create_linear(backend, inputs, outputs, op, weights):
     packed = pack_linear(backend, weights)
     if packed is None:
         log.debug("vulkan refused %s: a weight buffer exceeds maxStorageBufferRange or maxTexelBufferElements",

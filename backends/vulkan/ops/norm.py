@@ -2,7 +2,8 @@
 first), the channel axis of NC4HW4 tensors, and the fused residual form (two inputs, two outputs)."""
 from __future__ import annotations
 
-from mnnllm_core.backend_api import FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch, norm_tables
+from mnnllm_core.backend_api import (FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch, layernorm_weights,
+                                     norm_tables)
 
 from ..device import Program, ProgramExecution, Texels, fold, pack_push
 
@@ -22,12 +23,12 @@ class LayerNormExecution(ProgramExecution):
             bindings = [Texels(x, "float"), Texels(second, "float"), outputs[0].storage, launch.target.storage,
                         Texels(gamma, "float"), Texels(beta, "float")]
             self.program = Program(self.backend.device, "norm_subgroup", bindings, push,
-                                     groups if rows else (0, 0, 0))
+                                   groups if rows else (0, 0, 0))
             return
         push = pack_push("3ifi", rows, length, hw, self.params.epsilon, launch.flags)
         self.program = Program(self.backend.device, "norm",
-                                 [x, second, outputs[0].storage, launch.target.storage, gamma, beta], push,
-                                 (-(-rows // 64), 1, 1) if rows else (0, 0, 0))
+                               [x, second, outputs[0].storage, launch.target.storage, gamma, beta], push,
+                               (-(-rows // 64), 1, 1) if rows else (0, 0, 0))
 
     def on_clone(self, backend, op):
         return LayerNormExecution(backend, self.params, self.tables)
@@ -38,7 +39,7 @@ def create_layernorm(backend, inputs, outputs, op):
         return Refused("float32 only")
     if not backend.fits(*inputs, *outputs):
         return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    gamma, beta = layernorm_weights(op)
     return LayerNormExecution(backend, op.param, norm_tables(backend.allocator.constant, gamma, beta))
 
 
