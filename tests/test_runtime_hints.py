@@ -66,3 +66,9 @@ def test_a_subclass_takes_its_own_fields_from_a_mapping_or_from_other_hints() ->
     assert SomeBackendHints.of(RuntimeHints(replay=False)).replay is False
     with pytest.raises(ConfigError, match="some_size must be int or null, got True"):
         SomeBackendHints.of({"some_size": True})
+
+
+def test_a_runtime_made_without_a_config_rejects_an_unknown_hint_too() -> None:
+    with pytest.raises(ConfigError, match="no_such_hint") as err:
+        new_runtime("cpu", hints={"no_such_hint": 1})
+    assert err.value.field == "backend_hints.no_such_hint"

@@ -62,9 +62,12 @@ class RuntimeHints:
         return cls(**known)
 
 
-def check_hints(values: Mapping[str, Any], hint_types: Iterable[type[RuntimeHints]], file: str | None = None) -> None:
+def check_hints(values: "RuntimeHints | Mapping[str, Any]", hint_types: Iterable[type[RuntimeHints]],
+                file: str | None = None) -> None:
     """Every key is a field of one of `hint_types` (those of the installed backends) and its
-    value is of that field's type."""
+    value is of that field's type (hints already typed pass as they are)."""
+    if isinstance(values, RuntimeHints):
+        return
     declared: dict[str, Any] = dict(field_types(RuntimeHints))
     for each in hint_types:
         declared.update(field_types(each))

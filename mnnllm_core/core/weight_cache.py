@@ -23,14 +23,13 @@ import logging
 import os
 import struct
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from ..files import open_regular_file, written_beside
-
-if TYPE_CHECKING:
-    from .runtime_hints import RuntimeHints
+from .runtime_hints import RuntimeHints
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +53,9 @@ class WeightCache:
         self.hits = self.misses = 0
 
     @classmethod
-    def from_hints(cls, hints: RuntimeHints, backend_name: str) -> "WeightCache | None":
+    def from_hints(cls, hints: RuntimeHints | Mapping[str, Any], backend_name: str) -> "WeightCache | None":
         """The cache a runtime's hints ask for: `use_mmap` true and the model's identity known."""
+        hints = RuntimeHints.of(hints)
         if not hints.use_mmap or not hints.model_identity:
             return None
         from .. import __version__
