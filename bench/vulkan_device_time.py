@@ -52,16 +52,16 @@ def main() -> None:
     parser.add_argument("-o", choices=("md", "json"), default="md")
     args = parser.parse_args()
     import mnnllm_core
-    import mnnllm_backends.vulkan.runtime as vulkan_runtime
-    from mnnllm_backends.vulkan.device import Dispatch
+    import mnnllm_backends.vulkan.replay as vulkan_replay
+    from mnnllm_backends.vulkan.device import Program
 
     replays = []
-    run = vulkan_runtime.VulkanReplay.run
+    run = vulkan_replay.VulkanReplay.run
 
     def kept(self):
         run(self)
         replays.append(self)
-    vulkan_runtime.VulkanReplay.run = kept
+    vulkan_replay.VulkanReplay.run = kept
     llm = mnnllm_core.create(args.model)
     llm.set_config({"backend_type": "vulkan", "thread_num": 2, "sampler_type": "greedy"})
     llm.load()
@@ -70,7 +70,7 @@ def main() -> None:
     if not replays:
         sys.exit("no replayed step: is every op on vulkan (replay on)?")
     replay = replays[0] if args.prefill else replays[-1]
-    dispatches = [item for item in replay.recorder.keep if isinstance(item, Dispatch)]
+    dispatches = [item for item in replay.recorder.keep if isinstance(item, Program)]
     groups = defaultdict(list)
     for item in dispatches:
         shape = f" x{item.groups[0]} groups" if item.name.startswith("linear") else ""

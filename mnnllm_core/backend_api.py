@@ -20,6 +20,10 @@ The contract (names after MNN's Backend.hpp, snake_case):
                   per-op loop (runtime hint "replay": false turns it off); the walk is the
                   core's, a backend writes `record(steps)` and `play()`
   Refused         what a creator returns for an op it does not run, with the reason
+  RuntimeHints    the runtime hints as a frozen dataclass (read as attributes); a backend
+                  with hints of its own subclasses it and names the subclass `hints_type` on
+                  its RuntimeCreator and Runtime (the config's `backend_hints` is checked
+                  against them: a wrong type or an unknown key is a ConfigError)
 
 An op creator is `creator(backend, inputs, outputs, op) -> Execution | Refused | None`;
 `op.type` is MNN's op type name and `op.param` its parameters, decoded once at schedule time
@@ -37,7 +41,10 @@ runtime hint "gpu_tuning" turns it on), `broadcast_strides` and
 `offset_codes()` and `dequantize()` (packing), `MoEExpert.program` (an `ExpertProgram`: the
 elementwise steps between an expert's two Linears, from EXPERT_UNARY / EXPERT_BINARY, which a
 backend evaluates with its own elementwise kernels). An Attention with a fifth input (sinks) is
-refused with SINKS_REFUSAL by a kernel that does not add them to its softmax.
+refused with SINKS_REFUSAL by a kernel that does not add them to its softmax
+(`float_attention_creator(execution, sinks=True)` for one that does). Op-creator prologues:
+`linear_creator` (a Convolution's linear weights, or the Refused), `float_attention_creator`,
+`layernorm_weights`, `rope_norm_tables`.
 
 Check a backend with `mnnllm test-backend NAME` (the conformance suite, mnnllm_core.testing).
 """
@@ -46,6 +53,7 @@ from __future__ import annotations
 from .core.allocator import BufferPool
 from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
                            RuntimeCreator, ScheduleConfig)
+from .core.creators import float_attention_creator, layernorm_weights, linear_creator, rope_norm_tables
 from .core.dtypes import FLOAT32, INT32
 from .core.expert_program import EXPERT_BINARY, EXPERT_UNARY, ExpertProgram, ExpertStep, step_name
 from .core.file_backed import file_backed_zeros
@@ -59,6 +67,7 @@ from .core.op_params import (NO_ACTIVATION, RELU, RELU6, SINKS_REFUSAL, Attentio
                              LinearAttentionParams, MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams,
                              ReluParams, RoPEParams, SoftmaxParams, TopKParams, UnaryParams, attention_mask)
 from .core.replay import Replay
+from .core.runtime_hints import RuntimeHints
 from .core.tensor import Tensor
 from .core.tuning_cache import TUNING_HINT, TuningCache
 from .core.weight_cache import WeightCache
@@ -72,7 +81,7 @@ from .plugins.hookspecs import hookimpl
 __all__ = [
     # the contract
     "RuntimeCreator", "Runtime", "Backend", "HostBackend", "Execution", "Refused", "Replay", "OpCreator",
-    "ScheduleConfig", "BackendConfig", "SETTINGS", "Tensor", "Op", "hookimpl",
+    "RuntimeHints", "ScheduleConfig", "BackendConfig", "SETTINGS", "Tensor", "Op", "hookimpl",
     # op parameters, decoded once at schedule time
     "ConvolutionParams", "LayerNormParams", "NormLayout", "QKNorm", "RoPEParams", "AttentionParams",
     "AttentionMask", "attention_mask", "BinaryParams", "UnaryParams", "EltwiseParams", "ReductionParams",
@@ -88,6 +97,8 @@ __all__ = [
     # shared machinery
     "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
     "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",
+    # op-creator prologues
+    "linear_creator", "float_attention_creator", "layernorm_weights", "rope_norm_tables",
     # dtypes and errors
     "FLOAT32", "INT32", "MnnllmError", "BackendError", "ConfigError", "FormatError", "UnsupportedError",
 ]

@@ -38,8 +38,8 @@ NO_ACT, RELU, RELU6 = 0, 1, 2
 
 
 def kernels_ran(module) -> list[str]:
-    return [e.kernel.kernel.function_name for _, e in module.session.pipeline.executions.values()
-            if getattr(e, "kernel", None) is not None]
+    return [e.program.kernel.function_name for _, e in module.session.pipeline.executions.values()
+            if getattr(e, "program", None) is not None]
 
 
 def expect_kernel(name: str):

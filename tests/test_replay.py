@@ -8,6 +8,7 @@ dispatch / kernel each, on opencl gate+up with their MUL_SILU, the loop one per 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -79,13 +80,13 @@ def test_the_shared_model_gives_the_same_logits_and_reference_tokens_replayed_an
     llm = mnnllm_core.create(CONFIG)
     llm.set_config({"backend_type": backend, "sampler_type": "greedy", "thread_num": 2})
     llm.load()
-    hints = llm.runtime_manager.runtime.hints
+    runtime = llm.runtime_manager.runtime
     steps = GREEDY_TOKENS[backend]
     for prompt in json.loads(REFERENCE.read_text())["prompts"]:
         expected = prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:steps]
         runs = {}
         for replay in (True, False):
-            hints["replay"] = replay
+            runtime.hints = dataclasses.replace(runtime.hints, replay=replay)
             llm.pool.clear()  # fresh clones read the hint; they share the packed weights and the KV cache
             runs[replay] = _greedy(llm, prompt["prompt_ids"], steps)
             decode = llm.pool.get(1, False).static_module.session.pipeline

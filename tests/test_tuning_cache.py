@@ -96,7 +96,7 @@ def _opencl_module(tmp_path, **hints):
 
 def _linear_split(module) -> int:
     [linear] = [c.execution for c in module.session.pipeline.commands if c.op.type == "Convolution"]
-    local = linear.kernel.local_size
+    local = linear.program.local_size
     return 1 if local is None else local[0]
 
 

@@ -1,5 +1,5 @@
-"""Descriptor sets on vulkan stay bounded: a Dispatch replaced by a resize, a re-record or a
-dropped clone gives its set back to the device, and the next Dispatch of that pipeline reuses
+"""Descriptor sets on vulkan stay bounded: a Program replaced by a resize, a re-record or a
+dropped clone gives its set back to the device, and the next Program of that pipeline reuses
 it, so a long chat with many resizes never grows the descriptor pools (each holds
 DESCRIPTOR_POOL_SETS sets; before, every resize took new ones for good)."""
 from __future__ import annotations

@@ -56,8 +56,8 @@ class CPURuntime(Runtime):
         self._limits = _limit_blas_threads(self.thread_num)
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
         self.kv_zeros = np.zeros  # storage of the KV caches: in a file-backed mapping with kvcache_mmap
-        if self.hints.get("kvcache_mmap"):
-            folder = self.hints.get("tmp_path") or tempfile.gettempdir()
+        if self.hints.kvcache_mmap:
+            folder = self.hints.tmp_path or tempfile.gettempdir()
             self.kv_zeros = functools.partial(file_backed_zeros, folder=folder)
 
     def low_memory_kernels(self) -> bool:

@@ -149,19 +149,19 @@ class Program:
         return partial(cl.enqueue_nd_range_kernel, queue, self.kernel, self.global_size, self.local_size)
 
 
-class KernelExecution(Execution):
+class ProgramExecution(Execution):
     """An Execution that enqueues one Program bound in on_resize."""
 
     def __init__(self, backend):
         super().__init__(backend)
-        self.kernel: Program | None = None
+        self.program: Program | None = None
 
     def on_execute(self, inputs, outputs) -> None:
-        self.kernel(self.backend.queue)
+        self.program(self.backend.queue)
 
     def replay_steps(self, inputs, outputs) -> list:
-        """What a replay enqueues per run: the bound kernel."""
-        return [self.kernel]
+        """What a replay enqueues per run: the bound program."""
+        return [self.program]
 
 
 class Allocator:
@@ -212,5 +212,6 @@ def probe(spec: str | None) -> str:
     return device.description
 
 
-def device_spec(hints: dict) -> str | None:
-    return hints.get("opencl_device") or os.environ.get(ENV_DEVICE) or None
+def device_spec(hint: str | None) -> str | None:
+    """The device the "opencl_device" hint names, else $MNNLLM_OPENCL_DEVICE, else None (default)."""
+    return hint or os.environ.get(ENV_DEVICE) or None

@@ -32,17 +32,29 @@ write of the step's KV lengths, which every Attention reads).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator,
-                                     ScheduleConfig, Tensor, TuningCache)
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator,
+                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache)
 
 if TYPE_CHECKING:
     from .device import Program
 
 LINEAR_SPLITS = (1, 4, 16, 64)  # the splits gpu_tuning times (those the device's work-groups hold)
+
+
+@dataclass(frozen=True)
+class OpenCLHints(RuntimeHints):
+    """The opencl hints of the module docstring; None: the device class decides."""
+
+    opencl_device: str | None = None
+    opencl_fp16: bool | None = None
+    opencl_linear_split: int | None = None
+    opencl_cpu_kernels: bool | None = None
+
 
 class OpenCLBackend(Backend):
     """Storage of a tensor is a cl.Buffer; float32 tensors are held as fp16 when `half`."""
@@ -51,7 +63,7 @@ class OpenCLBackend(Backend):
 
     def __init__(self, runtime: "OpenCLRuntime", config: BackendConfig):
         super().__init__(runtime, config)
-        forced = runtime.hints.get("opencl_fp16")
+        forced = runtime.hints.opencl_fp16
         self.half = bool(forced) if forced is not None else (
             config.precision == "low" and runtime.device.has_fp16)
         self.queue = runtime.queue
@@ -96,64 +108,34 @@ class OpenCLBackend(Backend):
         self.queue.finish()
 
     def on_record(self, commands) -> "OpenCLReplay":
+        from .replay import OpenCLReplay
         return OpenCLReplay(self.queue, commands)
-
-
-class OpenCLReplay(Replay):
-    """The pipeline's steps (Replay.walk) as one flat list of enqueue calls, bound at the first
-    run: a kernel's enqueue with its sizes (`Program.bound`), a copy, or an Execution's
-    on_execute run in place (Attention, whose run does the KV bookkeeping). Linear layers give
-    q and k, and gate and up with the MUL_SILU after them, as one kernel where `fused_with`
-    allows it (pocl pays per kernel). `steps` is the list before binding."""
-
-    def __init__(self, queue, commands):
-        super().__init__(commands)
-        self.queue = queue
-        self.steps: list = []
-        self.calls: list[Callable[[], Any]] = []
-
-    @property
-    def gated(self) -> int:
-        """Of the pairs of linear layers enqueued as one kernel, those with their MUL_SILU."""
-        return self.fused[2]
-
-    def record(self, steps: list) -> None:
-        from .device import Program
-        self.steps = steps
-        calls = (step.bound(self.queue) if isinstance(step, Program) else step for step in steps)
-        self.calls = [call for call in calls if call is not None]  # an empty kernel has no call
-
-    def play(self) -> None:
-        for call in self.calls:
-            call()
 
 
 class OpenCLRuntime(Runtime):
     """One device, one in-order queue, and the process-wide program cache of that device."""
 
     name = "opencl"
+    hints_type = OpenCLHints
 
-    def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
+    def __init__(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None):
         super().__init__(config, hints)
         import pyopencl as cl
 
         from . import device
         from .ops import CREATORS
-        self.device = device.open_device(device.device_spec(self.hints))
+        self.device = device.open_device(device.device_spec(self.hints.opencl_device))
         self.queue = cl.CommandQueue(self.device.context)
         self.allocator = device.Allocator(self.device, self.queue)
         self.compiler = device.Compiler(self.device)
-        split = self.hints.get("opencl_linear_split")
+        split = self.hints.opencl_linear_split
         self.linear_split_forced = split is not None
         if split is None:
             split = 1 if self.device.is_cpu else min(64, self.device.device.max_work_group_size)
-        try:
-            self.linear_split = int(split)
-        except (TypeError, ValueError):
-            self.linear_split = 0
-        if self.linear_split < 1 or self.linear_split & (self.linear_split - 1):
+        self.linear_split = split
+        if split < 1 or split & (split - 1):
             raise ConfigError(f"opencl_linear_split must be a power of two, got {split!r}",
-                              field="opencl_linear_split")
+                              field="backend_hints.opencl_linear_split")
         self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
         self.op_creators.update(CREATORS)
         self.step_buffer = self.allocator.alloc(8)  # int past, int total: see attention_step
@@ -190,23 +172,21 @@ class OpenCLRuntimeCreator(RuntimeCreator):
     name = "opencl"
     static_shapes = True
     settings = frozenset({"precision"})
+    hints_type = OpenCLHints
 
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs a tiny kernel on the device $MNNLLM_OPENCL_DEVICE names (else the
         default one); never raises."""
-        try:
-            from . import device
-        except Exception as err:  # pyopencl missing, or its libOpenCL cannot be loaded
-            return False, f"pyopencl cannot be imported: {type(err).__name__}: {err}"
-        spec = device.device_spec({})
-        return self.probe_once(spec, lambda: device.probe(spec))
+        return self.probe_device_module(device_module, "pyopencl")
 
-    def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> OpenCLRuntime:
+    def create(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None) -> OpenCLRuntime:
         return OpenCLRuntime(config, hints)
 
-    def devices(self) -> list[str]:
-        try:
-            from . import device
-            return [f"{key} {d.name.strip()} on {d.platform.name.strip()}" for key, d in device.list_devices()]
-        except Exception:  # no driver: no devices to list
-            return []
+    def list_devices(self) -> list[str]:
+        return [f"{key} {d.name.strip()} on {d.platform.name.strip()}" for key, d in device_module().list_devices()]
+
+
+def device_module():
+    """device.py, which imports pyopencl (hence only when the backend is probed or used)."""
+    from . import device
+    return device

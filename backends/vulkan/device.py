@@ -1,6 +1,8 @@
-"""The Vulkan-touching half of the backend: instance and device selection, host-visible storage
-buffers, compute pipelines from the committed SPIR-V, and a Recorder that puts many dispatches
-into one command buffer and submits them at once.
+"""The Vulkan-touching half of the backend, in the words every device layer uses (plugins/README.md):
+device selection, an Allocator (host-visible storage Buffers: alloc / constant / copyin /
+copyout), a Compiler (a committed SPIR-V shader -> compute Pipeline, cached per device), a
+Program (one pipeline with bound buffers, push constants and group counts) and a Recorder that
+puts many Programs into one command buffer and submits them at once.
 
 Only this module imports `vulkan`; importing the plugin or the runtime module never touches a
 driver (`import vulkan` without libvulkan raises OSError, which the probe reports).
@@ -115,7 +117,17 @@ def subgroup_support(physical) -> tuple[int, bool]:
                                         and sub.supportedOperations & vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT)
 
 
-def pick_device(physical, spec: str | None):
+def list_devices() -> list[str]:
+    """Every physical device as "index name" (the index "vulkan_device" takes)."""
+    instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(), None)
+    try:
+        return [f"{i} {vk.vkGetPhysicalDeviceProperties(p).deviceName}"
+                for i, p in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
+    finally:
+        vk.vkDestroyInstance(instance, None)
+
+
+def select_device(physical, spec: str | None):
     if not physical:
         raise RuntimeError("the Vulkan loader found no physical device (is mesa-vulkan-drivers installed?)")
     if spec not in (None, ""):
@@ -137,7 +149,7 @@ class VulkanDevice:
         app = vk.VkApplicationInfo(pApplicationName="mnnllm", applicationVersion=1, pEngineName="mnnllm",
                                    engineVersion=1, apiVersion=vk.VK_MAKE_VERSION(1, 1, 0))
         self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
-        self.physical = pick_device(list(vk.vkEnumeratePhysicalDevices(self.instance)), spec)
+        self.physical = select_device(list(vk.vkEnumeratePhysicalDevices(self.instance)), spec)
         props = vk.vkGetPhysicalDeviceProperties(self.physical)
         self.name = vk.ffi.string(props.deviceName).decode() if not isinstance(props.deviceName, str) \
             else props.deviceName
@@ -162,8 +174,8 @@ class VulkanDevice:
         self.pipelines: dict[str, Pipeline] = {}
         self.pools: list = []
         self.pool_left = 0
-        self.free_sets: dict[Pipeline, list] = {}  # sets of dropped Dispatches, per layout, to reuse
-        self.live_sets = 0  # sets held by a Dispatch now
+        self.free_sets: dict[Pipeline, list] = {}  # sets of dropped Programs, per layout, to reuse
+        self.live_sets = 0  # sets held by a Program now
 
     @property
     def tuning_key(self) -> str:
@@ -200,45 +212,10 @@ class VulkanDevice:
             raise RuntimeError("no host-visible coherent Vulkan memory type")
         return best
 
-    def alloc(self, nbytes: int) -> Buffer:
-        if not self.fits(nbytes):
-            raise ValueError(f"{nbytes} bytes exceed maxStorageBufferRange ({self.max_range})")
-        return Buffer(self, nbytes)
-
-    def constant(self, array: np.ndarray) -> Buffer:
-        data = np.ascontiguousarray(array)
-        buffer = self.alloc(data.nbytes)
-        if data.nbytes:
-            buffer.write(data)
-        return buffer
-
-    # -- pipelines and descriptor sets ---------------------------------------------
-    def pipeline(self, name: str, kinds: tuple, push_size: int) -> Pipeline:
-        """The compute pipeline of shader `name`, with one descriptor of kinds[i] at binding i."""
-        found = self.pipelines.get(name)
-        if found is not None:
-            return found
-        d = self.device
-        code = spirv(name)
-        module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
-        set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(
-            bindingCount=len(kinds), pBindings=[vk.VkDescriptorSetLayoutBinding(
-                binding=i, descriptorType=kind, descriptorCount=1,
-                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i, kind in enumerate(kinds)]), None)
-        ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size)]
-        layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(
-            setLayoutCount=1, pSetLayouts=[set_layout], pushConstantRangeCount=1 if push_size else 0,
-            pPushConstantRanges=ranges if push_size else None), None)
-        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main")
-        pipeline = vk.vkCreateComputePipelines(d, None, 1, [vk.VkComputePipelineCreateInfo(
-            stage=stage, layout=layout)], None)[0]
-        vk.vkDestroyShaderModule(d, module, None)
-        found = self.pipelines[name] = Pipeline(pipeline, layout, set_layout, tuple(kinds), push_size)
-        return found
-
+    # -- descriptor sets ----------------------------------------------------------
     def descriptor_set(self, pipeline: Pipeline, bindings) -> object:
         """A descriptor set for `pipeline` binding `bindings` (Buffer or Texels, in binding order):
-        one a dropped Dispatch gave back (`release_set`) when there is one, else a new one."""
+        one a dropped Program gave back (`release_set`) when there is one, else a new one."""
         free = self.free_sets.get(pipeline)
         dset = free.pop() if free else self._new_set(pipeline)
         writes = [vk.VkWriteDescriptorSet(
@@ -273,6 +250,66 @@ class VulkanDevice:
             descriptorPool=self.pools[-1], descriptorSetCount=1, pSetLayouts=[pipeline.set_layout]))[0]
 
 
+class Allocator:
+    """Device memory: Buffers of at most maxStorageBufferRange bytes and the host copies (plain
+    memcpy's into the mapped memory: callers make the device idle first)."""
+
+    def __init__(self, device: "VulkanDevice"):
+        self.device = device
+
+    def alloc(self, nbytes: int) -> Buffer:
+        if not self.device.fits(nbytes):
+            raise ValueError(f"{nbytes} bytes exceed maxStorageBufferRange ({self.device.max_range})")
+        return Buffer(self.device, nbytes)
+
+    def constant(self, array: np.ndarray) -> Buffer:
+        """A buffer initialised from host memory (packed weights, norm gammas)."""
+        data = np.ascontiguousarray(array)
+        buffer = self.alloc(data.nbytes)
+        if data.nbytes:
+            buffer.write(data)
+        return buffer
+
+    @staticmethod
+    def copyin(buffer: Buffer, array: np.ndarray) -> None:
+        buffer.write(array)
+
+    @staticmethod
+    def copyout(buffer: Buffer, nbytes: int) -> np.ndarray:
+        return buffer.read(nbytes)
+
+
+class Compiler:
+    """A committed SPIR-V shader (shaders/NAME.spv) -> compute Pipeline, built once per process
+    per device and shader name (the cache is the device's)."""
+
+    def __init__(self, device: "VulkanDevice"):
+        self.device = device
+
+    def compile(self, name: str, kinds: tuple, push_size: int) -> Pipeline:
+        """The compute pipeline of shader `name`, with one descriptor of kinds[i] at binding i."""
+        found = self.device.pipelines.get(name)
+        if found is not None:
+            return found
+        d = self.device.device
+        code = spirv(name)
+        module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
+        set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=len(kinds), pBindings=[vk.VkDescriptorSetLayoutBinding(
+                binding=i, descriptorType=kind, descriptorCount=1,
+                stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for i, kind in enumerate(kinds)]), None)
+        ranges = [vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=push_size)]
+        layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[set_layout], pushConstantRangeCount=1 if push_size else 0,
+            pPushConstantRanges=ranges if push_size else None), None)
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main")
+        pipeline = vk.vkCreateComputePipelines(d, None, 1, [vk.VkComputePipelineCreateInfo(
+            stage=stage, layout=layout)], None)[0]
+        vk.vkDestroyShaderModule(d, module, None)
+        found = self.device.pipelines[name] = Pipeline(pipeline, layout, set_layout, tuple(kinds), push_size)
+        return found
+
+
 @dataclass(frozen=True)
 class Texels:
     """A Buffer bound as a uniform texel buffer of `kind` texels (TEXEL_FORMATS)."""
@@ -281,20 +318,21 @@ class Texels:
     kind: str
 
 
-class Dispatch:
-    """One pipeline with bound buffers and push constants: recorded with `Recorder.dispatch`.
+class Program:
+    """One compiled pipeline with bound buffers, push constants and group counts: recorded with
+    `Recorder.dispatch`.
 
     `buffers` (Buffer or Texels) are kept referenced so they outlive every command buffer that
-    uses them. A Recorder keeps every Dispatch its command buffer holds, so a Dispatch is dropped
+    uses them. A Recorder keeps every Program its command buffer holds, so a Program is dropped
     only when no command buffer that may run binds it: then its descriptor set goes back to the
-    device for the next Dispatch of the same pipeline (a re-record, a resize or a dropped clone
+    device for the next Program of the same pipeline (a re-record, a resize or a dropped clone
     never grows the pools)."""
 
     def __init__(self, device: VulkanDevice, name: str, buffers, push: bytes, groups: tuple[int, int, int]):
         self.device = device
         self.name = name  # the shader's (bench/vulkan_device_time.py groups by it)
-        self.pipeline = device.pipeline(name, tuple(TEXEL if isinstance(b, Texels) else STORAGE for b in buffers),
-                                        len(push))
+        kinds = tuple(TEXEL if isinstance(b, Texels) else STORAGE for b in buffers)
+        self.pipeline = Compiler(device).compile(name, kinds, len(push))
         self.buffers = list(buffers)
         self.dset = device.descriptor_set(self.pipeline, self.buffers)
         self.push = vk.ffi.new("char[]", push) if push else None
@@ -320,7 +358,7 @@ def pack_push(fmt: str, *values) -> bytes:
 
 
 class Recorder:
-    """Records dispatches, fills and copies into one command buffer; `flush()` submits it and
+    """Records programs, fills and copies into one command buffer; `flush()` submits it and
     waits. A barrier separates consecutive commands (ops depend on their predecessors).
 
     `reusable`: the command buffer is recorded once (then `end()`) and `submit()`ted as often
@@ -343,7 +381,7 @@ class Recorder:
             | vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)]
         self.stages = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT
         self.submit_info = vk.VkSubmitInfo(commandBufferCount=1, pCommandBuffers=[self.cmd])
-        self.keep: list = []  # Dispatch objects referenced by the open command buffer
+        self.keep: list = []  # Program objects referenced by the open command buffer
 
     def _begin(self) -> None:
         if not self.open:
@@ -353,7 +391,7 @@ class Recorder:
             vk.vkCmdPipelineBarrier(self.cmd, self.stages, self.stages, 0, 1, self.barrier, 0, None, 0, None)
         self.count += 1
 
-    def dispatch(self, item: Dispatch) -> None:
+    def dispatch(self, item: Program) -> None:
         if not all(item.groups):
             return
         self._begin()
@@ -440,26 +478,28 @@ def probe(spec: str | None) -> str:
     """Build and run the probe shader on the selected device; returns its description."""
     device = open_device(spec)
     host = np.arange(4, dtype=np.float32)
-    buffer = device.constant(host)
+    allocator = Allocator(device)
+    buffer = allocator.constant(host)
     recorder = Recorder(device)
-    recorder.dispatch(Dispatch(device, "probe", [buffer], b"", (1, 1, 1)))
+    recorder.dispatch(Program(device, "probe", [buffer], b"", (1, 1, 1)))
     recorder.flush()
-    result = buffer.read(16).view(np.float32)
+    result = allocator.copyout(buffer, 16).view(np.float32)
     if not np.array_equal(result, host * 2):
         raise RuntimeError(f"the probe shader computed {result.tolist()} instead of {(host * 2).tolist()}")
     return device.description
 
 
-def device_spec(hints: dict) -> str | None:
-    return hints.get("vulkan_device") or os.environ.get(ENV_DEVICE) or None
+def device_spec(hint: int | str | None) -> str | None:
+    """The device the "vulkan_device" hint names, else $MNNLLM_VULKAN_DEVICE, else None (default)."""
+    return hint or os.environ.get(ENV_DEVICE) or None
 
 
-class DispatchExecution(Execution):
-    """An Execution that records one prepared Dispatch per run (prepared in on_resize)."""
+class ProgramExecution(Execution):
+    """An Execution that records one Program per run (bound in on_resize)."""
 
     def __init__(self, backend):
         super().__init__(backend)
-        self.dispatch: Dispatch | None = None
+        self.program: Program | None = None
 
     def on_execute(self, inputs, outputs) -> None:
-        self.backend.recorder.dispatch(self.dispatch)
+        self.backend.recorder.dispatch(self.program)

@@ -26,12 +26,23 @@ recorded, so the host sees and changes memory only when the device is idle.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Replay, Runtime, RuntimeCreator,
-                                     ScheduleConfig, Tensor, TuningCache)
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator,
+                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache)
+
+
+@dataclass(frozen=True)
+class VulkanHints(RuntimeHints):
+    """The vulkan hints of the module docstring; None: the device class decides."""
+
+    vulkan_device: int | str | None = None
+    vulkan_linear: str | None = None
+    vulkan_subgroups: bool | None = None
+
 
 class VulkanBackend(Backend):
     """Storage of a tensor is a device.Buffer (fp32, int32 as they are on the host)."""
@@ -41,6 +52,7 @@ class VulkanBackend(Backend):
     def __init__(self, runtime: "VulkanRuntime", config: BackendConfig):
         super().__init__(runtime, config)
         self.device = runtime.device
+        self.allocator = runtime.allocator
         self.recorder = runtime.recorder
         self.replaying = None  # the Recorder of a replay submitted and not yet waited for
 
@@ -61,16 +73,16 @@ class VulkanBackend(Backend):
         return max(4, tensor.size * tensor.dtype.itemsize)
 
     def alloc(self, tensor: Tensor):
-        return self.device.alloc(self.buffer_key(tensor))
+        return self.allocator.alloc(self.buffer_key(tensor))
 
     def upload(self, tensor: Tensor, array: np.ndarray) -> None:
         self.idle()
-        tensor.storage.write(np.asarray(array, dtype=tensor.dtype))
+        self.allocator.copyin(tensor.storage, np.asarray(array, dtype=tensor.dtype))
 
     def download(self, tensor: Tensor) -> np.ndarray:
         self.idle()
         nbytes = tensor.size * tensor.dtype.itemsize
-        return tensor.storage.read(nbytes).view(tensor.dtype).reshape(tensor.shape)
+        return self.allocator.copyout(tensor.storage, nbytes).view(tensor.dtype).reshape(tensor.shape)
 
     def on_copy_buffer(self, src: Tensor, dst: Tensor) -> None:
         other = src.backend
@@ -83,64 +95,33 @@ class VulkanBackend(Backend):
         self.idle()
 
     def on_record(self, commands) -> "VulkanReplay":
+        from .replay import VulkanReplay
         return VulkanReplay(self, commands)
-
-
-class VulkanReplay(Replay):
-    """A resized pipeline as one reusable command buffer. Per token: every `before_run()`
-    (Attention: the KV bookkeeping, past/total into its step buffer); when one says its
-    buffers moved (the cache grew) the buffer is recorded again; then one submit, waited for
-    at on_execute_end. A step is a Dispatch, recorded as it is, or a callable run while this
-    replay's recorder stands in for the backend's (an on_execute, which here only records).
-    Two consecutive linear layers on one input (q and k, gate and up) are one dispatch where
-    `fused_with` allows it (lavapipe pays ~25 us per dispatch)."""
-
-    def __init__(self, backend: VulkanBackend, commands):
-        from .device import Recorder
-        super().__init__(commands)
-        self.backend = backend
-        self.recorder = Recorder(backend.device, reusable=True)
-
-    def record(self, steps: list) -> None:
-        from .device import Dispatch
-        self.recorder.reset()
-        shared, self.backend.recorder = self.backend.recorder, self.recorder
-        try:
-            for step in steps:
-                if isinstance(step, Dispatch):
-                    self.recorder.dispatch(step)
-                else:
-                    step()
-        finally:
-            self.backend.recorder = shared
-        self.recorder.end()
-
-    def play(self) -> None:
-        self.backend.recorder.flush()  # what a growing cache recorded: its old rows copied over
-        self.recorder.submit(wait=False)
-        self.backend.replaying = self.recorder  # on_execute_end (or a host access) waits
 
 
 class VulkanRuntime(Runtime):
     """One device, one recorder (command buffer + fence) shared by the backends it creates."""
 
     name = "vulkan"
+    hints_type = VulkanHints
 
-    def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
+    def __init__(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None):
         super().__init__(config, hints)
         from . import device
         from .ops import CREATORS
         from .ops.linear import DECODE_Q4
-        self.device = device.open_device(device.device_spec(self.hints))
+        self.device = device.open_device(device.device_spec(self.hints.vulkan_device))
+        self.allocator = device.Allocator(self.device)
         self.recorder = device.Recorder(self.device)
-        self.linear_forced = self.hints.get("vulkan_linear") is not None
-        self.linear_variant = self.hints.get("vulkan_linear") or ("texel" if self.device.is_cpu else "group")
+        self.linear_forced = self.hints.vulkan_linear is not None
+        self.linear_variant = self.hints.vulkan_linear or ("texel" if self.device.is_cpu else "group")
         if self.linear_variant not in DECODE_Q4:
             raise ConfigError(f"vulkan_linear must be one of {sorted(DECODE_Q4)}, got {self.linear_variant!r}",
-                              field="vulkan_linear")
+                              field="backend_hints.vulkan_linear")
         self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
         device_can = self.device.subgroup_arithmetic and self.device.subgroup_size >= 8
-        self.subgroups = bool(self.hints.get("vulkan_subgroups", device_can)) and device_can
+        forced = self.hints.vulkan_subgroups
+        self.subgroups = (device_can if forced is None else forced) and device_can
         self.op_creators.update(CREATORS)
 
     def linear_variant_for(self, problem: str, variants: list[str], run: Callable[[str], None]) -> str:
@@ -165,28 +146,22 @@ class VulkanRuntimeCreator(RuntimeCreator):
 
     name = "vulkan"
     static_shapes = True
+    hints_type = VulkanHints
 
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs the probe shader on the selected device; never raises."""
-        try:
-            from . import device
-        except Exception as err:  # the package missing, or libvulkan not loadable (OSError)
-            return False, f"the vulkan package cannot be imported: {type(err).__name__}: {err}"
-        spec = device.device_spec({})
-        return self.probe_once(spec, lambda: device.probe(spec), "no Vulkan driver (ICD) or device the loader can use; "
-                               "on a machine without a GPU install mesa-vulkan-drivers (lavapipe)")
+        return self.probe_device_module(device_module, "the vulkan package",
+                                        "no Vulkan driver (ICD) or device the loader can use; "
+                                        "on a machine without a GPU install mesa-vulkan-drivers (lavapipe)")
 
-    def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> VulkanRuntime:
+    def create(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None) -> VulkanRuntime:
         return VulkanRuntime(config, hints)
 
-    def devices(self) -> list[str]:
-        try:
-            import vulkan as vk
-            instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(), None)
-            try:
-                return [f"{i} {vk.vkGetPhysicalDeviceProperties(p).deviceName}"
-                        for i, p in enumerate(vk.vkEnumeratePhysicalDevices(instance))]
-            finally:
-                vk.vkDestroyInstance(instance, None)
-        except Exception:  # no driver: no devices to list
-            return []
+    def list_devices(self) -> list[str]:
+        return device_module().list_devices()
+
+
+def device_module():
+    """device.py, which imports vulkan (hence only when the backend is probed or used)."""
+    from . import device
+    return device

@@ -9,13 +9,14 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
 from .allocator import BufferPool
 from .kv_meta import KVMeta
 from .op import Op
+from .runtime_hints import RuntimeHints
 from .tensor import Tensor
 from .weight_cache import WeightCache
 
@@ -222,15 +223,16 @@ class HostBackend(Backend):
 class Runtime:
     """Shared device state (contexts, queues, kernel caches) for every backend it creates.
 
-    `hints` are MNN's runtime hints and the config's `backend_hints`; `kv_meta` is the KV
-    cache state of the LLM driving this runtime (the RuntimeManager shares one among its
-    runtimes)."""
+    `hints` are MNN's runtime hints and the config's `backend_hints`, as `hints_type` (the
+    backend's RuntimeHints subclass, read as attributes); `kv_meta` is the KV cache state of the
+    LLM driving this runtime (the RuntimeManager shares one among its runtimes)."""
 
     name = "abstract"
+    hints_type: type[RuntimeHints] = RuntimeHints
 
-    def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
+    def __init__(self, config: ScheduleConfig, hints: RuntimeHints | Mapping[str, Any] | None = None):
         self.config = config
-        self.hints: dict[str, Any] = dict(hints or {})
+        self.hints = self.hints_type.of(hints)
         self.op_creators: dict[str, OpCreator] = {}
         self.kv_meta = KVMeta()
 
@@ -255,21 +257,43 @@ class RuntimeCreator:
 
     `static_shapes`: the backend cannot change shapes cheaply, so the LLM keeps one resized
     module per shape (the only place this is declared). `settings`: which of SETTINGS the
-    backend honours; any other one is logged as ignored when a runtime is created."""
+    backend honours; any other one is logged as ignored when a runtime is created. `hints_type`:
+    the RuntimeHints subclass with the backend's own hints (the config's `backend_hints` is
+    checked against those of every installed backend)."""
 
     name = "abstract"
     static_shapes = False
     settings: frozenset[str] = frozenset()
+    hints_type: type[RuntimeHints] = RuntimeHints
 
     def is_available(self) -> tuple[bool, str]:
         """(True, "") when a tiny kernel really built and ran; else (False, why)."""
         raise NotImplementedError
 
-    def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> Runtime:
+    def create(self, config: ScheduleConfig, hints: RuntimeHints | Mapping[str, Any] | None = None) -> Runtime:
         raise NotImplementedError
 
     def devices(self) -> list[str]:
+        """The devices the backend can use, one line each (`mnnllm devices`): `list_devices()`,
+        or [] where that fails (no driver)."""
+        try:
+            return self.list_devices()
+        except Exception:  # no driver, or its package missing: no devices to list
+            return []
+
+    def list_devices(self) -> list[str]:
         return []
+
+    def probe_device_module(self, load: Callable[[], Any], package: str, silent: str = "") -> tuple[bool, str]:
+        """is_available of a backend whose device layer is a module importing the driver's package:
+        `load()` imports it (a failure means unavailable), then its `probe(spec)` runs once on the
+        selection `device_spec(None)` gives (the environment's, else the default device)."""
+        try:
+            device = load()
+        except Exception as err:  # the package missing, or its native library not loadable
+            return False, f"{package} cannot be imported: {type(err).__name__}: {err}"
+        spec = device.device_spec(None)
+        return self.probe_once(spec, lambda: device.probe(spec), silent)
 
     def probe_once(self, key: Hashable, probe: Callable[[], str], silent: str = "") -> tuple[bool, str]:
         """(ok, reason) of `probe()`, run once per `key` (a device selection); never raises.

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import BackendError, ConfigError, ExecutionError, MnnllmError, UnsupportedError, shorten
+from ..errors import BackendError, ExecutionError, MnnllmError, UnsupportedError, shorten
 from ..geometry.transform import lower
 from .backend import Backend, Execution, Refused
 from .op import Op
@@ -102,7 +102,7 @@ class Pipeline:
         self.commands: list[Command] = []
         self.placement = Placement()
         self.profile: dict[tuple[str, str], float] | None = None
-        self.replay_enabled = replay_hint(backend.runtime.hints)
+        self.replay_enabled = backend.runtime.hints.replay
         self.replay: Replay | None = None
         self.records = 0  # how many times the commands were recorded into a Replay
 
@@ -350,13 +350,3 @@ class Pipeline:
                 raise op_failure(command.op, "while running", err, command.backend) from err
         for backend in self.backends:
             backend.on_execute_end()
-
-
-def replay_hint(hints: dict) -> bool:
-    """The "replay" runtime hint: true (the default) or false."""
-    value = hints.get("replay", True)
-    if value is None:
-        return True
-    if not isinstance(value, bool):
-        raise ConfigError(f"the backend hint replay must be true or false, got {value!r}", field="backend_hints.replay")
-    return value

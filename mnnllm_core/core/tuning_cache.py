@@ -24,10 +24,12 @@ import os
 import statistics
 import time
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError
 from ..files import open_regular_file, written_beside
+from .runtime_hints import RuntimeHints
 from .weight_cache import default_folder
 
 log = logging.getLogger(__name__)
@@ -40,9 +42,9 @@ FORMAT = 1
 MAX_BYTES = 4 << 20  # a tuning file is a few KiB; anything this large is not ours
 
 
-def tuning_runs(hints: dict) -> int:
+def tuning_runs(hints: RuntimeHints) -> int:
     """Timed runs per variant the "gpu_tuning" hint asks for (0: do not tune)."""
-    level = hints.get(TUNING_HINT) or "none"
+    level = hints.gpu_tuning or "none"
     if level not in LEVELS:
         raise ConfigError(f"{TUNING_HINT} must be one of {sorted(LEVELS)}, got {level!r}",
                           field=f"backend_hints.{TUNING_HINT}")
@@ -60,12 +62,13 @@ class TuningCache:
         self.tuned = 0  # problems timed by this object (the rest came from the file)
 
     @classmethod
-    def from_hints(cls, hints: dict, device_key: str) -> "TuningCache | None":
+    def from_hints(cls, hints: RuntimeHints | Mapping[str, Any], device_key: str) -> "TuningCache | None":
         """The cache a runtime's hints ask for, or None when "gpu_tuning" is "none" (unset)."""
+        hints = RuntimeHints.of(hints)
         runs = tuning_runs(hints)
         if not runs:
             return None
-        return cls(Path(hints.get("tmp_path") or default_folder()) / FILE_NAME, device_key, runs)
+        return cls(Path(hints.tmp_path or default_folder()) / FILE_NAME, device_key, runs)
 
     def choose(self, problem: str, variants: Sequence[Any], run: Callable[[Any], None]) -> Any:
         """The stored choice for `problem` when it is one of `variants`; else each variant timed

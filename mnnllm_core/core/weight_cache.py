@@ -23,12 +23,14 @@ import logging
 import os
 import struct
 from pathlib import Path
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 import numpy as np
 
 from ..files import open_regular_file, written_beside
 from ..version import __version__
+from .runtime_hints import RuntimeHints
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +54,13 @@ class WeightCache:
         self.hits = self.misses = 0
 
     @classmethod
-    def from_hints(cls, hints: dict, backend_name: str) -> "WeightCache | None":
+    def from_hints(cls, hints: RuntimeHints | Mapping[str, Any], backend_name: str) -> "WeightCache | None":
         """The cache a runtime's hints ask for: `use_mmap` true and the model's identity known."""
-        if not hints.get("use_mmap") or not hints.get("model_identity"):
+        hints = RuntimeHints.of(hints)
+        if not hints.use_mmap or not hints.model_identity:
             return None
-        return cls(hints.get("tmp_path") or default_folder(),
-                   {"model": hints["model_identity"], "backend": backend_name, "mnnllm": __version__})
+        return cls(hints.tmp_path or default_folder(),
+                   {"model": hints.model_identity, "backend": backend_name, "mnnllm": __version__})
 
     def arrays(self, name: str, version: str, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """The arrays of op `name` in layout `version`: mapped from the file, else made, saved and mapped

@@ -88,7 +88,7 @@ class Module:
         weight_file = ExternalWeightFile(weight_path) if os.path.exists(weight_path) else None
         base = _base_session(config.base, runtime_manager, path)
         info, net_info = build_schedule(net, path, weight_file, inputs, outputs,
-                                        attn_scale=runtime_manager.runtime.hints.get("attn_scale"))
+                                        attn_scale=runtime_manager.runtime.hints.attn_scale)
         module = StaticModule(info, runtime_manager, config, base=base)
         return NetModule(PipelineModule([module]), net_info, weight_file)
 

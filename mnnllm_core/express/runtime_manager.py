@@ -12,6 +12,7 @@ from typing import Any
 
 from ..core.backend import SETTINGS, Backend, Runtime, RuntimeCreator, ScheduleConfig
 from ..core.kv_meta import KVMeta
+from ..core.runtime_hints import RuntimeHints, check_hints
 from ..errors import BackendError
 from ..plugins.manager import registry
 
@@ -43,10 +44,13 @@ class RuntimeManager:
         return twin
 
     @classmethod
-    def create(cls, config: ScheduleConfig | None = None, hints: dict[str, Any] | None = None) -> "RuntimeManager":
-        """Create the Runtime for `config.backend_type` through the plugin registry."""
+    def create(cls, config: ScheduleConfig | None = None,
+               hints: RuntimeHints | dict[str, Any] | None = None) -> "RuntimeManager":
+        """Create the Runtime for `config.backend_type` through the plugin registry; every key of
+        `hints` must be a RuntimeHints field of an installed backend (ConfigError)."""
         config = config or ScheduleConfig()
         creator = registry().get(config.backend_type)
+        check_hints(hints or {}, [each.hints_type for each in registry().runtime_creators().values()])
         runtime = _create_runtime(creator, config, hints)
         report_ignored_settings(creator, config)
         backup = runtime if config.backup_type == config.backend_type else _create_runtime(

@@ -11,8 +11,10 @@ import logging
 
 from ..core.backend import BackendConfig, ScheduleConfig
 from ..core.file_identity import file_identity
+from ..core.runtime_hints import check_hints
 from ..errors import BackendError, ConfigError
 from ..express.runtime_manager import RuntimeManager
+from ..plugins.manager import registry
 from .config import LlmConfig
 
 log = logging.getLogger(__name__)
@@ -43,11 +45,15 @@ def schedule_config(config: LlmConfig, backend_type: str, mllm: bool = False) ->
 
 def runtime_hints(config: LlmConfig) -> dict:
     """What MNN's setRuntimeHint passes to the backends, over the config's `backend_hints`
-    (options for a plugin backend, e.g. {"torch_device": "cuda:1"}; the core's keys win)."""
+    (options for a plugin backend, e.g. {"torch_device": "cuda:1"}; the core's keys win), each
+    key checked against the RuntimeHints fields of the installed backends; every Runtime reads
+    its own typed RuntimeHints from this."""
     hints = config.get("backend_hints")
     if hints is not None and not isinstance(hints, dict):
         raise ConfigError(f"backend_hints must be a JSON object, got {hints!r}", file=config.origin("backend_hints"),
                           field="backend_hints")
+    creators = registry().runtime_creators().values()
+    check_hints(hints or {}, [creator.hints_type for creator in creators], file=config.origin("backend_hints"))
     return {
         **(hints or {}),
         "attention_mode": config.attention_mode, "dynamic_option": config.dynamic_option,

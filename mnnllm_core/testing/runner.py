@@ -106,12 +106,12 @@ class Runner:
     def run(self, case: Case, perf: bool = False) -> CaseResult:
         tol = case.tolerance(self.reference, self.fp16)
         trial = case.trial()
-        runtime = self.runtime
-        meta = runtime.kv_meta
-        meta.previous = meta.remove = meta.add = 0
-        meta.reserve = ()
         module, problem, error = None, None, 0.0
         try:
+            runtime = self.runtime  # bad hints are a ConfigError here: every case's result
+            meta = runtime.kv_meta
+            meta.previous = meta.remove = meta.add = 0
+            meta.reserve = ()
             info, first = one_op_graph(trial.op, trial.inputs, trial.outputs)
             module = StaticModule(info, runtime, Config(rearrange=True))
             outputs, error, problem = _steps(module, meta, trial, list(first), first, tol)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import RELU, RELU6, Execution, QuantizedWeight, Refused, linear_weights
+from mnnllm_core.backend_api import RELU, RELU6, Execution, QuantizedWeight, linear_creator
 
 FEW_ROWS = 64
 FP32_VERSION = "fp32-oc-ic-1"  # the dequantized [oc, ic] weight, as the weight cache keeps it
@@ -45,10 +45,8 @@ class LinearExecution(Execution):
         return LinearExecution(backend, self.weight, self.bias, self.activation)
 
 
-def create_linear(backend, inputs, outputs, op):
-    weights = linear_weights(op)
-    if isinstance(weights, Refused):
-        return weights
+@linear_creator
+def create_linear(backend, inputs, outputs, op, weights):
     key, cache = f"{op.index}:{op.name}", backend.runtime.weight_cache
     quantized = isinstance(weights.quantized, QuantizedWeight)
     if quantized and backend.low_memory():

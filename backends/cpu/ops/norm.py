@@ -7,7 +7,7 @@ from functools import partial
 
 import numpy as np
 
-from mnnllm_core.backend_api import Execution, LayerNormParams, check_norm_lengths
+from mnnllm_core.backend_api import Execution, LayerNormParams, check_norm_lengths, layernorm_weights
 
 
 def normalize(x: np.ndarray, gamma, beta, eps: float, rms: bool) -> np.ndarray:
@@ -77,7 +77,7 @@ class LayerNormExecution(Execution):
 
 
 def create_layernorm(backend, inputs, outputs, op):
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    gamma, beta = layernorm_weights(op)
     return LayerNormExecution(backend, op.param, gamma, beta)
 
 

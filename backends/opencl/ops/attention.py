@@ -32,7 +32,7 @@ class AttentionExecution(Execution):
             allocator.alloc, allocator.copy, read=lambda buffer, nbytes: allocator.copyout(np.empty(nbytes, np.uint8),
                                                                                           buffer),
             write=allocator.copyin)
-        self.kernel = None
+        self.program = None
         self.bound = None  # the cache buffer the kernel's k argument points at
         self.kv_seq = 0
         self.appends = False  # whether the kernel stores the step's rows into the cache (`attention`)
@@ -59,14 +59,14 @@ class AttentionExecution(Execution):
         if seq > 1 and cpu_kernels(self.backend):  # one work-item per group: pocl's own choice leaves a core idle
             defines["QUERY_LANES"] = QUERY_LANES
             self.appends, self.cache_args = False, (1, 2)
-            self.kernel = self.backend.program("attention.cl", "attention_tiled", **defines).bind(
+            self.program = self.backend.program("attention.cl", "attention_tiled", **defines).bind(
                 (-(-seq // QUERY_LANES), heads), (1, 1), inputs[0].storage, inputs[1].storage, inputs[2].storage,
                 mask_buffer, outputs[0].storage, step, *scalars)
         else:
             self.appends, self.cache_args = self.params.kv_cache, (5, 6)
             # a CPU device: one work-item per group, so a decode step's few heads use both cores
             local = (1, 1) if cpu_kernels(self.backend) else None
-            self.kernel = self.backend.program("attention.cl", "attention", **defines).bind(
+            self.program = self.backend.program("attention.cl", "attention", **defines).bind(
                 (seq, heads), local, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
                 outputs[0].storage, inputs[1].storage, inputs[2].storage, step, np.int32(self.appends), *scalars)
 
@@ -78,14 +78,14 @@ class AttentionExecution(Execution):
             else:
                 self.cache.append(inputs[1].storage, inputs[2].storage, self.kv_seq)
             if self.bound is not self.cache.k:  # the cache grew (or a clone grew it): rebind
-                self.kernel.kernel.set_arg(self.cache_args[0], self.cache.k)
-                self.kernel.kernel.set_arg(self.cache_args[1], self.cache.v)
+                self.program.kernel.set_arg(self.cache_args[0], self.cache.k)
+                self.program.kernel.set_arg(self.cache_args[1], self.cache.v)
                 self.bound = self.cache.k
             total = self.cache.length
         else:
             past, total = 0, self.kv_seq
         self.backend.runtime.attention_step(past, total)
-        self.kernel(self.backend.queue)
+        self.program(self.backend.queue)
 
     def on_clone(self, backend, op):
         return AttentionExecution(backend, self.params, self.cache)

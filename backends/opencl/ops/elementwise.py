@@ -7,7 +7,7 @@ import pyopencl.cltypes as cltypes
 
 from mnnllm_core.backend_api import FLOAT32, INT32, Execution, Refused, broadcast_strides
 
-from ..device import KernelExecution
+from ..device import ProgramExecution
 
 BINARY = {"ADD": "ADD", "SUB": "SUB", "MUL": "MUL", "REALDIV": "REALDIV", "DIV": "REALDIV",
           "MAXIMUM": "MAXIMUM", "MAX_TEMP": "MAXIMUM", "MINIMUM": "MINIMUM", "MIN_TEMP": "MINIMUM",
@@ -18,7 +18,7 @@ UNARY = {"ABS", "NEG", "FLOOR", "CEIL", "SQUARE", "SQRT", "RSQRT", "EXP", "LOG",
          "COSH", "EXPM1", "SIGMOID", "TANH", "HARDSWISH", "SILU", "GELU", "GELU_STANDARD", "ERF"}
 
 
-class BinaryExecution(KernelExecution):
+class BinaryExecution(ProgramExecution):
     def __init__(self, backend, name: str, act: int):
         super().__init__(backend)
         self.name, self.act = name, act
@@ -30,10 +30,10 @@ class BinaryExecution(KernelExecution):
         dims, (sa, sb) = view
         buffers = (inputs[0].storage, inputs[1].storage, outputs[0].storage)
         if all(t.size == outputs[0].size for t in inputs):
-            self.kernel = self.backend.program("elementwise.cl", f"binary_{self.name}_flat").bind(
+            self.program = self.backend.program("elementwise.cl", f"binary_{self.name}_flat").bind(
                 (outputs[0].size,), None, *buffers, np.int32(self.act))
             return
-        self.kernel = self.backend.program("elementwise.cl", f"binary_{self.name}").bind(
+        self.program = self.backend.program("elementwise.cl", f"binary_{self.name}").bind(
             (outputs[0].size,), None, *buffers, cltypes.make_int4(*dims), cltypes.make_int4(*sa),
             cltypes.make_int4(*sb), np.int32(self.act))
 
@@ -41,7 +41,7 @@ class BinaryExecution(KernelExecution):
         return BinaryExecution(backend, self.name, self.act)
 
 
-class MapExecution(KernelExecution):
+class MapExecution(ProgramExecution):
     """One kernel from the input's buffer to the output's, one work-item per element."""
 
     def __init__(self, backend, kernel: str):
@@ -49,7 +49,7 @@ class MapExecution(KernelExecution):
         self.kernel_name = kernel
 
     def on_resize(self, inputs, outputs) -> None:
-        self.kernel = self.backend.program("elementwise.cl", self.kernel_name).bind(
+        self.program = self.backend.program("elementwise.cl", self.kernel_name).bind(
             (outputs[0].size,), None, inputs[0].storage, outputs[0].storage)
 
     def on_clone(self, backend, op):

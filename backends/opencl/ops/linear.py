@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyopencl as cl
 
-from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
+from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, linear_creator
 
-from ..device import KernelExecution
+from ..device import ProgramExecution
 from .elementwise import BinaryExecution
 from .variant import cpu_kernels
 
@@ -106,7 +106,7 @@ def gemv_sizes(rows: int) -> tuple[tuple[int], tuple[int]]:
     return (-(-rows // GEMV_GROUP) * GEMV_GROUP,), (GEMV_GROUP,)
 
 
-class LinearExecution(KernelExecution):
+class LinearExecution(ProgramExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
         self.packed, self.act = packed, act
@@ -117,11 +117,11 @@ class LinearExecution(KernelExecution):
         rows = inputs[0].size // p.ic
         self.gemv = self.pair = None  # set below for a one-token q4 GEMV (what _pair pairs)
         if rows >= CPU_MIN_ROWS and cpu_kernels(backend) and cpu_kernel_fits(p, backend.runtime.device.device.local_mem_size):
-            self.kernel = self.bind_cpu(inputs, outputs, rows)
+            self.program = self.bind_cpu(inputs, outputs, rows)
             return
         if rows == 1 and p.format == "q4" and cpu_kernels(backend) and \
                 gemv_stage(p).size <= backend.runtime.device.device.local_mem_size:
-            self.kernel = self.bind_gemv(inputs, outputs)
+            self.program = self.bind_gemv(inputs, outputs)
             self.gemv = (inputs[0].storage, outputs[0].storage)
             return
         tile = 1 if rows == 1 else PREFILL_TILE
@@ -142,7 +142,7 @@ class LinearExecution(KernelExecution):
         problem = f"{p.format} ic={p.ic} oc={p.oc} block={p.block} rows={rows}" \
                   f"{' fp16' if backend.half else ''}{' fp16-weights' if p.weight_half else ''}"
         split = backend.runtime.linear_split_for(problem, run)
-        self.kernel = bind(split)
+        self.program = bind(split)
 
     def bind_gemv(self, inputs, outputs):
         """gemv_cpu.cl's gemv_q4: one work-item per row, GEMV_GROUP rows per work-group."""
@@ -168,14 +168,14 @@ class LinearExecution(KernelExecution):
                 or self.gemv[0] is not other.gemv[0] or (self.packed.ic, self.packed.block) != \
                 (other.packed.ic, other.packed.block):
             return None
-        if self.pair is None or self.pair[0] is not other or self.pair[1] is not other.kernel:
+        if self.pair is None or self.pair[0] is not other or self.pair[1] is not other.program:
             a, b = self.packed, other.packed  # (made for what both were resized to)
             program = self.backend.program("gemv_cpu.cl", "gemv_q4_pair").bind(
                 *gemv_sizes(a.oc + b.oc), self.gemv[0],
                 a.weight, a.scales, a.bias, self.gemv[1], b.weight, b.scales, b.bias, other.gemv[1],
                 *(np.int32(v) for v in (a.ic, a.block, a.oc, b.oc, a.has_bias, b.has_bias, self.act, other.act)),
                 gemv_stage(a))
-            self.pair = (other, other.kernel, program)
+            self.pair = (other, other.program, program)
         return [self.pair[2]]
 
     def _gated(self, binary) -> list | None:
@@ -213,10 +213,8 @@ class LinearExecution(KernelExecution):
         return LinearExecution(backend, self.packed, self.act)
 
 
-def create_linear(backend, inputs, outputs, op):
-    weights = linear_weights(op)
-    if isinstance(weights, Refused):
-        return weights
+@linear_creator
+def create_linear(backend, inputs, outputs, op, weights):
     packed = pack(backend, weights)
     log.debug("packed %s as %s [%d, %d]", op.name, packed.format, packed.oc, packed.ic)
     return LinearExecution(backend, packed, op.param.activation)

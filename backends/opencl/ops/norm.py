@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import LayerNormParams, NormTables, layernorm_launch, norm_tables
+from mnnllm_core.backend_api import LayerNormParams, NormTables, layernorm_launch, layernorm_weights, norm_tables
 
-from ..device import KernelExecution
+from ..device import ProgramExecution
 
 
-class LayerNormExecution(KernelExecution):
+class LayerNormExecution(ProgramExecution):
     def __init__(self, backend, params: LayerNormParams, tables: NormTables):
         super().__init__(backend)
         self.params, self.tables = params, tables
@@ -18,7 +18,7 @@ class LayerNormExecution(KernelExecution):
     def on_resize(self, inputs, outputs) -> None:
         launch = layernorm_launch(self.params, self.tables, inputs, outputs)
         layout = launch.layout
-        self.kernel = self.backend.program("norm.cl", "layernorm").bind(
+        self.program = self.backend.program("norm.cl", "layernorm").bind(
             (layout.rows,), None, inputs[0].storage, launch.second.storage, outputs[0].storage,
             launch.target.storage, self.tables.gamma, self.tables.beta, np.int32(layout.length),
             np.int32(layout.hw), np.float32(self.params.epsilon), np.int32(launch.flags))
@@ -28,7 +28,7 @@ class LayerNormExecution(KernelExecution):
 
 
 def create_layernorm(backend, inputs, outputs, op):
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    gamma, beta = layernorm_weights(op)
     return LayerNormExecution(backend, op.param, norm_tables(backend.allocator.constant, gamma, beta))
 
 

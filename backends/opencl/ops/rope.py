@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import HeadNormTables, Refused, RoPEParams, head_norm_tables
+from mnnllm_core.backend_api import HeadNormTables, Refused, RoPEParams, rope_norm_tables
 
-from ..device import KernelExecution
+from ..device import ProgramExecution
 
 
-class RoPEExecution(KernelExecution):
+class RoPEExecution(ProgramExecution):
     def __init__(self, backend, params: RoPEParams, q_norm: HeadNormTables, k_norm: HeadNormTables):
         super().__init__(backend)
         self.params, self.q_norm, self.k_norm = params, q_norm, k_norm
@@ -16,7 +16,7 @@ class RoPEExecution(KernelExecution):
     def on_resize(self, inputs, outputs) -> None:
         p, q, k = self.params, self.q_norm, self.k_norm
         seq, cs_stride = p.rows(inputs[0].size, inputs[2].size)
-        self.kernel = self.backend.program("rope.cl", "rope").bind(
+        self.program = self.backend.program("rope.cl", "rope").bind(
             (seq, p.num_head + p.kv_num_head), None,
             *(t.storage for t in inputs[:4]), outputs[0].storage, outputs[1].storage,
             q.gamma, q.beta, k.gamma, k.beta,
@@ -31,8 +31,7 @@ def create_rope(backend, inputs, outputs, op):
     p = op.param
     if p is None:
         return Refused("the RoPE table has no head layout")
-    constant = backend.allocator.constant
-    return RoPEExecution(backend, p, head_norm_tables(constant, p.q_norm), head_norm_tables(constant, p.k_norm))
+    return RoPEExecution(backend, p, *rope_norm_tables(backend.allocator.constant, p))
 
 
 CREATORS = {"RoPE": create_rope}

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, Refused,
-                                     UnsupportedError, attention_mask)
+from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, UnsupportedError, attention_mask,
+                                     float_attention_creator)
 
-from ..device import Dispatch, Texels, fold, pack_push
+from ..device import Program, Texels, fold, pack_push
 
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
 MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
@@ -29,14 +29,14 @@ class AttentionExecution(Execution):
     def __init__(self, backend, params: AttentionParams, cache: DeviceKVCache | None = None):
         super().__init__(backend)
         self.params = params
-        self.cache = cache if cache is not None else DeviceKVCache(backend.device.alloc, backend.recorder.copy,
+        self.cache = cache if cache is not None else DeviceKVCache(backend.allocator.alloc, backend.recorder.copy,
                                                                    backend.device.fits_floats)
         self.shape = None
         self.fused = False
         self.kv_seq = 0
         self.mask = (0, 1, 1)
         self.scratch = None
-        self.step = backend.device.alloc(8)  # int past, int total: this step's, for the shaders
+        self.step = backend.allocator.alloc(8)  # int past, int total: this step's, for the shaders
         self.bound = None  # (keys, values, scratch, stride) the dispatches bind
         self.dispatches = ()
 
@@ -84,7 +84,7 @@ class AttentionExecution(Execution):
             self.bound = (keys, values, self.scratch, stride)
             return (self._fused(keys, values),) if seq and stride else ()
         if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
-            self.scratch = device.alloc(seq * heads * stride * 4)
+            self.scratch = self.backend.allocator.alloc(seq * heads * stride * 4)
         self.bound = (keys, values, self.scratch, stride)
         if not seq or not stride:
             return ()
@@ -95,23 +95,23 @@ class AttentionExecution(Execution):
         lanes = dim // 4 if dim % 4 == 0 else dim  # attn_context: invocations per (token, head)
         context_groups, context_row = fold(-(-(seq * heads * lanes) // LOCAL), LOCAL)
         found = [
-            Dispatch(device, "attn_scores", [Texels(q, "vec4"), Texels(keys, "vec4"), Texels(q, "float"),
-                                             Texels(keys, "float"), Texels(mask, "uint"), self.scratch, step],
-                     pack_push("5if3iI", seq, heads, kv_heads, dim, stride,
-                               float(np.float32(self.params.scale_for(dim))), mode, rows, cols, scores_row),
-                     scores_groups),
+            Program(device, "attn_scores", [Texels(q, "vec4"), Texels(keys, "vec4"), Texels(q, "float"),
+                                            Texels(keys, "float"), Texels(mask, "uint"), self.scratch, step],
+                    pack_push("5if3iI", seq, heads, kv_heads, dim, stride,
+                              float(np.float32(self.params.scale_for(dim))), mode, rows, cols, scores_row),
+                    scores_groups),
             self._softmax(seq * heads, stride, step),
-            Dispatch(device, "attn_context", [Texels(self.scratch, "float"), Texels(values, "vec4"),
-                                              Texels(values, "float"), out, out, step],
-                     pack_push("5iI", seq, heads, kv_heads, dim, stride, context_row), context_groups)]
+            Program(device, "attn_context", [Texels(self.scratch, "float"), Texels(values, "vec4"),
+                                             Texels(values, "float"), out, out, step],
+                    pack_push("5iI", seq, heads, kv_heads, dim, stride, context_row), context_groups)]
         if self.params.kv_cache:
             count = self.kv_seq * kv_heads * dim
             groups, row = fold(-(-count // LOCAL), LOCAL)
-            found.insert(0, Dispatch(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values, step],
-                                     pack_push("2iI", count, kv_heads * dim, row), groups))
+            found.insert(0, Program(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values, step],
+                                    pack_push("2iI", count, kv_heads * dim, row), groups))
         return tuple(found)
 
-    def _fused(self, keys, values) -> Dispatch:
+    def _fused(self, keys, values) -> Program:
         """attn_fused<dim>: the whole op (cache append included) in one dispatch."""
         inputs, out = self.inputs, self.outputs[0].storage
         seq, heads, kv_heads, dim = self.shape
@@ -120,23 +120,23 @@ class AttentionExecution(Execution):
         mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
         cached = self.params.kv_cache
         groups, groups_x = fold(seq * heads, 1)
-        return Dispatch(self.backend.device, f"attn_fused{dim}",
-                        [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"),
-                         Texels(keys, "vec4"), Texels(values, "vec4"), Texels(mask, "uint"), out,
-                         keys if cached else out, values if cached else out, Texels(self.step, "int")],
-                        pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
-                                  float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
-                                  groups_x), groups)
+        return Program(self.backend.device, f"attn_fused{dim}",
+                       [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"),
+                        Texels(keys, "vec4"), Texels(values, "vec4"), Texels(mask, "uint"), out,
+                        keys if cached else out, values if cached else out, Texels(self.step, "int")],
+                       pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
+                                 float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
+                                 groups_x), groups)
 
-    def _softmax(self, rows: int, stride: int, step) -> Dispatch:
+    def _softmax(self, rows: int, stride: int, step) -> Program:
         """attn_softmax: an invocation per row, or with subgroups a work-group of 8 per row."""
         bindings = [Texels(self.scratch, "float"), self.scratch, step]
         if self.backend.runtime.subgroups:
             groups, groups_x = fold(rows, 1)
-            return Dispatch(self.backend.device, "attn_softmax_subgroup", bindings,
-                            pack_push("2iI", rows, stride, groups_x), groups)
-        return Dispatch(self.backend.device, "attn_softmax", bindings, pack_push("2i", rows, stride),
-                        (-(-rows // 64), 1, 1))
+            return Program(self.backend.device, "attn_softmax_subgroup", bindings,
+                           pack_push("2iI", rows, stride, groups_x), groups)
+        return Program(self.backend.device, "attn_softmax", bindings, pack_push("2i", rows, stride),
+                       (-(-rows // 64), 1, 1))
 
     def replay_steps(self, inputs, outputs) -> list:
         """The dispatches the last before_run made."""
@@ -152,9 +152,4 @@ class AttentionExecution(Execution):
         return AttentionExecution(backend, self.params, self.cache)
 
 
-def create_attention(backend, inputs, outputs, op):
-    refusal = op.param.float_kernel_refusal(inputs, outputs)
-    return Refused(refusal) if refusal else AttentionExecution(backend, op.param)
-
-
-CREATORS = {"Attention": create_attention}
+CREATORS = {"Attention": float_attention_creator(AttentionExecution)}

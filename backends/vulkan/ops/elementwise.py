@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mnnllm_core.backend_api import FLOAT32, INT32, Refused, broadcast_strides
 
-from ..device import Dispatch, DispatchExecution, Texels, fold, pack_push
+from ..device import Program, ProgramExecution, Texels, fold, pack_push
 
 LOCAL = 256  # local size of binary.comp, unary.comp and cast.comp
 
@@ -15,7 +15,7 @@ UNARY = {"ABS": 0, "NEG": 1, "FLOOR": 2, "CEIL": 3, "SQUARE": 4, "SQRT": 5, "RSQ
          "HARDSWISH": 17, "SILU": 18, "GELU": 19, "GELU_STANDARD": 20, "ERF": 21}
 
 
-class BinaryExecution(DispatchExecution):
+class BinaryExecution(ProgramExecution):
     def __init__(self, backend, code: int, act: int):
         super().__init__(backend)
         self.code, self.act = code, act
@@ -28,16 +28,16 @@ class BinaryExecution(DispatchExecution):
         total = outputs[0].size
         groups, row = fold(-(-total // LOCAL), LOCAL)
         push = pack_push("4i4i4iiiiI", *dims, *sa, *sb, total, self.code, self.act, row)
-        self.dispatch = Dispatch(self.backend.device, "binary",
-                                 [Texels(inputs[0].storage, "float"), Texels(inputs[1].storage, "float"),
-                                  outputs[0].storage], push,
-                                 groups if total else (0, 0, 0))
+        self.program = Program(self.backend.device, "binary",
+                               [Texels(inputs[0].storage, "float"), Texels(inputs[1].storage, "float"),
+                                outputs[0].storage], push,
+                               groups if total else (0, 0, 0))
 
     def on_clone(self, backend, op):
         return BinaryExecution(backend, self.code, self.act)
 
 
-class ElementwiseExecution(DispatchExecution):
+class ElementwiseExecution(ProgramExecution):
     """One shader over every element: unary.comp (code: the op) or cast.comp (code: the mode)."""
 
     def __init__(self, backend, shader: str, code: int):
@@ -48,8 +48,8 @@ class ElementwiseExecution(DispatchExecution):
         total = outputs[0].size
         groups, row = fold(-(-total // LOCAL), LOCAL)
         source = Texels(inputs[0].storage, "float") if self.shader == "unary" else inputs[0].storage
-        self.dispatch = Dispatch(self.backend.device, self.shader, [source, outputs[0].storage],
-                                 pack_push("iiI", total, self.code, row), groups if total else (0, 0, 0))
+        self.program = Program(self.backend.device, self.shader, [source, outputs[0].storage],
+                               pack_push("iiI", total, self.code, row), groups if total else (0, 0, 0))
 
     def on_clone(self, backend, op):
         return ElementwiseExecution(backend, self.shader, self.code)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_weights
+from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_creator
 
-from ..device import Dispatch, DispatchExecution, Recorder, Texels, pack_push
+from ..device import Program, ProgramExecution, Recorder, Texels, pack_push
 
 log = logging.getLogger(__name__)
 
@@ -83,47 +83,48 @@ def pack_linear(backend, weights: ConvolutionWeights) -> PackedLinear | None:
     """The layer's weights in its shader's layout, uploaded once; None when a buffer would
     exceed maxStorageBufferRange (or maxTexelBufferElements). A 4-bit weight gets the decode
     kernel the runtime picks for its shape (forced, tuned or by device class)."""
-    device = backend.device
+    device, allocator = backend.device, backend.allocator
     w, bias = weights.quantized, weights.nonzero_bias
-    bias_buffer = device.constant(bias if bias is not None else np.zeros(1, np.float32))
+    bias_buffer = allocator.constant(bias if bias is not None else np.zeros(1, np.float32))
     if isinstance(w, QuantizedWeight) and w.bits == 4 and w.is_linear and w.block_size % 8 == 0 \
             and w.ic % w.block_size == 0:
         if not device.fits_texels(w.oc * w.ic // 2, "uvec4") or not device.fits_texels(w.oc * w.n_blocks * 8, "vec2"):
             return None
         words = q4_words(w)
-        scales = device.constant(np.ascontiguousarray(w.scale_zero().transpose(1, 0, 2)))
+        scales = allocator.constant(np.ascontiguousarray(w.scale_zero().transpose(1, 0, 2)))
         layouts: dict[bool, object] = {}  # texels? -> the weight buffer in that layout
 
         def packed(variant: str) -> PackedLinear:
             texels = variant == "texel"
             if texels not in layouts:
                 array = words.reshape(w.oc, w.ic // 32, 4).transpose(1, 0, 2) if texels else words.T
-                layouts[texels] = device.constant(np.ascontiguousarray(array))
+                layouts[texels] = allocator.constant(np.ascontiguousarray(array))
             return PackedLinear(variant, w.oc, w.ic, w.block_size, layouts[texels], scales, bias_buffer,
                                 bias is not None)
 
         variants = [v for v in DECODE_Q4 if v != "texel" or w.block_size % 32 == 0]
         variant = backend.runtime.linear_variant_for(f"q4 {w.oc}x{w.ic} block {w.block_size}", variants,
-                                                     lambda v: run_decode(device, packed(v)))
+                                                     lambda v: run_decode(backend, packed(v)))
         return packed(variant)
     if not device.fits(w.oc * w.ic * 4):
         return None
-    return PackedLinear("float", w.oc, w.ic, w.ic, device.constant(weights.dequantize()),
-                        device.constant(np.zeros(2, np.float32)), bias_buffer, bias is not None)
+    return PackedLinear("float", w.oc, w.ic, w.ic, allocator.constant(weights.dequantize()),
+                        allocator.constant(np.zeros(2, np.float32)), bias_buffer, bias is not None)
 
 
-def run_decode(device, packed: PackedLinear) -> None:
+def run_decode(backend, packed: PackedLinear) -> None:
     """One token through the layer's decode kernel, waited for (what gpu_tuning times)."""
-    x, y = device.alloc(packed.ic * 4), device.alloc(packed.oc * 4)
+    device = backend.device
+    x, y = backend.allocator.alloc(packed.ic * 4), backend.allocator.alloc(packed.oc * 4)
     shader, groups = packed.launch(1)
     recorder = Recorder(device)
-    recorder.dispatch(Dispatch(device, shader, packed.bindings(x, y),
-                               pack_push("6i", packed.ic, packed.oc, 1, packed.block, int(packed.has_bias), 0),
-                               groups))
+    recorder.dispatch(Program(device, shader, packed.bindings(x, y),
+                              pack_push("6i", packed.ic, packed.oc, 1, packed.block, int(packed.has_bias), 0),
+                              groups))
     recorder.flush()
 
 
-class LinearExecution(DispatchExecution):
+class LinearExecution(ProgramExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
         self.packed, self.act = packed, act
@@ -135,16 +136,16 @@ class LinearExecution(DispatchExecution):
         shader, groups = p.launch(rows)
         push = pack_push("6i", p.ic, p.oc, rows, p.block, int(p.has_bias), self.act)
         self.io = (inputs[0].storage, outputs[0].storage, rows)
-        self.pair = None  # (the other layer's own Dispatch, the paired one): made by _pair
-        self.dispatch = Dispatch(self.backend.device, shader, p.bindings(inputs[0].storage, outputs[0].storage),
-                                 push, groups)
+        self.pair = None  # (the other layer's own Program, the paired one): made by _pair
+        self.program = Program(self.backend.device, shader, p.bindings(inputs[0].storage, outputs[0].storage),
+                               push, groups)
 
     def fused_with(self, following) -> tuple[int, list] | None:
         """This layer and the next as one dispatch (`_pair`); None when they do not pair."""
         pair = self._pair(following[0].execution) if following else None
         return None if pair is None else (1, [pair])
 
-    def _pair(self, other) -> Dispatch | None:
+    def _pair(self, other) -> Program | None:
         """One dispatch computing this layer and `other` (the next command's), when both are texel
         decode layers of one input x; None otherwise. Kept until either resizes."""
         if not isinstance(other, LinearExecution) or self.io[2] != 1 or other.io[2] != 1 \
@@ -152,24 +153,22 @@ class LinearExecution(DispatchExecution):
                 or other.packed.variant != "texel" or (self.packed.ic, self.packed.block) != \
                 (other.packed.ic, other.packed.block):
             return None
-        if self.pair is None or self.pair[0] is not other.dispatch:  # made for what both were resized to
+        if self.pair is None or self.pair[0] is not other.program:  # made for what both were resized to
             a, b = self.packed, other.packed
             first, second = a.bindings(self.io[0], self.io[1]), b.bindings(other.io[0], other.io[1])
-            groups0 = self.dispatch.groups[0]
+            groups0 = self.program.groups[0]
             push = pack_push("10i", a.ic, a.oc, 1, a.block, int(a.has_bias), self.act, b.oc, int(b.has_bias),
                              other.act, groups0)
-            self.pair = (other.dispatch, Dispatch(self.backend.device, PAIRED_TEXEL, first + second[1:], push,
-                                                  (groups0 + other.dispatch.groups[0], 1, 1)))
+            self.pair = (other.program, Program(self.backend.device, PAIRED_TEXEL, first + second[1:], push,
+                                                (groups0 + other.program.groups[0], 1, 1)))
         return self.pair[1]
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
 
 
-def create_linear(backend, inputs, outputs, op):
-    weights = linear_weights(op)
-    if isinstance(weights, Refused):
-        return weights
+@linear_creator
+def create_linear(backend, inputs, outputs, op, weights):
     packed = pack_linear(backend, weights)
     if packed is None:
         log.debug("vulkan refused %s: a weight buffer exceeds maxStorageBufferRange or maxTexelBufferElements",

@@ -2,12 +2,13 @@
 first), the channel axis of NC4HW4 tensors, and the fused residual form (two inputs, two outputs)."""
 from __future__ import annotations
 
-from mnnllm_core.backend_api import FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch, norm_tables
+from mnnllm_core.backend_api import (FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch, layernorm_weights,
+                                     norm_tables)
 
-from ..device import Dispatch, DispatchExecution, Texels, fold, pack_push
+from ..device import Program, ProgramExecution, Texels, fold, pack_push
 
 
-class LayerNormExecution(DispatchExecution):
+class LayerNormExecution(ProgramExecution):
     def __init__(self, backend, params: LayerNormParams, tables: NormTables):
         super().__init__(backend)
         self.params, self.tables = params, tables
@@ -21,13 +22,13 @@ class LayerNormExecution(DispatchExecution):
             push = pack_push("3ifiI", rows, length, hw, self.params.epsilon, launch.flags, groups_x)
             bindings = [Texels(x, "float"), Texels(second, "float"), outputs[0].storage, launch.target.storage,
                         Texels(gamma, "float"), Texels(beta, "float")]
-            self.dispatch = Dispatch(self.backend.device, "norm_subgroup", bindings, push,
-                                     groups if rows else (0, 0, 0))
+            self.program = Program(self.backend.device, "norm_subgroup", bindings, push,
+                                   groups if rows else (0, 0, 0))
             return
         push = pack_push("3ifi", rows, length, hw, self.params.epsilon, launch.flags)
-        self.dispatch = Dispatch(self.backend.device, "norm",
-                                 [x, second, outputs[0].storage, launch.target.storage, gamma, beta], push,
-                                 (-(-rows // 64), 1, 1) if rows else (0, 0, 0))
+        self.program = Program(self.backend.device, "norm",
+                               [x, second, outputs[0].storage, launch.target.storage, gamma, beta], push,
+                               (-(-rows // 64), 1, 1) if rows else (0, 0, 0))
 
     def on_clone(self, backend, op):
         return LayerNormExecution(backend, self.params, self.tables)
@@ -38,8 +39,8 @@ def create_layernorm(backend, inputs, outputs, op):
         return Refused("float32 only")
     if not backend.fits(*inputs, *outputs):
         return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
-    return LayerNormExecution(backend, op.param, norm_tables(backend.device.constant, gamma, beta))
+    gamma, beta = layernorm_weights(op)
+    return LayerNormExecution(backend, op.param, norm_tables(backend.allocator.constant, gamma, beta))
 
 
 CREATORS = {"LayerNorm": create_layernorm}

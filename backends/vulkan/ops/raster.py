@@ -6,7 +6,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import Execution, RasterParam, Refused, walks_contiguously
 
-from ..device import Dispatch, fold, pack_push
+from ..device import Program, fold, pack_push
 
 LOCAL = 256  # local size of raster.comp
 
@@ -34,7 +34,7 @@ class RasterExecution(Execution):
             groups, row = fold(-(-count // LOCAL), LOCAL)
             push = pack_push("4i4i4iI", *size, count, *region.src.stride, region.src.offset,
                              *region.dst.stride, region.dst.offset, row)
-            self.steps.append(("dispatch", Dispatch(device, "raster", [src, out.storage], push, groups)))
+            self.steps.append(("dispatch", Program(device, "raster", [src, out.storage], push, groups)))
 
     def on_execute(self, inputs, outputs) -> None:
         recorder = self.backend.recorder

@@ -1,12 +1,12 @@
 """Fused RoPE on q and k (cut dim, optional per-head q/k norm tables), one invocation per head."""
 from __future__ import annotations
 
-from mnnllm_core.backend_api import FLOAT32, HeadNormTables, Refused, RoPEParams, head_norm_tables
+from mnnllm_core.backend_api import FLOAT32, HeadNormTables, Refused, RoPEParams, rope_norm_tables
 
-from ..device import Dispatch, DispatchExecution, Texels, pack_push
+from ..device import Program, ProgramExecution, Texels, pack_push
 
 
-class RoPEExecution(DispatchExecution):
+class RoPEExecution(ProgramExecution):
     def __init__(self, backend, params: RoPEParams, q_norm: HeadNormTables, k_norm: HeadNormTables):
         super().__init__(backend)
         self.params, self.q_norm, self.k_norm = params, q_norm, k_norm
@@ -17,11 +17,11 @@ class RoPEExecution(DispatchExecution):
         push = pack_push("6iffii", seq, p.num_head, p.kv_num_head, p.head_dim, p.rope_dim, cs_stride,
                          q.epsilon, k.epsilon, q.flags, k.flags)
         count = seq * (p.num_head + p.kv_num_head)
-        self.dispatch = Dispatch(self.backend.device, "rope",
-                                 [*(Texels(t.storage, "float") for t in inputs[:4]), outputs[0].storage,
-                                  outputs[1].storage, *(Texels(b, "float") for b in (q.gamma, q.beta, k.gamma, k.beta))],
-                                 push,
-                                 (-(-count // 64), 1, 1) if count else (0, 0, 0))
+        self.program = Program(self.backend.device, "rope",
+                               [*(Texels(t.storage, "float") for t in inputs[:4]), outputs[0].storage,
+                                outputs[1].storage, *(Texels(b, "float") for b in (q.gamma, q.beta, k.gamma, k.beta))],
+                               push,
+                               (-(-count // 64), 1, 1) if count else (0, 0, 0))
 
     def on_clone(self, backend, op):
         return RoPEExecution(backend, self.params, self.q_norm, self.k_norm)
@@ -38,8 +38,7 @@ def create_rope(backend, inputs, outputs, op):
         return Refused("a tensor exceeds maxStorageBufferRange or maxTexelBufferElements")
     if any(n is not None and len(n.gamma) != p.head_dim for n in (p.q_norm, p.k_norm)):
         return Refused("a q/k norm of another length than head_dim")
-    constant = backend.device.constant
-    return RoPEExecution(backend, p, head_norm_tables(constant, p.q_norm), head_norm_tables(constant, p.k_norm))
+    return RoPEExecution(backend, p, *rope_norm_tables(backend.allocator.constant, p))
 
 
 CREATORS = {"RoPE": create_rope}

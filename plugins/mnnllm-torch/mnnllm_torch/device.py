@@ -2,7 +2,7 @@
 (alloc / copyin / copyout / copy) of torch tensors on it. Only this module and ops/ import
 torch; the runtime and plugin modules do not, so registering the plugin costs nothing.
 
-The device is, first found: the runtime hint "torch_device" (in a model's config:
+The device is, first found: the runtime hint "torch_device" (TorchHints; in a model's config:
 `"backend_hints": {"torch_device": "cuda:1"}`), the environment variable MNNLLM_TORCH_DEVICE,
 then "cuda" when torch sees a GPU, else "cpu".
 """
@@ -14,13 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-DEVICE_HINT = "torch_device"
 DEVICE_ENV = "MNNLLM_TORCH_DEVICE"
 
 
-def choose_device(hints: dict[str, Any] | None = None) -> str:
-    """The torch device a runtime created with these hints runs on."""
-    chosen = (hints or {}).get(DEVICE_HINT) or os.environ.get(DEVICE_ENV)
+def select_device(hint: str | None = None) -> str:
+    """The torch device a runtime with this "torch_device" hint runs on."""
+    chosen = hint or os.environ.get(DEVICE_ENV)
     if chosen:
         return str(chosen)
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,8 +37,8 @@ def probe(device: str) -> tuple[bool, str]:
     return True, ""
 
 
-def devices() -> list[str]:
-    default = choose_device()
+def list_devices() -> list[str]:
+    default = select_device()
     found = [f"cpu (torch {torch.__version__}, {torch.get_num_threads()} threads)"]
     found += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
     return [f"{name} [default]" if name.split(" ")[0] in (default, f"{default}:0") else name for name in found]

@@ -11,15 +11,24 @@ probed or created, so a cpu user of mnnllm never pays for it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mnnllm_core.backend_api import (Backend, BackendConfig, BackendError, ConfigError, Runtime, RuntimeCreator,
-                                     ScheduleConfig, Tensor)
+                                     RuntimeHints, ScheduleConfig, Tensor)
 
 REPLAY_HINT = "torch_replay"
 REPLAY_MODES = ("graph", "eager", "off")
+
+
+@dataclass(frozen=True)
+class TorchHints(RuntimeHints):
+    """"torch_device" (device.py) and "torch_replay" (above); None: the default."""
+
+    torch_device: str | None = None
+    torch_replay: str | None = None
 
 
 class TorchBackend(Backend):
@@ -55,8 +64,9 @@ class TorchBackend(Backend):
 
 class TorchRuntime(Runtime):
     name = "torch"
+    hints_type = TorchHints
 
-    def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None, device: str):
+    def __init__(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None, device: str):
         super().__init__(config, hints)
         import torch
 
@@ -64,7 +74,7 @@ class TorchRuntime(Runtime):
         from .ops import CREATORS
         self.allocator = torch_device.Allocator(torch.device(device))
         self.allocator.set_threads(config.thread_num)
-        self.replay_mode = self.hints.get(REPLAY_HINT) or ("graph" if self.allocator.device.type == "cuda" else "off")
+        self.replay_mode = self.hints.torch_replay or ("graph" if self.allocator.device.type == "cuda" else "off")
         if self.replay_mode not in REPLAY_MODES:
             raise ConfigError(f"{REPLAY_HINT} must be one of {', '.join(REPLAY_MODES)}, got {self.replay_mode!r}",
                               field=f"backend_hints.{REPLAY_HINT}")
@@ -91,23 +101,25 @@ class TorchRuntimeCreator(RuntimeCreator):
     name = "torch"
     static_shapes = False  # torch takes any shape; the pipeline may resize freely
     settings = frozenset({"thread_num"})
+    hints_type = TorchHints
 
     def is_available(self) -> tuple[bool, str]:
         try:
             from . import device
-            chosen = device.choose_device()
+            chosen = device.select_device()
         except Exception as err:  # ImportError, or OSError from broken CUDA libraries
             return False, f"torch is not importable: {type(err).__name__}: {err}"
         return device.probe(chosen)
 
-    def create(self, config: ScheduleConfig, hints: dict[str, Any] | None = None) -> Runtime:
+    def create(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None) -> Runtime:
         from . import device
-        chosen = device.choose_device(hints)
+        hints = TorchHints.of(hints)
+        chosen = device.select_device(hints.torch_device)
         ok, reason = device.probe(chosen)
         if not ok:
             raise BackendError(f"backend 'torch' cannot use its device: {reason}", field="backend_type")
         return TorchRuntime(config, hints, chosen)
 
-    def devices(self) -> list[str]:
+    def list_devices(self) -> list[str]:
         from . import device
-        return device.devices()
+        return device.list_devices()

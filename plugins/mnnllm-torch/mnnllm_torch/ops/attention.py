@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from mnnllm_core.backend_api import (AttentionParams, Execution, KVCache, Refused, UnsupportedError,
-                                     attention_mask)
+from mnnllm_core.backend_api import (AttentionParams, Execution, KVCache, UnsupportedError, attention_mask,
+                                     float_attention_creator)
 
 
 class TorchKVCache(KVCache):
@@ -182,9 +182,4 @@ class AttentionExecution(Execution):
         return AttentionExecution(backend, self.params, self.cache)
 
 
-def create_attention(backend, inputs, outputs, op):
-    refusal = op.param.float_kernel_refusal(inputs, outputs, sinks=True)
-    return Refused(refusal) if refusal else AttentionExecution(backend, op.param)
-
-
-CREATORS = {"Attention": create_attention}
+CREATORS = {"Attention": float_attention_creator(AttentionExecution, sinks=True)}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from mnnllm_core.backend_api import RELU, RELU6, Execution, Refused, linear_weights
+from mnnllm_core.backend_api import RELU, RELU6, Execution, linear_creator
 
 
 class LinearExecution(Execution):
@@ -36,10 +36,8 @@ class LinearExecution(Execution):
         return LinearExecution(backend, self.weight_t, self.bias, self.activation)
 
 
-def create_linear(backend, inputs, outputs, op):
-    weights = linear_weights(op)
-    if isinstance(weights, Refused):
-        return weights
+@linear_creator
+def create_linear(backend, inputs, outputs, op, weights):
     constant = backend.allocator.constant
     return LinearExecution(backend, constant(weights.dequantize().T), constant(weights.nonzero_bias),
                            op.param.activation)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mnnllm_core.backend_api import Execution, LayerNormParams, Refused, check_norm_lengths
+from mnnllm_core.backend_api import Execution, LayerNormParams, Refused, check_norm_lengths, layernorm_weights
 
 
 class LayerNormExecution(Execution):
@@ -44,7 +44,7 @@ class LayerNormExecution(Execution):
 def create_layernorm(backend, inputs, outputs, op):
     if op.param.group > 1:
         return Refused("group norm stays on cpu")
-    gamma, beta = op.weights.layernorm() if op.weights is not None else (None, None)
+    gamma, beta = layernorm_weights(op)
     constant = backend.allocator.constant
     return LayerNormExecution(backend, op.param, constant(gamma), constant(beta))
 
