@@ -99,9 +99,11 @@ def ints(*values: int) -> Const:
 
 def all_cases() -> list[Case]:
     """The whole catalogue, in a fixed order."""
-    from . import attention, elementwise, linear, linear_attention, misc, moe, movement, norm, rope
+    from . import (attention, elementwise, fill, linear, linear_attention, matmul, moe, movement, norm, reduction,
+                   rope, topk)
     found: list[Case] = []
-    for module in (linear, norm, rope, attention, linear_attention, elementwise, movement, misc, moe):
+    for module in (linear, norm, rope, attention, linear_attention, elementwise, movement, matmul, reduction, topk,
+                   fill, moe):
         found += module.cases()
     ids = [c.id for c in found]
     duplicated = {i for i in ids if ids.count(i) > 1}
