@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.op import Op
-from . import Case, Trial, ints, single
+from .case import Case, Trial, ints, single
 
 
 def _fill(shape: tuple, value, dtype):

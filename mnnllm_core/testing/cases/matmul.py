@@ -5,7 +5,7 @@ import numpy as np
 
 from ...core.op import Op
 from ...core.op_params import MatMulParams
-from . import Case, Trial, randn, single
+from .case import Case, Trial, randn, single
 
 
 def _matmul(ta: bool, tb: bool, shape_a: tuple, shape_b: tuple):

@@ -9,7 +9,7 @@ from ...core.op_params import MoEParams
 from ...core.weights import ConvolutionWeights, FloatWeight, MoEExpert
 from ..harness import Weights
 from ..references import silu
-from . import Case, Trial, randn, single
+from .case import Case, Trial, randn, single
 
 
 def moe_reference(x, weights, chosen, experts: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:

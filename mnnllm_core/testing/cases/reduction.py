@@ -7,7 +7,7 @@ import numpy as np
 from ...core.op import Op
 from ...core.op_params import ReductionParams
 from ..references import REDUCTIONS
-from . import Case, Trial, ints, randn, single
+from .case import Case, Trial, ints, randn, single
 
 
 def _reduction(operation: str, dims: tuple, keep: bool):

@@ -5,7 +5,7 @@ import numpy as np
 
 from ...core.op import Op
 from ...core.op_params import TopKParams
-from . import Case, Trial, ints, randn, single
+from .case import Case, Trial, ints, randn, single
 
 
 def topk_reference(x: np.ndarray, k: int, axis: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
