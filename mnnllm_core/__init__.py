@@ -1,7 +1,6 @@
 """mnnllm: run LLMs exported in the MNN-LLM format on pluggable backends."""
 from .errors import MnnllmError
-
-__version__ = "0.1.0"
+from .version import __version__
 
 
 def create(config_path, embedding_model=False, base=None):

@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 
 from ..files import open_regular_file, written_beside
+from ..version import __version__
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,6 @@ class WeightCache:
         """The cache a runtime's hints ask for: `use_mmap` true and the model's identity known."""
         if not hints.get("use_mmap") or not hints.get("model_identity"):
             return None
-        from .. import __version__
         return cls(hints.get("tmp_path") or default_folder(),
                    {"model": hints["model_identity"], "backend": backend_name, "mnnllm": __version__})
 
