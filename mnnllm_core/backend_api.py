@@ -74,8 +74,8 @@ from .core.weight_cache import WeightCache
 from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
                            WeightReader, linear_weights)
 from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
-from .geometry.regions import RasterParam, Region, View
-from .geometry.strides import broadcast_strides, walks_contiguously
+from .core.geometry.regions import RasterParam, Region, View
+from .core.geometry.strides import broadcast_strides, walks_contiguously
 from .plugins.hookspecs import hookimpl
 
 __all__ = [

@@ -366,7 +366,7 @@ def _default_gguf() -> str:
 def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
     from .bench.runner import run_bench
-    from .bench.tests import plan
+    from .bench.bench_tests import plan
     from .plugins.manager import registry
     backends = [b.strip() for b in args.a.split(",") if b.strip()]
     if not backends:

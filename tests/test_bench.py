@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from mnnllm_core.bench.report import attach_ratios, render
-from mnnllm_core.bench.tests import BenchTest, plan
+from mnnllm_core.bench.bench_tests import BenchTest, plan
 from paths import CONFIG
 
 ROW_KEYS = {"model", "backend", "threads", "test", "samples_ts", "avg_ts", "stddev_ts", "load_s", "peak_rss_mb",

@@ -23,8 +23,8 @@ from mnnllm_core.core.tensor import Tensor
 from mnnllm_core.express.module import Module
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.express.static_module import Config
-from mnnllm_core.geometry.regions import Region, row_major_strides, strided_regions
-from mnnllm_core.geometry.transform import lower
+from mnnllm_core.core.geometry.regions import Region, row_major_strides, strided_regions
+from mnnllm_core.core.geometry.transform import lower
 from mnnllm_core.schema.MNN.Axis import AxisT
 from mnnllm_core.schema.MNN.Permute import PermuteT
 from mnnllm_core.schema.MNN.StridedSliceParam import StridedSliceParamT

@@ -8,8 +8,8 @@ import statistics
 import time
 from importlib import metadata
 
-from .runner import worker_main
-from .tests import BenchTest, prompt_tokens
+from .bench_tests import BenchTest, prompt_tokens
+from .worker_protocol import worker_main
 
 
 def available() -> tuple[bool, str]:

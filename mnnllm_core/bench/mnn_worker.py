@@ -13,9 +13,8 @@ from importlib import metadata
 
 from ..llm.config import LlmConfig
 from ..llm.tokenizer import create_tokenizer
-from .runner import worker_main
-from .tests import BenchTest, prompt_tokens
-from .worker import PRECISIONS
+from .bench_tests import BenchTest, prompt_tokens
+from .worker_protocol import PRECISIONS, worker_main
 
 
 def run(job: dict) -> dict:

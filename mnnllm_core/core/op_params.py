@@ -16,7 +16,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import FormatError, UnsupportedError
-from ..geometry.regions import RasterParam
+from .geometry.regions import RasterParam
 from ..schema.MNN.BinaryOpOperation import BinaryOpOperation
 from ..schema.MNN.EltwiseType import EltwiseType
 from ..schema.MNN.ReductionType import ReductionType

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..errors import BackendError, ExecutionError, MnnllmError, UnsupportedError, shorten
-from ..geometry.transform import lower
+from ..errors import BackendError, ConfigError, ExecutionError, MnnllmError, UnsupportedError, shorten
+from .geometry.transform import lower
 from .backend import Backend, Execution, Refused
 from .op import Op
 from .replay import Replay

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import UnsupportedError
-from ..geometry.shape_args import (concat_axis, gather_axis, normalize_axis, permute_axes,
+from .geometry.shape_args import (concat_axis, gather_axis, normalize_axis, permute_axes,
                                    reshape_dims, squeeze_axes, strided_slice_output_shape,
                                    strided_slice_plan)
 from .dtypes import INT32

@@ -1,8 +1,8 @@
 """Op creators of the cpu backend, one module per op family."""
-from . import (attention, convolution2d, elementwise, linear, linear_attention, moe, norm, raster, rope, slicing,
-               tensor_ops)
+from . import (attention, convolution2d, elementwise, fill, gather, linear, linear_attention, matmul, moe, norm, raster,
+               reduction, rope, slicing, topk)
 
 CREATORS = {}
-for _module in (raster, elementwise, linear, convolution2d, norm, rope, attention, linear_attention, tensor_ops, moe,
-                slicing):
+for _module in (raster, elementwise, linear, convolution2d, norm, rope, attention, linear_attention, gather, matmul,
+                reduction, topk, fill, moe, slicing):
     CREATORS.update(_module.CREATORS)

@@ -7,7 +7,8 @@ import numpy as np
 
 from mnnllm_core.backend_api import Execution, Refused
 
-from .linear import create_linear, finish
+from .bias_activation import finish
+from .linear import create_linear
 
 
 def unfold(x: np.ndarray, param) -> np.ndarray:

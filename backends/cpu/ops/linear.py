@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import RELU, RELU6, Execution, QuantizedWeight, linear_creator
+from mnnllm_core.backend_api import Execution, QuantizedWeight, linear_creator
+
+from .bias_activation import finish
 
 FEW_ROWS = 64
 FP32_VERSION = "fp32-oc-ic-1"  # the dequantized [oc, ic] weight, as the weight cache keeps it
-
-
-def finish(out: np.ndarray, bias: np.ndarray | None, activation: int) -> None:
-    """The convolution's bias and activation, in place."""
-    if bias is not None:
-        out += bias
-    if activation == RELU6:
-        np.clip(out, 0, 6, out=out)
-    elif activation == RELU:
-        np.maximum(out, 0, out=out)
 
 
 class LinearExecution(Execution):

@@ -15,7 +15,7 @@ from mnnllm_core.backend_api import Execution
 
 from ..kernels.layout import LAYOUT_VERSION, PackedWeight, pack
 from ..kernels.linear import FEW_TOKENS, MEMBERS, Gemv, matmul
-from .linear import finish
+from .bias_activation import finish
 
 
 class SharedInput:

@@ -1,107 +1,22 @@
 """The conformance catalogue: every op type and parameter variant the LLM graphs use (and the
-rest of what the cpu backend runs), odd shapes, each dtype, each with a float64 numpy reference.
-
-A `Case` is a cheap descriptor (op type, variant name, tolerances, tags); `case.trial()` builds
-the op, the inputs and the expected outputs (deterministic: the random data is seeded by the
-case's id). `op_type` is the type a backend sees: a Concat or a Permute is lowered to "Raster"
-by the core, and its trial says so (`commands`), which the runner checks too.
-
-Tolerances, relative to the largest expected magnitude (at least 1): `tol` on the reference cpu
-backend (fp32 on dequantized weights: 1e-5), `device_tol` on every other backend (and on cpu with
-memory "low") (kernels that sum or round in another
-order: 2e-5 for linear layers, 3e-5 for transcendental unary ops), and FP16_TOL when a backend
-stores activations as fp16 (precision "low"). 0 means exact (data movement, integers).
+rest of what the cpu backend runs), odd shapes, each dtype, each with a float64 numpy reference;
+one module per op family, each with its `cases()`. What a case is and its tolerances: `case.py`.
 """
 from __future__ import annotations
 
-import zlib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from .case import FP16_TOL, FP32_TOL, Case, Check, Step, Trial, ints, randn, single
 
-import numpy as np
-
-from ...core.op import Op
-from ..harness import Const
-
-FP32_TOL = 1e-5
-FP16_TOL = 4e-3
-
-Check = Callable[[list, Any, Any], "str | None"]  # (outputs, module, runtime) -> a failure, or None
-
-
-@dataclass
-class Step:
-    """One forward: the arrays fed (in the order of the trial's non-constant inputs; None: the
-    trial's own), the expected outputs (None: not checked), and KV-meta tokens removed first
-    (with `reserve`: runs of them kept, MNN's (begin, size) pairs)."""
-
-    feeds: list[np.ndarray] | None = None
-    expected: list[np.ndarray] | None = None
-    remove: int = 0
-    reserve: tuple[tuple[int, int], ...] = ()
-
-
-@dataclass
-class Trial:
-    """One case made concrete. `error`: the typed error (class, text in its message) the case
-    must raise instead of producing outputs. `resizes`: how often the module must have resized
-    after the last step."""
-
-    op: Op
-    inputs: list
-    steps: list[Step]
-    outputs: int = 1
-    commands: tuple[str, ...] | None = None
-    checks: Sequence[Check] = ()
-    resizes: int | None = None
-    error: tuple[type, str] | None = None
-
-
-@dataclass(frozen=True)
-class Case:
-    op_type: str
-    name: str
-    build: Callable[[np.random.Generator], Trial] = field(repr=False, compare=False)
-    tol: float = FP32_TOL
-    device_tol: float | None = None
-    operation: str | None = None
-    dtype: str = "float32"
-    tags: frozenset[str] = frozenset()
-    perf: bool = False
-
-    @property
-    def id(self) -> str:
-        return f"{self.op_type}[{self.name}]"
-
-    def trial(self) -> Trial:
-        return self.build(np.random.default_rng(zlib.crc32(self.id.encode())))
-
-    def tolerance(self, reference: bool, fp16: bool = False) -> float:
-        """The bound for the reference backend, or for another one (with fp16 storage)."""
-        tol = self.tol if reference else (self.device_tol if self.device_tol is not None else self.tol)
-        if fp16 and tol and self.dtype == "float32":
-            return max(tol, FP16_TOL)
-        return tol
-
-
-def single(op: Op, inputs: Sequence, expected: Sequence[np.ndarray], outputs: int = 1, **trial: Any) -> Trial:
-    """A one-step trial fed the trial's arrays."""
-    return Trial(op, list(inputs), [Step(None, list(expected))], outputs, **trial)
-
-
-def randn(rng: np.random.Generator, *shape: int) -> np.ndarray:
-    return rng.standard_normal(shape).astype(np.float32)
-
-
-def ints(*values: int) -> Const:
-    return Const(np.asarray(values, np.int32))
+__all__ = ["FP16_TOL", "FP32_TOL", "Case", "Check", "Step", "Trial", "all_cases", "ints", "perf_cases", "randn",
+           "single"]
 
 
 def all_cases() -> list[Case]:
     """The whole catalogue, in a fixed order."""
-    from . import attention, elementwise, linear, linear_attention, misc, moe, movement, norm, rope
+    from . import (attention, elementwise, fill, linear, linear_attention, matmul, moe, movement, norm, reduction,
+                   rope, topk)
     found: list[Case] = []
-    for module in (linear, norm, rope, attention, linear_attention, elementwise, movement, misc, moe):
+    for module in (linear, norm, rope, attention, linear_attention, elementwise, movement, matmul, reduction, topk,
+                   fill, moe):
         found += module.cases()
     ids = [c.id for c in found]
     duplicated = {i for i in ids if ids.count(i) > 1}

@@ -16,7 +16,7 @@ from ...core.op_params import AttentionParams
 from ...errors import UnsupportedError
 from ..harness import Const
 from ..references import attention_reference
-from . import Case, Step, Trial, randn
+from .case import Case, Step, Trial, randn
 
 TOKENS = (1, 3, 7, 37)
 PREFILL = [(9, 3, 64), (4, 4, 8), (6, 1, 5), (6, 1, 12), (3, 1, 5), (4, 2, 6)]  # (heads, kv_heads, head_dim)

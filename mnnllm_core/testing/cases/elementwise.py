@@ -10,7 +10,7 @@ import numpy as np
 from ...core.op import Op
 from ...core.op_params import RELU, RELU6, BinaryParams, CastParams, EltwiseParams, SoftmaxParams, UnaryParams
 from ..references import COMPARISON, FLOAT_BINARY, INT_BINARY, UNARY
-from . import Case, Trial, randn, single
+from .case import Case, Trial, randn, single
 
 UNARY_TOL = 2e-5  # device transcendental functions are a few ulp from numpy's
 # (a, b): equal shapes, broadcasts of every kind, a scalar, a 5-D broadcast (needs 5 dims)

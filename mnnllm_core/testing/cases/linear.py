@@ -14,7 +14,7 @@ from ...schema.MNN.Convolution2D import Convolution2DT
 from ...schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from ..harness import Weights
 from ..references import linear_reference, quantize
-from . import Case, Trial, randn, single
+from .case import Case, Trial, randn, single
 
 LINEAR_TOL = 2e-5  # a kernel dequantizing in place sums in another order than numpy's BLAS
 TOKENS = (1, 3, 7, 37)

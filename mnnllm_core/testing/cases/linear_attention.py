@@ -10,7 +10,7 @@ from ...core.op import Op
 from ...core.op_params import LinearAttentionParams
 from ...errors import UnsupportedError
 from ..harness import Const
-from . import Case, Step, Trial, randn
+from .case import Case, Step, Trial, randn
 
 
 def short_conv_reference(qkv: np.ndarray, weight: np.ndarray) -> np.ndarray:

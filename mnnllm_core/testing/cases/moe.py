@@ -15,7 +15,7 @@ from ...core.op_params import MoEParams
 from ...core.weights import ConvolutionWeights, FloatWeight, MoEExpert
 from ..harness import Weights
 from ..references import silu
-from . import Case, Trial, randn, single
+from .case import Case, Trial, randn, single
 
 Activation = Callable[[np.ndarray, np.ndarray], np.ndarray]  # float64 (gate, up) -> what down reads
 GELU_C = math.sqrt(2 / math.pi)

@@ -13,7 +13,7 @@ from ...schema.MNN.Reshape import ReshapeT
 from ...schema.MNN.SqueezeParam import SqueezeParamT
 from ...schema.MNN.StridedSliceParam import StridedSliceParamT
 from ..harness import Again, Const
-from . import Case, Trial, ints, randn, single
+from .case import Case, Trial, ints, randn, single
 
 RASTER = ("Raster",)
 

@@ -12,7 +12,7 @@ from ...express.op_weights import OpWeights
 from ...schema.MNN.LayerNorm import LayerNormT
 from ..harness import Weights
 from ..references import norm_reference
-from . import Case, Trial, randn, single
+from .case import Case, Trial, randn, single
 
 TOKENS = (1, 3, 7, 37)
 

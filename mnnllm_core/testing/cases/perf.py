@@ -8,7 +8,7 @@ from ...core.op_params import LayerNormParams
 from ...core.weights import ConvolutionWeights
 from ..harness import Weights
 from ..references import attention_reference, linear_reference, norm_reference, quantize, rope_reference, rope_tables
-from . import Case, Step, Trial, randn, single
+from .case import Case, Step, Trial, randn, single
 from .attention import attention_op, feeds, packed, steps_trial
 from .elementwise import binary_op
 from .linear import LINEAR_TOL, linear_op

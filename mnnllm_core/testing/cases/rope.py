@@ -7,7 +7,7 @@ import numpy as np
 from ...core.op import Op
 from ...core.op_params import QKNorm, RoPEParams
 from ..references import norm_reference, rope_reference, rope_tables
-from . import Case, Trial, randn, single
+from .case import Case, Trial, randn, single
 
 TOKENS = (1, 3, 7, 37)
 # (heads, kv_heads, head_dim, cut): SmolLM2's 9/3/64, equal heads, odd dims, cut dims (even and odd)

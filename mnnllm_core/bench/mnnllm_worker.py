@@ -1,5 +1,6 @@
-"""Measures one (model, backend, threads) combination in its own process, so load time,
-peak memory and BLAS thread settings are its own. Job as JSON on stdin, result on stdout."""
+"""Measures one (model, backend, threads) combination with mnnllm itself, in its own process,
+so load time, peak memory and BLAS thread settings are its own. Job as JSON on stdin, result
+on stdout."""
 from __future__ import annotations
 
 import os
@@ -11,10 +12,8 @@ import time
 
 import numpy as np
 
-from .runner import worker_main
-from .tests import BenchTest, prompt_tokens
-
-PRECISIONS = {0: "normal", 1: "high", 2: "low"}
+from .bench_tests import BenchTest, prompt_tokens
+from .worker_protocol import PRECISIONS, worker_main
 
 
 def _model_size(config) -> int:

@@ -10,8 +10,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..core.op import Op
-from ..core.tensor import Tensor
+from ..op import Op
+from ..tensor import Tensor
 from .regions import RasterParam, full_copy, row_major_strides, strided_regions
 from .shape_args import concat_axis, gather_axis, permute_axes, strided_slice_plan
 

@@ -6,9 +6,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..core.op import Op
-from ..core.tensor import Tensor
-from ..errors import UnsupportedError
+from ..op import Op
+from ..tensor import Tensor
+from ...errors import UnsupportedError
 
 
 def _param(op: Op, name: str, default=None):
