@@ -66,16 +66,16 @@ from .core.op_params import (NO_ACTIVATION, RELU, RELU6, SINKS_REFUSAL, Attentio
                              CastParams, ConvolutionParams, EltwiseParams, GatherParams, LayerNormParams,
                              LinearAttentionParams, MatMulParams, MoEParams, NormLayout, QKNorm, ReductionParams,
                              ReluParams, RoPEParams, SoftmaxParams, TopKParams, UnaryParams, attention_mask)
+from .core.geometry.regions import RasterParam, Region, View
+from .core.geometry.strides import broadcast_strides, walks_contiguously
 from .core.replay import Replay
 from .core.runtime_hints import RuntimeHints
 from .core.tensor import Tensor
 from .core.tuning_cache import TUNING_HINT, TuningCache
-from .core.weight_cache import WeightCache
-from .core.weights import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
+from .core.weights.cache import WeightCache
+from .core.weights.formats import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
                            WeightReader, linear_weights)
 from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
-from .core.geometry.regions import RasterParam, Region, View
-from .core.geometry.strides import broadcast_strides, walks_contiguously
 from .plugins.hookspecs import hookimpl
 
 __all__ = [

@@ -19,7 +19,7 @@ from mnnllm_backends.cpu.kernels.layout import dequantize as layout_dequantize  
 from mnnllm_backends.cpu.kernels.layout import pack  # noqa: E402
 from mnnllm_backends.cpu.ops.norm import normalize  # noqa: E402
 from mnnllm_backends.cpu.ops.rope import rotate  # noqa: E402
-from mnnllm_core.core.weights import QuantizedWeight  # noqa: E402
+from mnnllm_core.core.weights.formats import QuantizedWeight  # noqa: E402
 from paths import CONFIG, REFERENCE  # noqa: E402
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]

@@ -8,11 +8,11 @@ import pytest
 
 import mnnllm_core
 from mnnllm_core.core.dtypes import DT_BFLOAT16, DT_FLOAT
+from mnnllm_core.core.weights.const_blob import blob_to_array
+from mnnllm_core.core.weights.file import ExternalWeightFile
 from mnnllm_core.errors import ConfigError, FormatError, MnnllmError, TokenizerError, WeightFileError
 from mnnllm_core.express.module import Module
-from mnnllm_core.express.const_blob import blob_to_array
 from mnnllm_core.express.static_module import Config
-from mnnllm_core.express.weight_file import ExternalWeightFile
 from mnnllm_core.schema.MNN.Blob import BlobT
 from mnnllm_core.schema.reader import op_type_name, read_net
 from paths import CONFIG, LLM_MNN, MODEL_DIR

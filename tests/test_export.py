@@ -229,7 +229,7 @@ def test_engine_on_export_matches_float64_reference(tmp_path, llama_dir, qwen2_d
 
 
 def test_llm_config_and_tie_embeddings_point_at_the_lm_head(tmp_path, llama_dir):
-    from mnnllm_core.core.quant import decode_convolution_weight
+    from mnnllm_core.core.weights.quant import decode_convolution_weight
 
     export_model(str(llama_dir), str(tmp_path), quant_bit=4, quant_block=32)
     cfg = json.loads((tmp_path / "llm_config.json").read_text())

@@ -19,8 +19,8 @@ import pytest
 from mnnllm_core.errors import ConfigError, UnsupportedError
 from mnnllm_core.export import export_model
 from mnnllm_core.export.hqq import HqqFit
-from mnnllm_core.export.quant_config import QuantConfig
-from mnnllm_core.export.weights import QuantChoice, quantize_rows
+from mnnllm_core.export.quant_config import QuantChoice, QuantConfig
+from mnnllm_core.export.weights import quantize_rows
 
 BITS = [2, 3, 4, 8]
 

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from mnnllm_core import files
-from mnnllm_core.llm import config as llm_config
+from mnnllm_core.core.weights.file import ExternalWeightFile
 from mnnllm_core.errors import ConfigError, FormatError, TokenizerError, WeightFileError
-from mnnllm_core.express.weight_file import ExternalWeightFile
+from mnnllm_core.llm import config as llm_config
 from mnnllm_core.llm.tokenizer import create_tokenizer
 from mnnllm_core.schema.reader import read_net_file
 

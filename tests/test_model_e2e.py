@@ -11,7 +11,7 @@ from mnnllm_core.express.module import Module
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.express.static_module import Config
 from mnnllm_core.llm.config import LlmConfig
-from mnnllm_core.llm.embedding import DiskEmbedding
+from mnnllm_core.llm.disk_embedding import DiskEmbedding
 from mnnllm_core.schema.reader import read_net_file
 from mnn_oracle import run_mnn
 from paths import CONFIG, LLM_MNN, MODEL_DIR, REFERENCE

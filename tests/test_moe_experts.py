@@ -5,15 +5,15 @@ expert subgraph is a typed error naming the file and field."""
 import numpy as np
 import pytest
 
-from mnnllm_core.core.expert_program import EXPERT_BINARY, EXPERT_UNARY, SILU_GLU, ExpertStep
-from mnnllm_core.core.op_params import MoEParams
-from mnnllm_core.errors import FormatError, UnsupportedError
-from mnnllm_core.express.moe_experts import expert_weights
-from mnnllm_core.express.weight_file import ExternalWeightFile
-from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
-from mnnllm_core.schema.reader import op_type_name, read_net_file
 from mnnllm_backends.cpu.ops.elementwise import BINARY, UNARY
 from mnnllm_backends.cpu.ops.moe import bind_program
+from mnnllm_core.core.expert_program import EXPERT_BINARY, EXPERT_UNARY, SILU_GLU, ExpertStep
+from mnnllm_core.core.op_params import MoEParams
+from mnnllm_core.core.weights.file import ExternalWeightFile
+from mnnllm_core.core.weights.moe_experts import expert_weights
+from mnnllm_core.errors import FormatError, UnsupportedError
+from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
+from mnnllm_core.schema.reader import op_type_name, read_net_file
 from paths import SHARED
 
 MODEL = SHARED / "models" / "arch" / "tiny-qwen3_moe-mnn-fp16" / "llm.mnn"

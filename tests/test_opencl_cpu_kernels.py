@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mnnllm_core.core.weights import ConvolutionWeights, FloatWeight
+from mnnllm_core.core.weights.formats import ConvolutionWeights, FloatWeight
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.plugins.manager import registry
 from mnnllm_core.testing import FP16_TOL, Case, Graph, make_module, new_runtime, run_suite

@@ -8,13 +8,13 @@ import json
 import pytest
 
 import mnnllm_core
+from mnnllm_backends.cpu.ops.attention import AttentionExecution
 from mnnllm_core import cli
 from mnnllm_core.errors import ConfigError, ContextLengthError, ExecutionError, TokenizerError
 from mnnllm_core.llm.config import LlmConfig
-from mnnllm_core.llm.embedding import DiskEmbedding
+from mnnllm_core.llm.disk_embedding import DiskEmbedding
 from mnnllm_core.llm.tokenizer import create_tokenizer
 from mnnllm_core.llm.tokenizer.base import SpecialIds, Tokenizer
-from mnnllm_backends.cpu.ops.attention import AttentionExecution
 from paths import CONFIG, MODEL_DIR
 
 TOKENIZER = MODEL_DIR / "tokenizer.mtok"

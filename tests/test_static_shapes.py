@@ -16,8 +16,8 @@ import pytest
 
 from mnnllm_core.core.op import Op
 from mnnllm_core.core.op_params import BinaryParams, ConvolutionParams, UnaryParams
+from mnnllm_core.core.weights.op_weights import OpWeights
 from mnnllm_core.errors import UnsupportedError
-from mnnllm_core.express.op_weights import OpWeights
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.Convolution2D import Convolution2DT
 from mnnllm_core.schema.MNN.Convolution2DCommon import Convolution2DCommonT

@@ -296,7 +296,7 @@ def _q4_block(dims: list[int], codes: np.ndarray) -> np.ndarray:
 def test_a_weight_header_with_each_row_split_decodes_as_oc_by_ic():
     """Qwen3-VL's patch embedding [32, 1536] is stored with dims [384, 128]: the same codes in
     the same order, so it decodes as [oc, ic]; dims that split no row are still corrupt."""
-    from mnnllm_core.core.quant import decode_convolution_weight
+    from mnnllm_core.core.weights.quant import decode_convolution_weight
     oc, ic = 4, 64
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 16, oc * ic).astype(np.uint8)

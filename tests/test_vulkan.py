@@ -21,10 +21,10 @@ import pytest
 from mnnllm_core.core.backend import ScheduleConfig
 from mnnllm_core.core.op import Op
 from mnnllm_core.core.op_params import AttentionParams, ConvolutionParams
-from mnnllm_core.core.weights import ConvolutionWeights, FloatWeight
+from mnnllm_core.core.weights.formats import ConvolutionWeights, FloatWeight
+from mnnllm_core.errors import ConfigError
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
-from mnnllm_core.errors import ConfigError
 from mnnllm_core.testing import Graph, Weights, make_module, run_op, run_suite, select
 from mnnllm_core.testing.references import attention_reference
 from paths import CONFIG, REFERENCE

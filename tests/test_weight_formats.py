@@ -29,8 +29,8 @@ import pytest
 
 from mnnllm_core.errors import ConfigError, FormatError
 from mnnllm_core.llm.config import LlmConfig
-from mnnllm_core.llm.embedding import DiskEmbedding
 from mnnllm_core.llm.create import create
+from mnnllm_core.llm.disk_embedding import DiskEmbedding
 from mnnllm_core.plugins.manager import registry
 from mnn_oracle import run_mnn
 from paths import SHARED

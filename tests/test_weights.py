@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mnnllm_core.core.weights.file import ExternalWeightFile
+from mnnllm_core.core.weights.formats import FloatWeight, QuantizedWeight
+from mnnllm_core.core.weights.quant import decode_bias, decode_convolution_weight, decode_layernorm, is_asymmetric
 from mnnllm_core.errors import FormatError, WeightFileError
-from mnnllm_core.core.quant import decode_bias, decode_convolution_weight, decode_layernorm, is_asymmetric
-from mnnllm_core.core.weights import FloatWeight, QuantizedWeight
-from mnnllm_core.express.weight_file import ExternalWeightFile
 from paths import smollm2_gguf
 
 _REPO = Path(__file__).resolve().parent.parent

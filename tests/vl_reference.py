@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from mnnllm_core.express.op_weights import OpWeights
-from mnnllm_core.express.weight_file import ExternalWeightFile
+from mnnllm_core.core.weights.file import ExternalWeightFile
+from mnnllm_core.core.weights.op_weights import OpWeights
 from mnnllm_core.schema.reader import op_type_name, read_net_file
 from paths import SHARED
 

@@ -2,14 +2,9 @@
 buffer."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mnnllm_core.backend_api import Replay
 
 from .device import Program, Recorder
-
-if TYPE_CHECKING:
-    from .runtime import VulkanBackend
 
 
 class VulkanReplay(Replay):
@@ -19,9 +14,10 @@ class VulkanReplay(Replay):
     at on_execute_end. A step is a Program, recorded as it is, or a callable run while this
     replay's recorder stands in for the backend's (an on_execute, which here only records).
     Two consecutive linear layers on one input (q and k, gate and up) are one dispatch where
-    `fused_with` allows it (lavapipe pays ~25 us per dispatch)."""
+    `fused_with` allows it (lavapipe pays ~25 us per dispatch). `backend`: the VulkanBackend
+    (runtime.py) whose recorder this replay stands in for while recording."""
 
-    def __init__(self, backend: "VulkanBackend", commands):
+    def __init__(self, backend, commands):
         super().__init__(commands)
         self.backend = backend
         self.recorder = Recorder(backend.device, reusable=True)

@@ -18,7 +18,7 @@ from .kv_meta import KVMeta
 from .op import Op
 from .runtime_hints import RuntimeHints
 from .tensor import Tensor
-from .weight_cache import WeightCache
+from .weights.cache import WeightCache
 
 if TYPE_CHECKING:
     from .replay import Replay
@@ -102,6 +102,11 @@ class Execution:
         before the recorded steps; True when buffers those steps bind have moved (the cache
         grew), so the replay records again. A replay calls only the overrides of this method."""
         return False
+
+    @property
+    def runs_before(self) -> bool:
+        """Whether this Execution overrides `before_run` (a replay calls only those)."""
+        return type(self).before_run is not Execution.before_run
 
 
 @dataclass(frozen=True)

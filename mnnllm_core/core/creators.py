@@ -10,7 +10,7 @@ import numpy as np
 from .backend import Execution, Refused
 from .norm_tables import Constant, HeadNormTables, head_norm_tables
 from .op_params import AttentionParams, RoPEParams
-from .weights import ConvolutionWeights, linear_weights
+from .weights.formats import ConvolutionWeights, linear_weights
 
 LinearMaker = Callable[[Any, list, list, Any, ConvolutionWeights], "Execution | Refused"]
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Sequence
 
-from .backend import Execution
-
 FUSION_SPAN = 4  # how many following commands `Execution.fused_with` is shown
 
 
@@ -31,7 +29,7 @@ class Replay:
 
     def __init__(self, commands: Sequence[Any]):
         self.commands = list(commands)
-        self.stepped = [c.execution for c in self.commands if type(c.execution).before_run is not Execution.before_run]
+        self.stepped = [c.execution for c in self.commands if c.execution.runs_before]
         self.fused: Counter[int] = Counter()
         self.records = 0
 

@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .backend import Backend
 
 
 @dataclass(eq=False)
@@ -16,7 +13,8 @@ class Tensor:
 
     `host` holds the value when it is known on the host at resize time (constants,
     Shape/Rank results and everything folded from them). `storage` is whatever the
-    owning backend allocated for it (a numpy array on the cpu backend, a buffer on a GPU).
+    owning backend allocated for it (a numpy array on the cpu backend, a buffer on a GPU);
+    `backend` is that Backend (backend.py, which builds on this file, not the other way).
     """
 
     index: int
@@ -24,7 +22,7 @@ class Tensor:
     shape: tuple[int, ...] = ()
     dtype: np.dtype = field(default_factory=lambda: np.dtype(np.float32))
     host: np.ndarray | None = None
-    backend: Backend | None = None
+    backend: Any = None
     storage: Any = None
 
     @property

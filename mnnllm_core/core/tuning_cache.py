@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from ..errors import ConfigError
 from ..files import open_regular_file, written_beside
 from .runtime_hints import RuntimeHints
-from .weight_cache import default_folder
+from .weights.cache import default_folder
 
 log = logging.getLogger(__name__)
 

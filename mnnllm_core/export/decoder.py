@@ -67,8 +67,8 @@ from mnnllm_core.schema.MNN.TopKV2 import TopKV2T
 from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
 
 from .graph import NC4HW4, NCHW, NHWC, GraphBuilder
-from .linear_attention import gated_delta_net
-from .per_layer_embedding import per_layer_block, per_layer_inputs
+from .linear_attention import GatedDeltaNetLayers
+from .per_layer_embedding import PerLayerEmbeddings
 from .llama import AttentionSpec, Model
 from .rope import RopeSpec
 from .sources import LazyTensor, Source
@@ -82,7 +82,7 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 _NOPE = RopeSpec(theta=1.0, kind="nope")  # the key of the angle-0 table of NoPE layers
 
 
-class DecoderGraph:
+class DecoderGraph(GatedDeltaNetLayers, PerLayerEmbeddings):
     """Emits the graph of one model, writing its weights through `weights` on the way."""
 
     def __init__(self, model: Model, source: Source, weights: WeightWriter):
@@ -215,7 +215,7 @@ class DecoderGraph:
 
     def _plain_body(self, x: str) -> tuple[str, LinearInfo]:
         g, a, m = self.g, self.args, self.model
-        ple = per_layer_inputs(self, x) if m.per_layer_dim else None
+        ple = self.per_layer_inputs(x) if m.per_layer_dim else None
         for i in range(a.num_hidden_layers):
             h = self._layernorm(f"/blocks.{i}/input_layernorm/Mul_1_output_0", m.input_norm(i), [x])
             h_c4 = self._to_c4(f"/layers.{i}/self_attn/q_proj/Linear", h, a.hidden_size)
@@ -241,7 +241,7 @@ class DecoderGraph:
                                       [mlp])
             x = g.binary(f"/blocks.{i}/Add_1_output_0", BinaryOpOperation.ADD, x, mlp)
             if ple is not None:
-                x = per_layer_block(self, i, x, ple[i])
+                x = self.per_layer_block(i, x, ple[i])
             scalar = m.layer_scalar(self.source, i)
             if scalar is not None:
                 x = g.binary(f"/blocks.{i}/Mul_1_output_0", BinaryOpOperation.MUL, x,
@@ -333,7 +333,7 @@ class DecoderGraph:
         if self.model.mixer(i) == "short_conv":
             return self._short_conv(i, h)
         spec = self.model.linear_attention(i)
-        return self._attention(i, h) if spec is None else gated_delta_net(self, i, h, spec)
+        return self._attention(i, h) if spec is None else self.gated_delta_net(i, h, spec)
 
     def _attention(self, i: int, h: str) -> str:
         """q, k, v from the NC4HW4 `h` -> RoPE -> Attention -> o_proj (its NC4HW4 output)."""

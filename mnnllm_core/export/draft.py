@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from mnnllm_core.core.weights.file import ExternalWeightFile
+from mnnllm_core.core.weights.op_weights import OpWeights
 from mnnllm_core.errors import FormatError
+from mnnllm_core.files import written_beside
 from mnnllm_core.schema.MNN.AttentionParam import AttentionParamT
 from mnnllm_core.schema.MNN.BinaryOpOperation import BinaryOpOperation
 from mnnllm_core.schema.MNN.CastParam import CastParamT
+from mnnllm_core.schema.MNN.DataType import DataType
 from mnnllm_core.schema.MNN.OpParameter import OpParameter
 from mnnllm_core.schema.MNN.OpType import OpType
 from mnnllm_core.schema.MNN.RoPEParam import RoPEParamT
 from mnnllm_core.schema.MNN.UnaryOpOperation import UnaryOpOperation
-from mnnllm_core.express.op_weights import OpWeights
-from mnnllm_core.express.weight_file import ExternalWeightFile
-from mnnllm_core.files import written_beside
-from mnnllm_core.schema.MNN.DataType import DataType
 from mnnllm_core.schema.reader import op_type_name, read_net_file
 
 from .decoder import from_c4, linear, to_c4

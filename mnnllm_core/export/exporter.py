@@ -22,11 +22,10 @@ from .encoder import EncoderGraph
 from .folder import check_destination, replace_folder, staging_folder
 from .lora import LoraAdapter, MergedSource
 from .lora_split import LORA_GRAPH, split_lora_graph
-from .quant_config import QuantConfig
+from .quant_config import QUANT_BITS, QUANT_BLOCKS, QuantConfig
 from .sources import Source, TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
-from .weights import (EMBED_BITS, QUANT_BITS, QUANT_BLOCKS, LinearInfo, WeightWriter, write_bf16_embedding,
-                      write_int_embedding)
+from .weights import EMBED_BITS, LinearInfo, WeightWriter, write_bf16_embedding, write_int_embedding
 
 logger = logging.getLogger(__name__)
 

@@ -17,15 +17,24 @@ MNN's exporter also writes every conv's readType from the global `--sym`, so an 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from mnnllm_core.errors import ConfigError
 
-from .weights import QUANT_BITS, QUANT_BLOCKS, QuantChoice
-
+QUANT_BITS = (2, 3, 4, 8, 16)
+QUANT_BLOCKS = (0, 32, 64, 128)
 FIELDS = ("bits", "block_size", "symmetric")
+
+
+@dataclass(frozen=True)
+class QuantChoice:
+    """How one linear is stored: bits (16: fp16), requested block (0: one per row), symmetric or not."""
+
+    bits: int
+    block: int
+    symmetric: bool
 
 
 class QuantConfig:

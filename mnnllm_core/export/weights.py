@@ -1,6 +1,6 @@
 """Write llm.mnn.weight the way MNN's exporter does, one tensor at a time, in row chunks.
 
-A linear layer's block is what `mnnllm_core.core.quant` reads back:
+A linear layer's block is what `mnnllm_core.core.weights.quant` reads back:
 
     u8 2 | oc, ic as 16-bit (32-bit when either exceeds 65535: shapeInt32)
     | u8 map count (0 means 256) | the map -2^(bits-1) .. 2^(bits-1)-1 as int8
@@ -21,34 +21,21 @@ With `hqq`, the codes and alphas come from `hqq.HqqFit` instead of min/max (same
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO, Callable
+from typing import BinaryIO, Callable
 
 import numpy as np
 
 from mnnllm_core.errors import UnsupportedError
 
 from .hqq import HqqFit
+from .quant_config import QUANT_BITS, QUANT_BLOCKS, QuantChoice, QuantConfig
 from .sources import LazyTensor
 
-if TYPE_CHECKING:
-    from .quant_config import QuantConfig
-
-QUANT_BITS = (2, 3, 4, 8, 16)
 EMBED_BITS = (4, 8, 16)
-QUANT_BLOCKS = (0, 32, 64, 128)
 _CHUNK_ELEMENTS = 1 << 20
 
 
 RowQuantizer = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class QuantChoice:
-    """How one linear is stored: bits (16: fp16), requested block (0: one per row), symmetric or not."""
-
-    bits: int
-    block: int
-    symmetric: bool
 
 
 @dataclass(frozen=True)

@@ -8,12 +8,12 @@ from typing import Sequence
 import numpy as np
 
 from ..core.session import Session
+from ..core.weights.file import ExternalWeightFile
 from ..errors import UnsupportedError
 from ..schema.reader import read_net_file
 from .pipeline_module import NetInfo, build_schedule
 from .runtime_manager import RuntimeManager
 from .static_module import Config, StaticModule
-from .weight_file import ExternalWeightFile
 
 log = logging.getLogger(__name__)
 

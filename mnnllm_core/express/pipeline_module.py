@@ -14,13 +14,13 @@ from ..core.dtypes import runtime_dtype
 from ..core.op import Op
 from ..core.op_params import decode
 from ..core.schedule import OpNode, ScheduleInfo
+from ..core.weights.const_blob import blob_to_array
+from ..core.weights.file import ExternalWeightFile
+from ..core.weights.moe_experts import expert_weights
+from ..core.weights.op_weights import OpWeights
 from ..errors import FormatError, UnsupportedError
 from ..schema.MNN.MNN_DATA_FORMAT import MNN_DATA_FORMAT
 from ..schema.reader import op_type_name
-from .const_blob import blob_to_array
-from .moe_experts import expert_weights
-from .op_weights import OpWeights
-from .weight_file import ExternalWeightFile
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from .attention_mask import check_attention_type, check_mask_input, step_mask, t
 from .config import LlmConfig
 from .context import STOPPED, LlmContext
 from .conversation import Conversation
-from .embedding import DiskEmbedding
+from .disk_embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation, needs_hidden_states
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool

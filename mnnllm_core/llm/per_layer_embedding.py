@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ConfigError, FormatError, UnsupportedError, shorten
 from .config import LlmConfig
-from .embedding import BF16Rows
+from .disk_embedding import BF16Rows
 
 INPUT_NAME = "ple_embeddings"
 

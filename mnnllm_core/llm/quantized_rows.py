@@ -21,8 +21,8 @@ import logging
 
 import numpy as np
 
+from ..core.weights.file import ExternalWeightFile
 from ..errors import ConfigError, FormatError, shorten
-from ..express.weight_file import ExternalWeightFile
 
 FIELD = "tie_embeddings"
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from ..errors import ConfigError, ContextLengthError, FormatError, MnnllmError, 
 from ..express.module import Module
 from ..express.static_module import Config
 from .config import LlmConfig
-from .embedding import DiskEmbedding
+from .disk_embedding import DiskEmbedding
 from .llm import Llm, Messages
 from .prompt import Prompt
 from .runtime import init_runtime

@@ -22,7 +22,7 @@ import numpy as np
 from ..core.backend import BackendConfig, ScheduleConfig
 from ..core.op import Op
 from ..core.schedule import OpNode, ScheduleInfo
-from ..core.weights import ConvolutionWeights, FloatWeight, MoEExpert
+from ..core.weights.formats import ConvolutionWeights, FloatWeight, MoEExpert
 from ..express.pipeline_module import _shape_inputs
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config, StaticModule

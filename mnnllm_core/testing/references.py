@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from ..core.weights import QuantizedWeight
+from ..core.weights.formats import QuantizedWeight
 
 
 def quantize(weight: np.ndarray, bits: int, block: int,

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..config import LlmConfig
     from ..context import LlmContext
     from ..conversation import Conversation
-    from ..embedding import DiskEmbedding
+    from ..disk_embedding import DiskEmbedding
     from ..sampler import Sampler
     from ..tokenizer.base import Tokenizer
 

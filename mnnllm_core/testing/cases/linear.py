@@ -8,8 +8,8 @@ import numpy as np
 
 from ...core.op import Op
 from ...core.op_params import NO_ACTIVATION, RELU, RELU6, ConvolutionParams
-from ...core.weights import ConvolutionWeights, FloatWeight
-from ...express.op_weights import OpWeights
+from ...core.weights.formats import ConvolutionWeights, FloatWeight
+from ...core.weights.op_weights import OpWeights
 from ...schema.MNN.Convolution2D import Convolution2DT
 from ...schema.MNN.Convolution2DCommon import Convolution2DCommonT
 from ..harness import Weights

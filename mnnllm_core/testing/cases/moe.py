@@ -12,7 +12,7 @@ import numpy as np
 from ...core.expert_program import SILU_GLU, ExpertProgram, ExpertStep
 from ...core.op import Op
 from ...core.op_params import MoEParams
-from ...core.weights import ConvolutionWeights, FloatWeight, MoEExpert
+from ...core.weights.formats import ConvolutionWeights, FloatWeight, MoEExpert
 from ..harness import Weights
 from ..references import silu
 from .case import Case, Trial, randn, single

@@ -7,8 +7,8 @@ import numpy as np
 
 from ...core.op import Op
 from ...core.op_params import LayerNormParams
+from ...core.weights.op_weights import OpWeights
 from ...errors import FormatError
-from ...express.op_weights import OpWeights
 from ...schema.MNN.LayerNorm import LayerNormT
 from ..harness import Weights
 from ..references import norm_reference

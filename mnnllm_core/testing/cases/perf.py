@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 from ...core.op_params import LayerNormParams
-from ...core.weights import ConvolutionWeights
+from ...core.weights.formats import ConvolutionWeights
 from ..harness import Weights
 from ..references import attention_reference, linear_reference, norm_reference, quantize, rope_reference, rope_tables
-from .case import Case, Step, Trial, randn, single
 from .attention import attention_op, feeds, packed, steps_trial
+from .case import Case, Step, Trial, randn, single
 from .elementwise import binary_op
 from .linear import LINEAR_TOL, linear_op
 from .norm import norm_op

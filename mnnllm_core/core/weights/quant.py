@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import FormatError, UnsupportedError
-from .weights import ConvolutionWeight, FloatWeight, QuantizedWeight
+from ...errors import FormatError, UnsupportedError
+from .formats import ConvolutionWeight, FloatWeight, QuantizedWeight
 
 # MNN's IDSTQuan.type values.
 QUANT_IDST = 1

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.quant import decode_bias, decode_convolution_weight, decode_layernorm, is_asymmetric
-from ..core.weights import ConvolutionWeights, FloatWeight
-from ..errors import FormatError
-from .weight_file import ExternalWeightFile
+from ...errors import FormatError
+from .file import ExternalWeightFile
+from .formats import ConvolutionWeights, FloatWeight
+from .quant import decode_bias, decode_convolution_weight, decode_layernorm, is_asymmetric
 
 
 class OpWeights:
-    """The `WeightReader` of one op of a loaded model (see `mnnllm_core.core.weights`)."""
+    """The `WeightReader` of one op of a loaded model (see `mnnllm_core.core.weights.formats`)."""
 
     def __init__(self, op_name: str, param, weight_file: ExternalWeightFile | None, path: str):
         self.op_name = op_name

@@ -28,9 +28,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..files import open_regular_file, written_beside
-from ..version import __version__
-from .runtime_hints import RuntimeHints
+from ...files import open_regular_file, written_beside
+from ...version import __version__
+from ..runtime_hints import RuntimeHints
 
 log = logging.getLogger(__name__)
 

@@ -11,14 +11,14 @@ an operation outside the expert operations, is an UnsupportedError.
 """
 from __future__ import annotations
 
-from ..core.expert_program import EXPERT_BINARY, EXPERT_UNARY, HALVES, ExpertProgram, ExpertStep, step_name
-from ..core.op_params import BINARY_NAMES, UNARY_NAMES, MoEParams
-from ..core.weights import MoEExpert
-from ..errors import FormatError, UnsupportedError
-from ..schema.reader import op_type_name
+from ...errors import FormatError, UnsupportedError
+from ...schema.reader import op_type_name
+from ..expert_program import EXPERT_BINARY, EXPERT_UNARY, HALVES, ExpertProgram, ExpertStep, step_name
+from ..op_params import BINARY_NAMES, UNARY_NAMES, MoEParams
 from .const_blob import blob_to_array
+from .file import ExternalWeightFile
+from .formats import MoEExpert
 from .op_weights import OpWeights
-from .weight_file import ExternalWeightFile
 
 LAYOUT_OPS = {"Reshape", "ConvertTensor"}  # a Linear's input and output pass through these unchanged in value
 

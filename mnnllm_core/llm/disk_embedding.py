@@ -13,8 +13,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..core.weights.file import ExternalWeightFile
 from ..errors import ConfigError, FormatError
-from ..express.weight_file import ExternalWeightFile
 from .config import LlmConfig
 from .quantized_rows import QuantizedRows
 

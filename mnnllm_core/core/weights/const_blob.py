@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..core.dtypes import (DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, DT_INT8, DT_INT16, DT_INT32, DT_INT64,
-                           DT_UINT8, runtime_dtype)
-from ..errors import FormatError, UnsupportedError
-from .weight_file import ExternalWeightFile
+from ...errors import FormatError, UnsupportedError
+from ..dtypes import (DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, DT_INT8, DT_INT16, DT_INT32, DT_INT64, DT_UINT8,
+                      runtime_dtype)
+from .file import ExternalWeightFile
 
 # how each DataType is stored in the weight file (bf16 as its raw 16 bits, widened on read)
 EXTERNAL_DTYPES = {DT_FLOAT: "<f4", DT_DOUBLE: "<f8", DT_INT32: "<i4", DT_UINT8: "u1", DT_INT16: "<i2", DT_INT8: "i1",

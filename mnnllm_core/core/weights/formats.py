@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import FormatError
-from .expert_program import SILU_GLU, ExpertProgram
+from ...errors import FormatError
+from ..expert_program import SILU_GLU, ExpertProgram
 
 if TYPE_CHECKING:
-    from .backend import Refused
+    from ..backend import Refused
 
 # Rows are dequantized in chunks of about this many elements, to stay in cache.
 _CHUNK_ELEMENTS = 1 << 18
@@ -210,7 +210,7 @@ def linear_weights(op) -> "ConvolutionWeights | Refused":
     """The weights of a Convolution a backend runs as a linear layer, or why it cannot: only
     1x1, stride-1, ungrouped convolutions are linear layers, and weights packed for another
     backend are gone."""
-    from .backend import Refused
+    from ..backend import Refused
     if op.param is None or not op.param.is_linear:
         return Refused("only 1x1, stride-1, ungrouped convolutions (linear layers)")
     if op.weights is None:
