@@ -107,10 +107,6 @@ def _layout(arrays: dict[str, np.ndarray], start: int) -> tuple[list[dict], int]
     return entries, at
 
 
-def _bytes(array: np.ndarray) -> np.ndarray:
-    return array.reshape(-1).view(np.uint8)
-
-
 def _write(path: Path, name: str, version: str, arrays: dict[str, np.ndarray]) -> None:
     arrays = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     # the header's length depends on the offsets and they on it: grow the room it gets until it fits
@@ -123,7 +119,7 @@ def _write(path: Path, name: str, version: str, arrays: dict[str, np.ndarray]) -
         room = 2 * len(header)
     prefix, body, at = _PREFIX.pack(MAGIC, len(header)), [header], _START + len(header)
     for entry, array in zip(entries, arrays.values()):
-        body += [bytes(entry["offset"] - at), _bytes(array)]
+        body += [bytes(entry["offset"] - at), array.reshape(-1).view(np.uint8)]
         at = entry["offset"] + array.nbytes
     with written_beside(path) as f:
         f.write(prefix + checksum([prefix, *body]))
@@ -135,9 +131,9 @@ def _map(path: Path, name: str, version: str) -> dict[str, np.ndarray]:
     with open_regular_file(path) as f:
         size = os.fstat(f.fileno()).st_size
         prefix = f.read(_START)
-        if len(prefix) < _START or prefix[:len(MAGIC)] != MAGIC:
+        if len(prefix) < _START or _PREFIX.unpack_from(prefix)[0] != MAGIC:
             raise _Rejected("not a packed-weight file")
-        (length,) = _PREFIX.unpack_from(prefix)[1:]
+        length = _PREFIX.unpack_from(prefix)[1]
         if length > size - _START:
             raise _Rejected(f"truncated: a {length}-byte header in a {size}-byte file")
         # copy-on-write: the arrays look writable (jit kernels compiled for writable arrays take them)
