@@ -233,6 +233,83 @@ CASES = [
         assert time.perf_counter() - start < 5, time.perf_counter() - start; print('OK')""")),
 ]
 
+# disk caches (issue 29, 1-4): a cache file changed after it was written is refused with a warning,
+# made again, and the answer is the uncached one; a pack another process maps stays valid when
+# another load writes it again (a truncation in place by anything else is a SIGBUS: not probed)
+PACKS = textwrap.dedent("""
+    import json, shutil, struct
+    from pathlib import Path
+    import mnnllm_core
+    OP = '/layers.0/self_attn/q_proj/Linear'
+    def answer():
+        llm = mnnllm_core.create({model!r})
+        llm.set_config({'sampler_type': 'greedy', 'use_mmap': True, 'tmp_path': 'packs'}); llm.load()
+        return llm.generate(llm.tokenizer_encode('Hi'), 8), llm.runtime_manager.runtime.weight_cache
+    first, _ = answer()
+    def header(data):
+        start = data.index(b'{"name"')
+        return start, data[start:start + struct.unpack_from('<I', data, 8)[0]].decode()
+    path = next(p for p in Path('packs').rglob('*.pw') if json.loads(header(p.read_bytes())[1])['name'].endswith(OP))
+    data = bytearray(path.read_bytes())
+    start, text = header(data)
+    arrays = {a['key']: a for a in json.loads(text)['arrays']}
+    def edit_header(old, new):
+        path.write_bytes(data[:start] + text.replace(old, new, 1).encode() + data[start + len(text):])
+    def repacked():
+        again, cache = answer()  # a wrong answer prints no OK: silent
+        print('OK' if again == first and (cache.misses, cache.hits) == (1, 210) else (again, first, cache.misses))
+""")
+KV = LOAD + textwrap.dedent("""
+    import json, struct
+    from pathlib import Path
+    ids = [llm.tokenizer_encode(llm.apply_chat_template(f'When does the museum {w}? Answer in a sentence.'))
+           for w in ('open', 'close')]
+    assert len(ids[0]) == len(ids[1]) and ids[0] != ids[1]
+    expected = llm.generate(ids[1], 8)
+    cached = mnnllm_core.create({model!r}); cached.set_config({'sampler_type': 'greedy', 'prefix_cache_path': 'kv'})
+    cached.load(); cached.generate(ids[0], 8); cached.reset()
+    (path,) = Path('kv').rglob('*.kv')
+""")
+CASES += [
+    Case("disk caches", "a pack's array offset 704 -> 700", code=PACKS + textwrap.dedent("""
+        o = arrays['codes']['offset']; edit_header(f'"offset": {o}', f'"offset": {o - 4}'); repacked()""")),
+    Case("disk caches", "a pack's int4 codes XORed", code=PACKS + textwrap.dedent("""
+        c = arrays['codes']; a, b = c['offset'], c['offset'] + c['shape'][0]
+        data[a:b] = bytes(x ^ 0x5A for x in data[a:b]); path.write_bytes(data); repacked()""")),
+    Case("disk caches", "a pack's flipped bytes (a TiB shape)", code=PACKS + textwrap.dedent("""
+        data[arrays['shape']['offset'] + 13] ^= 1; path.write_bytes(data); repacked()""")),
+    Case("disk caches", "a pack's header shape [4] -> [3]", code=PACKS + textwrap.dedent("""
+        edit_header('"shape": [4]', '"shape": [3]'); repacked()""")),
+    Case("disk caches", "a pack's header dtype <i8 -> <i4", code=PACKS + textwrap.dedent("""
+        edit_header('"dtype": "<i8"', '"dtype": "<i4"'); repacked()""")),
+    Case("disk caches", "weight edited mid-file, mtime restored", code=PACKS + textwrap.dedent("""
+        import os
+        w = Path({model!r}).parent / 'llm.mnn.weight'
+        shutil.copyfile(w.resolve(), 'weight'); os.replace('weight', w)
+        answer()
+        st = os.stat(w)
+        with open(w, 'r+b') as f:
+            f.seek(st.st_size // 2); b = f.read(1); f.seek(st.st_size // 2); f.write(bytes([b[0] ^ 0x10]))
+        os.utime(w, ns=(st.st_atime_ns, st.st_mtime_ns))
+        _, cache = answer(); print('OK' if cache.hits == 0 else f'{cache.hits} stale packs mapped')""")),
+    Case("disk caches", "a prefix cache relabelled as another prompt", code=KV + textwrap.dedent("""
+        data = path.read_bytes(); n = struct.unpack_from('<I', data, 8)[0]
+        head = json.loads(data[12:12 + n]); head['tokens'] = ids[1]; text = json.dumps(head).encode()
+        path.write_bytes(data[:8] + struct.pack('<I', len(text)) + text + data[12 + n:])
+        got = cached.generate(ids[1], 8)
+        print('OK' if got == expected and not path.exists() else f'{got} for {expected}, kept: {path.exists()}')""")),
+    Case("disk caches", "a second writer while a pack is mapped", code=PACKS + textwrap.dedent("""
+        import subprocess, sys
+        llm = mnnllm_core.create({model!r})
+        llm.set_config({'sampler_type': 'greedy', 'use_mmap': True, 'tmp_path': 'packs'}); llm.load()
+        other = ("import mnnllm_core\\nllm = mnnllm_core.create(%r)\\n" % {model!r} +
+                 "llm.set_config({'use_mmap': True, 'tmp_path': 'packs'}); llm.load()\\n")
+        with open(path, 'r+b') as f:  # in place, the size kept: refused by the other load, which writes it again
+            f.seek(start); f.write(text.replace('"dtype": "<i8"', '"dtype": "<i4"', 1).encode())
+        assert subprocess.run([sys.executable, '-c', other]).returncode == 0
+        assert llm.generate(llm.tokenizer_encode('Hi'), 8) == first; print('OK')""")),
+]
+
 
 def prepare(case: Case, work: Path) -> Path:
     folder = work / "model"

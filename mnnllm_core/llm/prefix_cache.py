@@ -9,11 +9,13 @@ depend on (the model files' identity, backend, precision and memory mode, the la
 format's version), the name the number and a hash of the exact token ids. A later prompt takes the
 longest run of leading tokens it shares with any saved file (a shared system prompt, or the
 conversation so far). The file holds a JSON
-header (the same facts in full, the token ids, each layer's shape and dtype) and then every
-layer's keys and values as the cache's `snapshot` gave them (cpu: float32 [tokens, kv_heads, dim];
-a device cache: its raw rows), with a sha256 of them. It is written beside and renamed into place. A
-file that is stale, truncated or corrupt is never used: a warning says why, it is removed, and the
-prompt is prefilled (and saved again).
+header (the same facts in full, the token ids, each layer's shape and dtype), a checksum
+(checksum.py) of the whole file but itself (the header's token ids included), then every layer's
+keys and values as the cache's `snapshot` gave them (cpu: float32 [tokens, kv_heads, dim]; a
+device cache: its raw rows). It is written beside and renamed into place. A file that is stale,
+truncated or corrupt (any byte changed after it was written) is never used: a warning says why,
+it is removed, and the prompt is prefilled (and saved again). A file is chosen by the tokens its
+header lists, then read whole and checked before anything in it is used.
 
 A prompt is saved when its prefill computed at least `MIN_NEW_TOKENS` tokens; a prompt that
 extends a saved file's tokens replaces that file (a chat keeps one file, its latest turn); other
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
+from ..core.checksum import SIZE as CHECKSUM_SIZE, checksum
 from ..core.file_identity import file_identity
 from ..core.kv_cache import KVCache
 from ..files import open_regular_file, written_beside
@@ -44,9 +47,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAGIC = b"MNNLLMKV"
-VERSION = 1
+VERSION = 2  # 2: the checksum covers the header too
 MIN_NEW_TOKENS = 16
-_HEADER = struct.Struct("<8sI")  # magic, header length
+_HEADER = struct.Struct("<8sI")  # magic, header length; then the header, the checksum, the payload
 
 
 class RejectedFile(Exception):
@@ -103,13 +106,16 @@ class PrefixCache:
         tokens now cached. Also notes the prompt for `saved_after`."""
         self._pending, self._restored, self._superseded = list(prompt_ids), common, None
         limit = len(prompt_ids) - 1
-        for shared, path, header in self._candidates(prompt_ids, common):
+        for path in self._candidates(prompt_ids, common):
             try:
-                keys, values = self._read(path, header)
+                header, keys, values = self._read(path)
             except RejectedFile as why:
                 self._reject(path, why)
                 continue
+            shared = _shared_length(header["tokens"], prompt_ids)  # as checked: it may have been replaced
             use = min(shared, limit)
+            if use <= common:
+                continue
             for cache, k, v in zip(self.caches, keys, values):
                 cache.restore(k[:use], v[:use])
             self.conversation.restore(prompt_ids[:use])
@@ -144,14 +150,13 @@ class PrefixCache:
         log.warning("prefix cache: not using %s: %s; prefilling instead", path, why)
         _remove(path)
 
-    def _candidates(self, prompt_ids: Sequence[int], common: int) -> list[tuple[int, str, dict]]:
-        """(tokens shared with the prompt, path, header) of the saved files sharing more than
-        `common` leading tokens with it, most first."""
+    def _candidates(self, prompt_ids: Sequence[int], common: int) -> list[str]:
+        """The saved files whose headers list more than `common` leading tokens of the prompt,
+        most first (their headers unchecked: `_read` checks the one it uses)."""
         try:
             names = [n for n in os.listdir(self.folder) if n.endswith(".kv")]
         except FileNotFoundError:
             return []
-        prompt = np.asarray(prompt_ids, np.int64)
         found = []
         for name in names:
             path = os.path.join(self.folder, name)
@@ -160,60 +165,63 @@ class PrefixCache:
             except RejectedFile as why:
                 self._reject(path, why)
                 continue
-            saved = np.asarray(header["tokens"], np.int64)[:len(prompt)]
-            differ = np.flatnonzero(saved != prompt[:len(saved)])
-            shared = int(differ[0]) if differ.size else len(saved)
-            if min(shared, len(prompt) - 1) > common:
-                found.append((shared, path, header))
-        return sorted(found, key=lambda item: item[0], reverse=True)
+            shared = _shared_length(header["tokens"], prompt_ids)
+            if min(shared, len(prompt_ids) - 1) > common:
+                found.append((shared, path))
+        return [path for _, path in sorted(found, key=lambda item: item[0], reverse=True)]
 
     def _write(self, path: str, tokens: list[int]) -> None:
         arrays = [tuple(np.ascontiguousarray(a) for a in c.snapshot()) for c in self.caches]
         if any(k.shape[0] != len(tokens) or k.shape != v.shape or k.dtype != v.dtype for k, v in arrays):
             log.warning("prefix cache: the KV cache does not hold the prompt's %d tokens; not saved", len(tokens))
             return
-        digest = hashlib.sha256()
-        for k, v in arrays:
-            digest.update(memoryview(k).cast("B"))
-            digest.update(memoryview(v).cast("B"))
         header = json.dumps({"identity": self.identity, "tokens": tokens,
-                             "layers": [{"shape": list(k.shape[1:]), "dtype": k.dtype.str} for k, _ in arrays],
-                             "payload_sha256": digest.hexdigest()}).encode()
+                             "layers": [{"shape": list(k.shape[1:]), "dtype": k.dtype.str} for k, _ in arrays]
+                             }).encode()
+        prefix = _HEADER.pack(MAGIC, len(header))
+        payload = [a.reshape(-1).view(np.uint8) for pair in arrays for a in pair]
         with written_beside(path) as f:
-            f.write(_HEADER.pack(MAGIC, len(header)))
-            f.write(header)
-            for k, v in arrays:
-                f.write(memoryview(k).cast("B"))
-                f.write(memoryview(v).cast("B"))
+            f.write(prefix + header + checksum([prefix, header, *payload]))
+            for part in payload:
+                f.write(part)
         log.info("prefix cache: saved %d tokens to %s", len(tokens), path)
 
-    def _read(self, path: str, header: dict) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Every layer's keys and values of a file whose header `_read_header` gave, checked."""
-        if header["identity"] != self.identity:
-            changed = sorted(k for k in set(header["identity"]) | set(self.identity)
-                             if header["identity"].get(k) != self.identity.get(k))
-            raise RejectedFile(f"stale: made for another {', '.join(changed)}")
-        layers, count = header["layers"], len(header["tokens"])
-        if len(layers) != len(self.caches):
-            raise RejectedFile(f"{len(layers)} layers, the model has {len(self.caches)}")
-        per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
+    def _read(self, path: str) -> tuple[dict, list[np.ndarray], list[np.ndarray]]:
+        """A file's header and every layer's keys and values, read at one go and checked."""
         try:
             with open_regular_file(path) as f:
+                prefix, text, header = _header_of(f)
+                if header["identity"] != self.identity:
+                    changed = sorted(k for k in set(header["identity"]) | set(self.identity)
+                                     if header["identity"].get(k) != self.identity.get(k))
+                    raise RejectedFile(f"stale: made for another {', '.join(changed)}")
+                layers, count = header["layers"], len(header["tokens"])
+                if len(layers) != len(self.caches):
+                    raise RejectedFile(f"{len(layers)} layers, the model has {len(self.caches)}")
+                per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
                 stored = _regular_size(f) - header["payload_at"]
                 if stored != 2 * sum(per_layer):  # checked before reading: the file may be any size
                     raise RejectedFile(f"truncated: {stored} bytes of keys and values, expected {2 * sum(per_layer)}")
-                f.seek(header["payload_at"])
+                expected = f.read(CHECKSUM_SIZE)
                 payload = memoryview(f.read(stored))
         except OSError as err:
             raise RejectedFile(f"cannot read it ({err.strerror or err})") from err
-        if hashlib.sha256(payload).hexdigest() != header["payload_sha256"]:
-            raise RejectedFile("corrupt: its keys and values do not match their checksum")
+        if checksum([prefix, text, payload]) != expected:
+            raise RejectedFile("corrupt: its header, keys and values do not match their checksum")
         keys, values, at = [], [], 0
         for (shape, dtype), nbytes in zip(layers, per_layer):
             keys.append(np.frombuffer(payload[at:at + nbytes], dtype).reshape(count, *shape))
             values.append(np.frombuffer(payload[at + nbytes:at + 2 * nbytes], dtype).reshape(count, *shape))
             at += 2 * nbytes
-        return keys, values
+        return header, keys, values
+
+
+def _shared_length(saved: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many leading tokens two token lists share."""
+    saved, prompt = np.asarray(saved, np.int64), np.asarray(prompt, np.int64)
+    common = min(len(saved), len(prompt))
+    differ = np.flatnonzero(saved[:common] != prompt[:common])
+    return int(differ[0]) if differ.size else common
 
 
 def _regular_size(f) -> int:
@@ -221,32 +229,38 @@ def _regular_size(f) -> int:
 
 
 def _read_header(path: str) -> dict:
-    """A file's JSON header, its fields checked for type; `payload_at` added."""
+    """A file's JSON header, its fields checked for type (not yet its checksum)."""
     try:
         with open_regular_file(path) as f:
-            file_size = _regular_size(f)
-            head = f.read(_HEADER.size)
-            if len(head) < _HEADER.size:
-                raise RejectedFile("truncated: no header")
-            magic, size = _HEADER.unpack(head)
-            if magic != MAGIC:
-                raise RejectedFile("not a prefix-cache file")
-            if size > file_size - _HEADER.size:  # read(n) allocates n bytes first: never trust n
-                raise RejectedFile(f"truncated: a {size}-byte header in a {file_size}-byte file")
-            text = f.read(size)
+            return _header_of(f)[2]
     except OSError as err:
         raise RejectedFile(f"cannot read it ({err.strerror or err})") from err
+
+
+def _header_of(f) -> tuple[bytes, bytes, dict]:
+    """The magic and length, the JSON text and the parsed header (`payload_at` added) at the
+    start of an open file; its fields checked for type."""
+    file_size = _regular_size(f)
+    prefix = f.read(_HEADER.size)
+    if len(prefix) < _HEADER.size:
+        raise RejectedFile("truncated: no header")
+    magic, size = _HEADER.unpack(prefix)
+    if magic != MAGIC:
+        raise RejectedFile("not a prefix-cache file")
+    if size > file_size - _HEADER.size:  # read(n) allocates n bytes first: never trust n
+        raise RejectedFile(f"truncated: a {size}-byte header in a {file_size}-byte file")
+    text = f.read(size)
     try:
         header = json.loads(text)
         header["tokens"] = [int(t) for t in header["tokens"]]
         header["layers"] = [(tuple(int(x) for x in layer["shape"]), np.dtype(layer["dtype"]))
                             for layer in header["layers"]]
-        if not isinstance(header["identity"], dict) or not isinstance(header["payload_sha256"], str):
-            raise TypeError("identity or payload_sha256 of the wrong type")
+        if not isinstance(header["identity"], dict):
+            raise TypeError("identity of the wrong type")
     except (ValueError, KeyError, TypeError) as err:
         raise RejectedFile(f"a malformed header ({err})") from err
-    header["payload_at"] = _HEADER.size + size
-    return header
+    header["payload_at"] = _HEADER.size + size + CHECKSUM_SIZE
+    return prefix, text, header
 
 
 def _remove(path: str) -> None:
