@@ -71,6 +71,7 @@ def test_a_dead_exports_staging_folder_is_removed_and_a_live_ones_is_kept(tmp_pa
     ended = subprocess.Popen([sys.executable, "-c", "pass"])
     ended.wait()
     dead = _staging(dst, ended.pid)
+    other = _staging(dst.with_name("model-2"), ended.pid)  # another destination's: not this export's to remove
     sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         live = _staging(dst, sleeping.pid)
@@ -80,7 +81,7 @@ def test_a_dead_exports_staging_folder_is_removed_and_a_live_ones_is_kept(tmp_pa
     finally:
         sleeping.kill()
         sleeping.wait()
-    assert sorted(p.name for p in dst.parent.iterdir()) == sorted([dst.name, live.name])
+    assert sorted(p.name for p in dst.parent.iterdir()) == sorted([dst.name, live.name, other.name])
 
 
 KV = HIDDEN // TINY["num_attention_heads"] * TINY["num_key_value_heads"]

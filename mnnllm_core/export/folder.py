@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -66,10 +67,15 @@ def staging_folder(target: Path) -> Iterator[Path]:
 def orphaned_staging(target: Path) -> list[Path]:
     """Staging folders of `target` (and folders moved aside) whose process has ended: what a
     `kill -9` during an export leaves behind. A folder of a process still running is kept."""
+    if not target.parent.is_dir():
+        return []
+    # `staging_folder`'s names (mkdtemp adds 8 characters), and `replace_folder`'s "-old"; not another
+    # destination's, such as `.NAME-2-...` of NAME-2
+    ours = re.compile(rf"\.{re.escape(target.name)}-(\d+)-[a-z0-9_]{{8}}(-old)?")
     orphans = []
-    for path in target.parent.glob(f".{target.name}-*"):
-        pid = path.name[len(target.name) + 2:].split("-", 1)[0]
-        if path.is_dir() and pid.isdigit() and not _alive(int(pid)):
+    for path in target.parent.iterdir():
+        match = ours.fullmatch(path.name)
+        if match and path.is_dir() and not _alive(int(match.group(1))):
             orphans.append(path)
     return orphans
 
