@@ -140,3 +140,40 @@ def test_gguf_metadata_arrays_nested_100000_deep_are_a_format_error_naming_the_f
     with pytest.raises(FormatError, match="nested deeper") as err:
         export_model(str(tmp_path / "deep.gguf"), str(tmp_path / "out"), quant_bit=8)
     assert err.value.file == str(tmp_path / "deep.gguf")
+
+
+MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "mlp_only_layers": [1],
+       "head_dim": HIDDEN // TINY["num_attention_heads"]}
+
+
+def tiny_moe(folder: Path, transposed: str | None = None) -> Path:
+    """The tiny llama made a Qwen3-MoE (q/k norms; layer 0's MLP routed to 4 experts), the tensor
+    `transposed` (if any) stored transposed."""
+    rng = np.random.default_rng(0)
+    weights = random_weights("llama", True)
+    head_dim, ffn = MOE["head_dim"], MOE["moe_intermediate_size"]
+    for layer in range(TINY["num_hidden_layers"]):
+        for norm in ("q_norm", "k_norm"):
+            weights[f"model.layers.{layer}.self_attn.{norm}.weight"] = np.ones(head_dim, np.float32)
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        del weights[f"model.layers.0.mlp.{proj}.weight"]
+    weights["model.layers.0.mlp.gate.weight"] = rng.standard_normal((MOE["num_experts"], HIDDEN), np.float32)
+    for e in range(MOE["num_experts"]):
+        for proj, shape in (("gate_proj", (ffn, HIDDEN)), ("up_proj", (ffn, HIDDEN)), ("down_proj", (HIDDEN, ffn))):
+            weights[f"model.layers.0.mlp.experts.{e}.{proj}.weight"] = rng.standard_normal(shape, np.float32)
+    if transposed is not None:
+        weights[transposed] = weights[transposed].T.copy()
+    folder = write_hf_folder(folder, "llama", weights, True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_moe", **MOE}))
+    return folder
+
+
+def test_an_moe_expert_stored_transposed_is_a_format_error_naming_it(tmp_path):
+    name = "model.layers.0.mlp.experts.2.down_proj.weight"
+    src = tiny_moe(tmp_path / "hf", name)
+    with pytest.raises(FormatError) as err:
+        export_model(str(src), str(tmp_path / "out"), quant_bit=8)
+    expected = (HIDDEN, MOE["moe_intermediate_size"])
+    assert name in str(err.value) and str(expected) in str(err.value) and str(expected[::-1]) in str(err.value)
+    export_model(str(tiny_moe(tmp_path / "right")), str(tmp_path / "out"), quant_bit=8)  # the model is otherwise sound

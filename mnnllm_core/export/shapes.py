@@ -6,9 +6,10 @@ weight of another shape) would export into a model that runs and answers wrong. 
 for every architecture, as each names its tensors through `llama.Model` (`norms`, `layer_tensors`,
 `linear`): the embedding and lm_head are [vocab, hidden]; the final and per-layer norms are
 [hidden], a per-head q/k norm [head_dim]; a layer's attention projections have its heads' rows
-(q, k, v) or columns (o); a dense MLP's down_proj reads what its gate_proj writes; and every
-matrix of a layer reads or writes the hidden state. A disagreement is a FormatError naming the
-tensor, the shape the config asks for and the one found.
+(q, k, v) or columns (o); a dense MLP's down_proj reads what its gate_proj writes; an MoE layer's
+router has a row per expert, each expert's fused gate_up and its down the config's
+moe_intermediate_size; and every matrix of a layer reads or writes the hidden state. A
+disagreement is a FormatError naming the tensor, the shape the config asks for and the one found.
 """
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def _check_layer(model: Model, source: Source, layer: int) -> None:
     gate = tensors.get(f"{model.linear(layer, 'gate_proj')}.weight")
     if gate is not None and len(gate.shape) == 2:
         _expect_part(source, tensors.get(f"{model.linear(layer, 'down_proj')}.weight"), 1, gate.shape[0], "columns")
+    experts = model.mlp(layer).experts
+    if experts:
+        ffn = a.moe_intermediate_size
+        expect_shape(source, source.tensor(model.router(layer)), (experts, a.hidden_size))
+        for e in range(experts):
+            expect_shape(source, model.expert_weight(source, layer, e, "gate_up"), (2 * ffn, a.hidden_size))
+            expect_shape(source, model.expert_weight(source, layer, e, "down"), (a.hidden_size, ffn))
     _expect_hidden_side(source, (t for t in tensors.values() if len(t.shape) == 2), a.hidden_size)
 
 
