@@ -11,7 +11,7 @@ from .errors import MnnllmError
 MAX_DEPTH = 64
 
 
-def too_deep(error: type[MnnllmError], file: str, field: str | None = None) -> MnnllmError:
+def _too_deep(error: type[MnnllmError], file: str, field: str | None = None) -> MnnllmError:
     return error(f"malformed JSON: nested deeper than {MAX_DEPTH}", file=file, field=field)
 
 
@@ -23,7 +23,7 @@ def check_depth(value: Any, file: str, error: type[MnnllmError], field: str | No
                  for child in (item.values() if isinstance(item, dict) else item)]
         if not level:
             return
-    raise too_deep(error, file, field)
+    raise _too_deep(error, file, field)
 
 
 def loads_bounded(text: str | bytes, file: str, error: type[MnnllmError], field: str | None = None,
@@ -33,6 +33,6 @@ def loads_bounded(text: str | bytes, file: str, error: type[MnnllmError], field:
     try:
         value = json.loads(text, **options)
     except RecursionError:
-        raise too_deep(error, file, field) from None
+        raise _too_deep(error, file, field) from None
     check_depth(value, file, error, field)
     return value

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
-from mnnllm_core.json_depth import MAX_DEPTH, loads_bounded, too_deep
+from mnnllm_core.json_depth import MAX_DEPTH, loads_bounded
 
 _SAFETENSORS_DTYPES = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8"),
@@ -342,12 +342,12 @@ class GGUFSource(Source):
         try:
             self._reader = gguf.GGUFReader(str(path))
         except RecursionError:  # its reader recurses once per level of a metadata array of arrays
-            raise too_deep(FormatError, self.path) from None
+            raise FormatError(f"metadata arrays nested deeper than {MAX_DEPTH}", file=self.path) from None
         except (ValueError, OSError, struct.error, IndexError) as exc:
             raise FormatError(f"not a readable GGUF file: {exc}", file=self.path) from None
         for key, f in self._reader.fields.items():
             if len(f.types) > MAX_DEPTH:  # one type per level of a nested array
-                raise too_deep(FormatError, self.path, key)
+                raise FormatError(f"metadata arrays nested deeper than {MAX_DEPTH}", file=self.path, field=key)
         arch = self._field("general.architecture")
         self.config: dict[str, Any] = {"model_type": arch}
         for suffix, key in _GGUF_CONFIG.items():
