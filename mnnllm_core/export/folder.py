@@ -39,8 +39,8 @@ def check_apart(target: Path, inputs: dict[str, str | os.PathLike[str]]) -> None
         src = Path(path).resolve()
         if dst == src or dst.is_relative_to(src) or src.is_relative_to(dst):
             where = "is" if dst == src else "lies inside" if dst.is_relative_to(src) else "holds"
-            raise ConfigError(f"the export destination {where} the {argument} {str(path)!r}: writing it would "
-                              f"destroy the source; choose a folder apart from it", file=str(target), field="dst")
+            raise ConfigError(f"the export destination {where} the {argument} {str(path)!r}, which the export would "
+                              f"delete; choose a folder apart from it", file=str(target), field="dst")
 
 
 def remove_orphaned_staging(target: Path) -> None:
