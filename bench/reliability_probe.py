@@ -231,6 +231,53 @@ CASES = [
         try: llm.response('cat ' * 250_000); raise SystemExit('accepted')
         except mnnllm_core.errors.ContextLengthError: pass
         assert time.perf_counter() - start < 5, time.perf_counter() - start; print('OK')""")),
+    # exporter: round 2 (issue 29 item 5)
+    Case("exporter", "export SRC SRC --force", code=TINY + textwrap.dedent("""
+        import subprocess, sys
+        before = {p.name: p.read_bytes() for p in src.iterdir()}
+        done = subprocess.run([sys.executable, '-m', 'mnnllm_core.cli', 'export', str(src), str(src), '--force',
+                               '--quant-bit', '8'], capture_output=True, text=True)
+        assert done.returncode == 2 and 'field dst' in done.stderr, (done.returncode, done.stderr[-300:])
+        assert {p.name: p.read_bytes() for p in src.iterdir()} == before; print('OK')""")),
+    Case("exporter", "DST inside SRC, SRC inside DST, DST a symlink to SRC", code=TINY + textwrap.dedent("""
+        import shutil
+        from mnnllm_core.errors import ConfigError
+        shutil.copytree(src, 'outer/hf')
+        Path('link').symlink_to(src.resolve(), target_is_directory=True)
+        before = {p.name: p.read_bytes() for p in src.iterdir()}
+        for s, d in ((src, src / 'out'), (Path('outer/hf'), Path('outer')), (src, Path('link'))):
+            try: export_model(str(s), str(d), quant_bit=8, force=True); raise SystemExit(f'{s} -> {d} exported')
+            except ConfigError as exc: assert exc.field == 'dst', exc
+        assert Path('outer/hf/config.json').exists()
+        assert {p.name: p.read_bytes() for p in src.iterdir()} == before; print('OK')""")),
+    Case("exporter", "kill -9 mid-export, then export again", code=TINY + textwrap.dedent("""
+        import subprocess, sys
+        kill = ("import os; from pathlib import Path\\nfrom mnnllm_core.export import exporter\\n"
+                "def half(src, out, *a, **k):\\n    (Path(out) / 'llm.mnn.weight').write_bytes(bytes(1 << 20))\\n"
+                "    os.kill(os.getpid(), 9)\\nexporter.write_model = half\\n"
+                "exporter.export_model('hf', 'dst', quant_bit=8)\\n")
+        assert subprocess.run([sys.executable, '-c', kill]).returncode == -9
+        assert [p.name for p in Path('.').iterdir() if p.name.startswith('.dst-')], 'no staging folder left to clean'
+        export_model(str(src), 'dst', quant_bit=8)
+        assert [p.name for p in Path('.').iterdir() if p.name.startswith('.dst')] == []; print('OK')""")),
+    Case("exporter", "a transposed embedding, a norm of the embedding's shape", code=TINY + textwrap.dedent("""
+        from mnnllm_core.errors import FormatError
+        for name in ('model.embed_tokens.weight', 'model.layers.0.input_layernorm.weight'):
+            w = random_weights('llama', True)
+            embedding = w['model.embed_tokens.weight']
+            w[name] = embedding.T.copy() if name.startswith('model.embed') else embedding.copy()
+            bad = write_hf_folder(Path('bad-' + name), 'llama', w, True)
+            try: export_model(str(bad), 'dst-' + name, quant_bit=8); raise SystemExit(f'{name} exported')
+            except FormatError as exc: assert name in str(exc), exc
+        print('OK')""")),
+    Case("exporter", "a safetensors header 100,000 deep", code=TINY + textwrap.dedent("""
+        import struct
+        from mnnllm_core.errors import FormatError
+        head = ('{"a": ' + '[' * 100_000 + ']' * 100_000 + '}').encode()
+        (src / 'model-00001-of-00002.safetensors').write_bytes(struct.pack('<Q', len(head)) + head)
+        try: export_model(str(src), 'dst', quant_bit=8); raise SystemExit('exported')
+        except FormatError as exc: assert 'safetensors' in str(exc), exc
+        print('OK')""")),
 ]
 
 # disk caches (issue 29, 1-4): a cache file changed after it was written is refused with a warning,

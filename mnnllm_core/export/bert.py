@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mnnllm_core.errors import ConfigError, UnsupportedError
+from mnnllm_core.json_depth import loads_bounded
 
 from .config import ConfigReader
 from .sources import LazyTensor, Source
@@ -79,7 +80,7 @@ def pooling_of(folder: str | Path) -> str:
     if not path.is_file():
         return "cls"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = loads_bounded(path.read_text(encoding="utf-8"), str(path), ConfigError)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(f"cannot read the pooling config: {exc}", file=str(path)) from None
     if not isinstance(config, dict):

@@ -23,13 +23,12 @@ import importlib.metadata
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 from mnnllm_core.errors import ConfigError
 
 from .exporter import write_model
-from .folder import orphaned_staging, replace_folder, staging_folder
+from .folder import remove_orphaned_staging, replace_folder, staging_folder
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +77,7 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
     """The config.json path of the default model, exporting it first when the cache lacks it
     or holds it damaged (a file cut short or changed since the export)."""
     target = default_model_folder(cache_dir)
-    for orphan in orphaned_staging(target):
-        logger.info("removing %s, left by an export that was killed", orphan)
-        shutil.rmtree(orphan, ignore_errors=True)
+    remove_orphaned_staging(target)
     damage = _damage(target)
     if damage is None:
         return str(target / "config.json")

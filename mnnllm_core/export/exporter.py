@@ -19,10 +19,11 @@ from . import bert, gemma2, gemma3_text, llama, mistral, phi3, qwen2, qwen3, qwe
 from . import gemma4, gpt_oss, hunyuan_v1_dense, lfm2, lfm2_moe, llama4, phi, qwen3_5, qwen3_5_moe
 from .decoder import LM_HEAD, DecoderGraph
 from .encoder import EncoderGraph
-from .folder import check_destination, replace_folder, staging_folder
+from .folder import check_apart, check_destination, remove_orphaned_staging, replace_folder, staging_folder
 from .lora import LoraAdapter, MergedSource
 from .lora_split import LORA_GRAPH, split_lora_graph
 from .quant_config import QUANT_BITS, QUANT_BLOCKS, QuantConfig
+from .shapes import check_shapes, expect_shape
 from .sources import Source, TokenizerSpec, open_source
 from .tokenizer import write_mtok, write_txt
 from .weights import EMBED_BITS, LinearInfo, WeightWriter, write_bf16_embedding, write_int_embedding
@@ -102,7 +103,9 @@ def export_model(src: str, dst: str, quant_bit: int = 4, quant_block: int = 64, 
     if adapter is not None:
         adapter.check_base(source)
     target = Path(dst)
+    check_apart(target, {"source": src, **({"LoRA adapter": lora} if lora is not None else {})})
     check_destination(target, force)
+    remove_orphaned_staging(target)
     with staging_folder(target) as out:
         merged = MergedSource(source, adapter) if adapter is not None and not lora_split else None
         report = write_model(merged or source, out, quant_bit, quant_block, separate_embed, tokenizer,
@@ -152,6 +155,7 @@ def write_model(src: str | Source, out: Path, quant_bit: int = 4, quant_block: i
                                field="model_type")
     args = arch.ModelArgs.from_dict(source.config, file=source.path)
     model = arch.Model(args)
+    check_shapes(model, source)
     spec = source.tokenizer()
     tied = args.tie_word_embeddings and not separate_embed
     embedding_file = "embeddings_bf16.bin" if embed_bit == 16 else f"embeddings_int{embed_bit}.bin"
@@ -210,6 +214,7 @@ def _write_encoder(source: Source, out: Path, quant_bit: int, quant_block: int, 
     logger.info("exporting the %s encoder (%d layers, %s pooling) from %s: %d-bit, block %d", args.model_type,
                 args.num_hidden_layers, args.pooling, source.path, quant_bit, quant_block)
     table = source.tensor(model.embedding())
+    expect_shape(source, table, (args.vocab_size, args.hidden_size))
     progress = Progress(report.parameters + table.shape[0] * args.hidden_size, "export", unit="M params", scale=1e6)
     with open(out / "llm.mnn.weight", "wb") as f:
         writer = WeightWriter(f, quant_bit, quant_block, progress.update)

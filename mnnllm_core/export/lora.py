@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
+from mnnllm_core.json_depth import loads_bounded
 
 from .sources import LazyTensor, Source, TokenizerSpec, _read_safetensors
 
@@ -69,7 +70,7 @@ class LoraAdapter:
         if not self.config_path.is_file():
             raise ConfigError("the adapter folder has no adapter_config.json", file=path)
         try:
-            config = json.loads(self.config_path.read_text(encoding="utf-8"))
+            config = loads_bounded(self.config_path.read_text(encoding="utf-8"), path, ConfigError)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ConfigError(f"not valid JSON: {exc}", file=path) from None
         if not isinstance(config, dict):

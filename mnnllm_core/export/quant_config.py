@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mnnllm_core.errors import ConfigError
+from mnnllm_core.json_depth import loads_bounded
 
 QUANT_BITS = (2, 3, 4, 8, 16)
 QUANT_BLOCKS = (0, 32, 64, 128)
@@ -50,7 +51,7 @@ class QuantConfig:
     @classmethod
     def load(cls, path: str | Path) -> "QuantConfig":
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = loads_bounded(Path(path).read_text(encoding="utf-8"), str(path), ConfigError)
         except OSError as exc:
             raise ConfigError(f"cannot read the quant config: {exc.strerror}", file=str(path)) from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
+from mnnllm_core.json_depth import MAX_DEPTH, loads_bounded
 
 _SAFETENSORS_DTYPES = {
     "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "F64": np.dtype("<f8"),
@@ -183,7 +184,7 @@ class HFSource(Source):
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f)
+            data = loads_bounded(f.read(), str(path), ConfigError)
     except FileNotFoundError:
         raise ConfigError("file is missing", file=str(path)) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -204,7 +205,7 @@ def _read_safetensors(path: Path) -> list[LazyTensor]:
         if n > min(size - 8, _MAX_HEADER):
             raise FormatError(f"header length {n} exceeds the file", file=str(path), field="header")
         try:
-            header = json.loads(f.read(n))
+            header = loads_bounded(f.read(n), str(path), FormatError, field="header")
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(f"header is not JSON: {exc}", file=str(path), field="header") from None
         if not isinstance(header, dict):
@@ -340,8 +341,13 @@ class GGUFSource(Source):
         self.path = str(path)
         try:
             self._reader = gguf.GGUFReader(str(path))
+        except RecursionError:  # its reader recurses once per level of a metadata array of arrays
+            raise FormatError(f"metadata arrays nested deeper than {MAX_DEPTH}", file=self.path) from None
         except (ValueError, OSError, struct.error, IndexError) as exc:
             raise FormatError(f"not a readable GGUF file: {exc}", file=self.path) from None
+        for key, f in self._reader.fields.items():
+            if len(f.types) > MAX_DEPTH:  # one type per level of a nested array
+                raise FormatError(f"metadata arrays nested deeper than {MAX_DEPTH}", file=self.path, field=key)
         arch = self._field("general.architecture")
         self.config: dict[str, Any] = {"model_type": arch}
         for suffix, key in _GGUF_CONFIG.items():

@@ -33,6 +33,7 @@ from typing import Any, Generic, Mapping, TypeVar, overload
 
 from mnnllm_core.errors import ConfigError, Origin, shorten
 from mnnllm_core.files import CONFIG_LIMIT, read_bounded
+from mnnllm_core.json_depth import check_depth, loads_bounded
 
 logger = logging.getLogger(__name__)
 
@@ -335,7 +336,7 @@ class LlmConfig:
         self._merge(dict(content), origin)
 
     def _merge(self, source: dict[str, Any], name: str) -> None:
-        _check_depth(source, name)
+        check_depth(source, name, ConfigError)
         _validate(source, name)
         _merge_json(self._data, source)
         self._origin.update(dict.fromkeys(source, name))
@@ -466,33 +467,16 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-MAX_DEPTH = 64  # nesting of a config's objects and lists: MNN's configs use 3
-
-
 def _parse_json(text: str, file: str) -> Any:
     """Parse strict JSON (no NaN/Infinity, as rapidjson/ujson), naming `file` on failure; nesting
     deeper than MAX_DEPTH is refused (it would overflow the stack of every later recursive step)."""
     try:
-        value = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        raise ConfigError(f"malformed JSON: nested deeper than {MAX_DEPTH}", file=file) from None
+        return loads_bounded(text, file, ConfigError, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}",
                           file=file) from exc
     except ValueError as exc:
         raise ConfigError(f"malformed JSON: {exc}", file=file) from exc
-    _check_depth(value, file)
-    return value
-
-
-def _check_depth(value: Any, file: str) -> None:
-    level = [value]
-    for _ in range(MAX_DEPTH):
-        level = [child for item in level if isinstance(item, (dict, list))
-                 for child in (item.values() if isinstance(item, dict) else item)]
-        if not level:
-            return
-    raise ConfigError(f"malformed JSON: nested deeper than {MAX_DEPTH}", file=file)
 
 
 def _read_json(path: str) -> Any:
