@@ -140,11 +140,12 @@ def path(value: Any, field: str) -> str | os.PathLike:
     return value
 
 
-def instance(value: Any, kind: type, field: str, optional: bool = True) -> Any:
-    """`value` when it is a `kind` (or None, when optional)."""
-    if (value is None and optional) or isinstance(value, kind):
+def instance(value: Any, kinds: type | tuple[type, ...], field: str, optional: bool = True) -> Any:
+    """`value` when it is one of `kinds` (or None, when optional)."""
+    if (value is None and optional) or isinstance(value, kinds):
         return value
-    raise _refuse(field, f"a {kind.__name__}" + (" or None" if optional else ""), value)
+    names = " or ".join(k.__name__ for k in (kinds if isinstance(kinds, tuple) else (kinds,)))
+    raise _refuse(field, f"a {names}" + (" or None" if optional else ""), value)
 
 
 def require_loaded(llm: Any, call: str) -> None:

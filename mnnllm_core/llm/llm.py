@@ -160,6 +160,7 @@ class Llm:
     def set_config(self, content: dict[str, Any] | str, source: str = "set_config") -> None:
         """Merge keys as MNN's set_config does; sampler keys take effect at once.
         `source` names where they came from in later errors (e.g. "--set")."""
+        content = arguments.instance(content, (Mapping, str), "content", optional=False)
         source = arguments.text(source, "source")
         self.config.set_config(content, source)
         if self.sampler is not None:
@@ -365,6 +366,9 @@ class Llm:
     def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
                  sampler: Sampler | None = None) -> list[int]:
         """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
+        self._budget(max_new_tokens)
+        input_ids = arguments.token_ids(input_ids, "input_ids")
+        sampler = arguments.instance(sampler, Sampler, "sampler")
         arguments.require_loaded(self, "generate")
         return list(self.stream_ids(input_ids, max_new_tokens, sampler))
 
@@ -411,6 +415,7 @@ class Llm:
         """
         prompt = arguments.messages(prompt, "prompt")
         stream = arguments.flag(stream, "stream")
+        self._budget(max_new_tokens)
         arguments.require_loaded(self, "response")
         ids = self._prompt_ids(prompt)
         pieces = self.stream_text(ids, max_new_tokens)
@@ -422,6 +427,8 @@ class Llm:
         (Ctrl-C, or the consumer closing the iterator), the status is STOPPED and the history
         holds the prompt and every token that ran through the model, the KV cache agreeing with it."""
         ids = arguments.token_ids(ids, "ids")
+        self._budget(max_new_tokens)
+        sampler = arguments.instance(sampler, Sampler, "sampler")
         arguments.require_loaded(self, "stream_text")
         decoder = self.tokenizer.stream()
         try:
