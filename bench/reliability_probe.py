@@ -231,7 +231,7 @@ CASES = [
         try: llm.response('cat ' * 250_000); raise SystemExit('accepted')
         except mnnllm_core.errors.ContextLengthError: pass
         assert time.perf_counter() - start < 5, time.perf_counter() - start; print('OK')""")),
-    # API argument types (issue 29, item 6) and the server's answers to hostile requests (item 7)
+    # API argument types, and the server's answers to hostile requests
     *[Case("API argument types", call, code=LOAD + textwrap.dedent(f"""
         try: {call}; raise SystemExit('accepted')
         except mnnllm_core.errors.ArgumentError: print('OK')""")) for call in (

@@ -3,7 +3,7 @@ names it, before anything changes: `create`, and each public method of Llm, Omni
 found by introspection (a new method is covered as soon as it exists; one with a parameter this
 file does not know fails until VALID learns it). After all the bad calls on one loaded Llm its
 greedy answer equals the one it gave fresh. Calls that need the model raise NotLoadedError
-before load(). The calls of issue 29 (item 6) are listed one by one."""
+before load(). The calls a reliability review found untyped are listed one by one."""
 from __future__ import annotations
 
 import inspect
@@ -146,8 +146,8 @@ def _assert_refused(what, param, bad, call, exempt=()):
         pytest.fail(f"{what}({param}={bad!r}) was accepted: {result!r:.80}")
 
 
-# -- the calls of the issue, one by one ------------------------------------------------------
-ISSUE_CALLS = {
+# -- the calls the review found, one by one ------------------------------------------------------
+FOUND_UNTYPED = {
     "generate(None)": lambda llm: llm.generate(None),
     "response(None)": lambda llm: llm.response(None),
     "response(123)": lambda llm: llm.response(123),
@@ -163,8 +163,8 @@ ISSUE_CALLS = {
 }
 
 
-@pytest.mark.parametrize("call", ISSUE_CALLS.values(), ids=ISSUE_CALLS.keys())
-def test_the_calls_of_the_issue_raise_argument_errors(loaded, call):
+@pytest.mark.parametrize("call", FOUND_UNTYPED.values(), ids=FOUND_UNTYPED.keys())
+def test_the_calls_the_review_found_raise_argument_errors(loaded, call):
     with pytest.raises(ArgumentError):
         call(loaded[0])
 
