@@ -355,6 +355,41 @@ CASES += [
             f.seek(start); f.write(text.replace('"dtype": "<i8"', '"dtype": "<i4"', 1).encode())
         assert subprocess.run([sys.executable, '-c', other]).returncode == 0
         assert llm.generate(llm.tokenizer_encode('Hi'), 8) == first; print('OK')""")),
+    # API argument types, and the server's answers to hostile requests
+    *[Case("API argument types", call, code=LOAD + textwrap.dedent(f"""
+        try: {call}; raise SystemExit('accepted')
+        except mnnllm_core.errors.ArgumentError: print('OK')""")) for call in (
+        "llm.generate(None)", "llm.response(None)", "llm.response(123)", "llm.response([{'role': 1, 'content': 'x'}])",
+        "llm.response([{'content': 'x'}])", "llm.response([1, 2])", "llm.tokenizer_decode(None)",
+        "llm.apply_chat_template(5)", "llm.forward(None)", "mnnllm_core.create(None)", "mnnllm_core.create(5)",
+        "llm.generate({1: 2}, 2)")],
+    Case("API argument types", "response before load()", code=textwrap.dedent("""
+        import mnnllm_core
+        try: mnnllm_core.create({model!r}).response('Hi'); raise SystemExit('accepted')
+        except mnnllm_core.errors.NotLoadedError: print('OK')""")),
+    Case("API argument types", "bad calls then a question", code=STATE + textwrap.dedent("""
+        for bad in (lambda: llm.response([{'role': 'user', 'content': None}]), lambda: llm.forward([1], parents=5),
+                    lambda: llm.response(Q, stream='yes'), lambda: llm.generate([1.5]), lambda: llm.set_config(5)):
+            try: bad(); raise SystemExit('accepted')
+            except mnnllm_core.MnnllmError: pass
+        assert llm.response(Q) == A; print('OK')""")),
+    *[Case("server", name, code=LOAD + textwrap.dedent(f"""
+        import http.client, json, sys
+        sys.path.insert(0, {TESTS!r})
+        from serve_harness import LiveServer
+        with LiveServer(llm) as server:
+            host, port = server.url.rsplit('/', 1)[1].split(':')
+            connection = http.client.HTTPConnection(host, int(port), timeout=60)
+            connection.request('POST', '/v1/chat/completions', body={body})
+            answer = connection.getresponse()
+            payload = answer.read()
+            assert answer.status == 400, (answer.status, payload[:200])
+            assert set(json.loads(payload)['error']) == {{'message', 'type', 'param', 'code'}}
+        print('OK')""")) for name, body in (  # each body is Python source, built in the case's process
+        ("a body nested 100,000 deep", "b'{\"messages\": ' + b'[' * 100_000 + b']' * 100_000 + b'}'"),
+        ("message content '\\ud800'", "b'{\"messages\": [{\"role\": \"user\", \"content\": \"\\\\ud800\"}]}'"),
+        ("logit_bias key '\u00b2'", "json.dumps({'messages': [{'role': 'user', 'content': 'Hi'}], "
+                                     "'logit_bias': {'\u00b2': 1}})"))],
 ]
 
 

@@ -69,6 +69,15 @@ class ContextLengthError(MnnllmError):
     """A prompt (plus generation) does not fit in the model's context."""
 
 
+class ArgumentError(MnnllmError):
+    """A public call got an argument of the wrong type or shape; the field names the argument
+    (e.g. `prompt[1].role`). Raised before anything changes, so the Llm stays as it was."""
+
+
+class NotLoadedError(MnnllmError):
+    """A call that needs the model (generation, the tokenizer, the graph) made before `load()`."""
+
+
 class ConcurrentUseError(MnnllmError):
     """One `Llm` used by two callers at once (two threads, or a second stream started while
     one is live): refused, so the conversation and the KV cache stay in agreement."""

@@ -303,7 +303,7 @@ def test_bad_input_and_config_are_typed_errors(models, tmp_path):
         model.ids_embedding([])
     with pytest.raises(MnnllmError):
         model.ids_embedding([10_000])
-    with pytest.raises(MnnllmError, match="takes a str"):
+    with pytest.raises(MnnllmError, match="text must be a str"):
         model.txt_embedding(["hello"])
     with pytest.raises(ConfigError, match="not an embedding model.*sentence_embeddings"):  # a decoder LLM
         mnnllm_core.create(CONFIG, embedding_model=True).load()

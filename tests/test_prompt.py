@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mnnllm_core.errors import ConfigError
+from mnnllm_core.errors import ArgumentError, ConfigError
 from mnnllm_core.llm.config import LlmConfig
 from mnnllm_core.llm.prompt import Prompt
 
@@ -250,7 +250,7 @@ def test_non_string_chat_template_is_a_config_error():
 
 
 def test_message_without_role_is_rejected():
-    with pytest.raises(ValueError, match="role"):
+    with pytest.raises(ArgumentError, match="role"):
         jinja_prompt("{{ messages }}").apply_chat_template([{"content": "x"}])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UnsupportedError
+from . import arguments
 from .config import LlmConfig, resolve_config_path
 from .llm import Llm
 from .omni import Omni
@@ -20,6 +21,9 @@ def create(config_path: str | os.PathLike, embedding_model: bool = False, base: 
     shares for every op whose weights are the same (e.g. an export merged with a LoRA adapter);
     each Llm keeps its own KV cache and conversation.
     """
+    config_path = arguments.path(config_path, "config_path")
+    embedding_model = arguments.flag(embedding_model, "embedding_model")
+    base = arguments.instance(base, Llm, "base")
     config = LlmConfig.from_file(resolve_config_path(config_path))
     multimodal = config.is_visual or config.is_audio or config.has_talker
     if base is not None and (embedding_model or multimodal):

@@ -23,6 +23,7 @@ from ..errors import (ConcurrentUseError, ConfigError, ContextLengthError, Forma
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
+from . import arguments
 from .attention_mask import check_attention_type, check_mask_input, step_mask, tree_depths, tree_mask
 from .config import LlmConfig
 from .context import STOPPED, LlmContext
@@ -133,6 +134,8 @@ class Llm:
     def create_lora(self, lora_path: str) -> "Llm":
         """MNN's Llm::create_lora: a loaded Llm running `lora_path` (a graph in this model's folder, e.g.
         the `lora.mnn` of `mnnllm export --lora-split`) over this model's weight file and packed weights."""
+        lora_path = arguments.text(lora_path, "lora_path")
+        arguments.require_loaded(self, "create_lora")
         config = copy.deepcopy(self.config)
         config.set_config({"llm_model": lora_path}, "create_lora")
         return Llm(config, base=self).load()
@@ -157,6 +160,8 @@ class Llm:
     def set_config(self, content: dict[str, Any] | str, source: str = "set_config") -> None:
         """Merge keys as MNN's set_config does; sampler keys take effect at once.
         `source` names where they came from in later errors (e.g. "--set")."""
+        content = arguments.instance(content, (Mapping, str), "content", optional=False)
+        source = arguments.text(source, "source")
         self.config.set_config(content, source)
         if self.sampler is not None:
             self._init_sampler()
@@ -166,6 +171,7 @@ class Llm:
 
     @property
     def kv_meta(self):
+        arguments.require_loaded(self, "kv_meta")
         return self.runtime_manager.kv_meta
 
     @contextmanager
@@ -182,14 +188,20 @@ class Llm:
 
     # -- text ------------------------------------------------------------------------
     def tokenizer_encode(self, text: str) -> list[int]:
+        text = arguments.text(text, "text")
+        arguments.require_loaded(self, "tokenizer_encode")
         return self.tokenizer.encode(text)
 
     def tokenizer_decode(self, ids: int | Sequence[int]) -> str:
-        if isinstance(ids, (int, np.integer)):
+        ids = arguments.token_id_or_ids(ids, "ids")
+        arguments.require_loaded(self, "tokenizer_decode")
+        if isinstance(ids, int):
             return self.tokenizer.decode_id(ids)
-        return self.tokenizer.decode(list(ids))
+        return self.tokenizer.decode(ids)
 
     def apply_chat_template(self, messages: Messages) -> str:
+        messages = arguments.messages(messages, "messages")
+        arguments.require_loaded(self, "apply_chat_template")
         return self.prompt.apply_chat_template(messages)
 
     # -- forward ---------------------------------------------------------------------
@@ -237,6 +249,10 @@ class Llm:
         `parents` the tokens are a tree (parents[i]: the index of token i's parent, -1 for a
         root, which follows the cache): each attends to the cache and its ancestors only, at
         position past + depth (speculative tree verification); all of them join the history."""
+        input_ids = arguments.token_ids(input_ids, "input_ids")
+        all_logits = arguments.optional_flag(all_logits, "all_logits")
+        parents = arguments.optional_indices(parents, "parents")
+        arguments.require_loaded(self, "forward")
         ids = self.tokenizer.check_ids(input_ids)
         if not ids:
             raise MnnllmError("forward needs at least one token", field="input_ids")
@@ -244,7 +260,7 @@ class Llm:
             raise MnnllmError(f"forward got {len(parents)} parents for {len(ids)} tokens", field="parents")
         all_logits = self.config.all_logits if all_logits is None else all_logits
         with self._exclusive("forward"):
-            return self._forward(ids, bool(all_logits), None if parents is None else [int(p) for p in parents])
+            return self._forward(ids, bool(all_logits), parents)
 
     def _forward(self, ids: list[int], all_logits: bool, parents: list[int] | None = None) -> np.ndarray:
         past = len(self.conversation)
@@ -306,6 +322,7 @@ class Llm:
         """How many leading tokens of `prompt_ids` the next generation takes from the KV cache:
         the common prefix with the history, less the last prompt token (it must run for logits);
         none when `reuse_kv`/`prompt_cache` turn reuse off (kv_reuse.py)."""
+        prompt_ids = arguments.token_ids(prompt_ids, "prompt_ids")
         if not reuse_enabled(self.config):
             return 0
         common = 0
@@ -340,6 +357,7 @@ class Llm:
     def make_sampler(self, overrides: Mapping[str, Any]) -> Sampler:
         """A sampler of the config with `overrides` (sampler keys) merged over it, for one call
         of generate/stream_ids/stream_text; the config and `self.sampler` stay as they are."""
+        overrides = arguments.mapping(overrides, "overrides")
         return Sampler(SamplerConfig.from_config({**self.config.to_dict(), **overrides}))
 
     def _generation_for(self, sampler: Sampler | None):
@@ -348,6 +366,10 @@ class Llm:
     def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
                  sampler: Sampler | None = None) -> list[int]:
         """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
+        self._budget(max_new_tokens)
+        input_ids = arguments.token_ids(input_ids, "input_ids")
+        sampler = arguments.instance(sampler, Sampler, "sampler")
+        arguments.require_loaded(self, "generate")
         return list(self.stream_ids(input_ids, max_new_tokens, sampler))
 
     def stream_ids(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
@@ -357,6 +379,9 @@ class Llm:
         after another call changed the conversation (a second stream, reset, forward), it raises
         ConcurrentUseError instead of continuing from someone else's cache."""
         budget = self._budget(max_new_tokens)
+        input_ids = arguments.token_ids(input_ids, "input_ids")
+        sampler = arguments.instance(sampler, Sampler, "sampler")
+        arguments.require_loaded(self, "stream_ids")
         new = self._start(self.tokenizer.check_ids(input_ids))
         steps = self._generation_for(sampler).generate(new, budget)
         mine = self._steps
@@ -388,6 +413,10 @@ class Llm:
         stop token is not part of the text. Multi-turn: pass the whole conversation;
         the KV cache of the common prefix is reused.
         """
+        prompt = arguments.messages(prompt, "prompt")
+        stream = arguments.flag(stream, "stream")
+        self._budget(max_new_tokens)
+        arguments.require_loaded(self, "response")
         ids = self._prompt_ids(prompt)
         pieces = self.stream_text(ids, max_new_tokens)
         return pieces if stream else "".join(pieces)
@@ -397,6 +426,10 @@ class Llm:
         """The answer to prompt ids as text pieces, the stop token left out. Stopped early
         (Ctrl-C, or the consumer closing the iterator), the status is STOPPED and the history
         holds the prompt and every token that ran through the model, the KV cache agreeing with it."""
+        ids = arguments.token_ids(ids, "ids")
+        self._budget(max_new_tokens)
+        sampler = arguments.instance(sampler, Sampler, "sampler")
+        arguments.require_loaded(self, "stream_text")
         decoder = self.tokenizer.stream()
         try:
             for token in self.stream_ids(ids, max_new_tokens, sampler):
@@ -423,6 +456,7 @@ class Llm:
 
     def placement(self) -> dict:
         """Where the ops of the most recently used clone ran (empty before the first forward)."""
+        arguments.require_loaded(self, "placement")
         modules = self.pool.modules() or [self.module]
         return modules[-1].placement()
 

@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import FormatError, MnnllmError, UnsupportedError
+from . import arguments
 from .config import LlmConfig
 from .llm import Llm, Messages
 from .deepstack import DEEPSTACK_INPUT, NO_DEEPSTACK, deepstack_rows, graph_takes_deepstack
@@ -66,6 +67,9 @@ class Omni(Llm):
     def tokenizer_encode(self, text: str, images: Mapping[str, Any] | None = None) -> list[int]:
         """MNN's Omni::tokenizer_encode: the ids of `text` with its <img> tags encoded (images named
         in the tags are paths or keys of `images`); the next generate() from these ids uses them."""
+        text = arguments.text(text, "text")
+        images = arguments.optional_mapping(images, "images")
+        arguments.require_loaded(self, "tokenizer_encode")
         plan = self._encode_plan(text, {**self._images, **(images or {})})
         self._pending = plan
         return list(plan.ids)
@@ -125,6 +129,7 @@ class Omni(Llm):
     def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None,
                  images: Mapping[str, Any] | None = None):
         """Llm.response, with `images` (name -> path, array or PIL image) that <img>NAME</img> tags name."""
+        images = arguments.optional_mapping(images, "images")
         self._images = dict(images or {})
         try:
             return super().response(prompt, stream, max_new_tokens)
@@ -143,6 +148,7 @@ class Omni(Llm):
         return PromptPlan.text(prompt_ids)
 
     def cached_prefix(self, prompt_ids: Sequence[int]) -> int:
+        prompt_ids = arguments.token_ids(prompt_ids, "prompt_ids")
         keys = self._plan_for(prompt_ids).keys
         common = 0
         for a, b in zip(self._keys, keys):
@@ -217,5 +223,6 @@ class Omni(Llm):
 
     def vision_placement(self) -> dict:
         """Where the vision encoder's ops ran (empty before the first image)."""
+        arguments.require_loaded(self, "vision_placement")
         return self._vision().placement()
 

@@ -37,7 +37,7 @@ from typing import Any, Mapping, Sequence
 
 import jinja2
 
-from mnnllm_core.errors import ConfigError, shorten
+from mnnllm_core.errors import ArgumentError, ConfigError, shorten
 from mnnllm_core.llm.config import LlmConfig
 from mnnllm_core.llm.template_sandbox import MAX_ITEMS, BoundedSandbox, render_bounded
 
@@ -179,7 +179,8 @@ def _as_message(message: ChatMessage) -> dict[str, Any]:
     if isinstance(message, Mapping) and isinstance(message.get("role"), str) \
             and "content" in message:
         return dict(message)
-    raise ValueError(f"a chat message needs a string 'role' and a 'content': {message!r}")
+    raise ArgumentError(f"a chat message needs a string 'role' and a 'content', got {shorten(repr(message), 80)}",
+                        field="messages")
 
 
 class Prompt:
@@ -244,7 +245,8 @@ def _render_legacy(templates: LegacyTemplates, chat: list[dict[str, Any]],
     for message in chat:
         role, content = message["role"], message["content"]
         if not isinstance(content, str):
-            raise ValueError(f"legacy templates need string content, got {content!r}")
+            raise ArgumentError(f"this model's prompt templates (no jinja) need str content, got "
+                                f"{type(content).__name__}", field="content")
         if role == "system" and content:
             parts.append(_fill(templates.system, role, content))
         elif role == "user":

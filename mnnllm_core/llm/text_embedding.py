@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import ConfigError, ContextLengthError, FormatError, MnnllmError, UnsupportedError
 from ..express.module import Module
 from ..express.static_module import Config
+from . import arguments
 from .config import LlmConfig
 from .disk_embedding import DiskEmbedding
 from .llm import Llm, Messages
@@ -72,9 +73,8 @@ class Embedding(Llm):
 
     def txt_embedding(self, text: str) -> np.ndarray:
         """The pooled, normalized embedding of `text`, [1, hidden]."""
-        if not isinstance(text, str):
-            raise MnnllmError(f"txt_embedding takes a str, got {type(text).__name__}", field="text")
-        self._require_loaded()
+        text = arguments.text(text, "text")
+        arguments.require_loaded(self, "txt_embedding")
         prompt = self.prompt.apply_chat_template(text)
         limit = self.config.max_all_tokens
         if self.tokenizer.exceeds(prompt, limit):
@@ -83,7 +83,8 @@ class Embedding(Llm):
 
     def ids_embedding(self, ids: Sequence[int]) -> np.ndarray:
         """The embedding of token ids as they are (no template), [1, hidden]."""
-        self._require_loaded()
+        ids = arguments.token_ids(ids, "ids")
+        arguments.require_loaded(self, "ids_embedding")
         ids = self.tokenizer.check_ids(ids)
         if not ids:
             raise MnnllmError("an embedding needs at least one token", field="input_ids")
@@ -113,15 +114,13 @@ class Embedding(Llm):
 
     def embeddings(self, texts: Sequence[str]) -> np.ndarray:
         """Each text's embedding, one row each: [len(texts), hidden]."""
+        texts = arguments.texts(texts, "texts")
         return np.concatenate([self.txt_embedding(t) for t in texts]) if texts else np.zeros((0, self.dim()),
                                                                                                np.float32)
 
     def placement(self) -> dict:
+        arguments.require_loaded(self, "placement")
         return self.module.placement()
-
-    def _require_loaded(self) -> None:
-        if self.module is None:
-            raise MnnllmError("the embedding model is not loaded: call load() first", field="load")
 
     def _too_long(self, message: str) -> ContextLengthError:
         return ContextLengthError(f"{message} (max_all_tokens; the exporter sets it to max_position_embeddings)",

@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import ConfigError
 from ..llm.llm import Llm
 from ..llm.sampler import Sampler
-from .errors import SERVER_ERROR, ApiError, error_body
+from .errors import SERVER_ERROR, ApiError, error_body, refused_as_bad_request
 from .sampling import sampler_overrides
 from .schemas import (ChatCompletionRequest, ChatFormat, CompletionFormat, CompletionRequest, SamplingRequest,
                       parse_json, usage, validate)
@@ -54,11 +54,8 @@ class ModelService:
 
     def chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
         messages = [m.as_template_message() for m in request.messages]
-        try:
-            text = self.llm.apply_chat_template(messages)
-        except ConfigError as err:  # the model's template refuses the conversation (roles, order)
-            raise ApiError(400, str(err), param="messages", code="invalid_value") from None
-        return self._encode(text)
+        with refused_as_bad_request("messages"):  # the template refuses the conversation, or its text
+            return self._encode(self.llm.apply_chat_template(messages))
 
     def _encode(self, text: str) -> list[int]:
         """Text as text: a client's <img>PATH</img> never makes a vision model (Omni) read a server file."""
@@ -66,7 +63,10 @@ class ModelService:
 
     def completion_prompt(self, request: CompletionRequest) -> list[int]:
         prompt = request.prompt
-        return list(prompt) if isinstance(prompt, list) else self._encode(prompt)
+        if isinstance(prompt, list):
+            return list(prompt)
+        with refused_as_bad_request("prompt"):
+            return self._encode(prompt)
 
     def generation(self, request: SamplingRequest, prompt_ids: list[int], prompt_field: str) -> Generation:
         """The job a validated request asks for, or a 400 when it does not fit the model."""

@@ -1,7 +1,8 @@
 """Errors answered in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from ..errors import MnnllmError
 
@@ -20,6 +21,18 @@ class ApiError(MnnllmError):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, kind=self.kind, param=self.param, code=self.code)
+
+
+@contextmanager
+def refused_as_bad_request(param: str) -> Iterator[None]:
+    """What the engine refuses while reading the request's own content (a template that refuses
+    the conversation, text that is not valid Unicode) is the client's fault: a 400 on `param`."""
+    try:
+        yield
+    except ApiError:
+        raise
+    except MnnllmError as err:
+        raise ApiError(400, str(err), param=param, code="invalid_value") from None
 
 
 def error_body(message: str, *, kind: str = INVALID_REQUEST, param: str | None = None,

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import ApiError
 
 MAX_STOP_SEQUENCES = 4
+MAX_TOKEN_DIGITS = 12  # a logit_bias key is a token id: ASCII digits, no vocabulary is larger
 
 
 class _Strict(BaseModel):
@@ -70,7 +71,7 @@ class SamplingRequest(_Strict):
     @classmethod
     def _bias_by_token_id(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         for token, bias in (value or {}).items():
-            if not token.isdigit() or not -100 <= bias <= 100:
+            if not (token.isascii() and token.isdigit() and len(token) <= MAX_TOKEN_DIGITS) or not -100 <= bias <= 100:
                 raise ValueError("logit_bias maps token ids to biases in [-100, 100]")
         return value
 
@@ -136,6 +137,9 @@ def parse_json(body: bytes) -> Any:
         return json.loads(body, parse_constant=refuse)
     except (ValueError, UnicodeDecodeError) as err:
         raise ApiError(400, f"We could not parse the JSON body of your request: {err}",
+                       code="invalid_json") from None
+    except RecursionError:  # arrays or objects nested thousands deep: no request needs more than a few
+        raise ApiError(400, "We could not parse the JSON body of your request: it is nested too deeply.",
                        code="invalid_json") from None
 
 
