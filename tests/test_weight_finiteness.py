@@ -38,8 +38,7 @@ def _op(folder: Path, kind: str, quant_type: int | None):
             continue
         quan = getattr(main, "quanParameter", None)
         if kind != "Convolution" or (quan is not None and int(quan.type) == quant_type):
-            name = op.name.decode() if isinstance(op.name, bytes) else op.name
-            return name, [int(v) for v in main.external], quan
+            return op.name, [int(v) for v in main.external], quan
     raise AssertionError(f"no {kind} op with external weights in {folder}")
 
 

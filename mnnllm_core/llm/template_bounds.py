@@ -50,7 +50,7 @@ def bound() -> int:
 def check(size: int, what: str) -> None:
     limit = bound()
     if size > limit:
-        raise TemplateLimit(f"{what} would build {size} items (the bound is {limit})")
+        raise TemplateLimit(f"{what} would build at least {size} items (the bound is {limit})")
 
 
 def check_number(value: Any) -> None:

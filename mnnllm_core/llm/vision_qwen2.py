@@ -72,8 +72,9 @@ class Qwen2VisionEncoder(VisionEncoder):
         return size[0], size[1]
 
     def pixels(self, image: ImageSource, height: int | None, width: int | None) -> np.ndarray:
-        """[3, H, W]: the image resized (MNN's bilinear) and normalized."""
-        return resize_normalize(load_image(image), *self.target_size(height, width), self.mean, self.norm)
+        """[3, H, W]: the image resized (MNN's bilinear) and normalized; its size is checked first."""
+        size = self.target_size(height, width)
+        return resize_normalize(load_image(image), *size, self.mean, self.norm)
 
     def _encode(self, image: ImageSource, height: int | None, width: int | None) -> VisionOutput:
         pixels = self.pixels(image, height, width)
