@@ -66,6 +66,15 @@ def check_built(value: Any, what: str) -> Any:
     return value
 
 
+def estimated(estimator: Callable[..., int], *args: Any, **kwargs: Any) -> int:
+    """`estimator(*args, **kwargs)`, or 0 when the arguments are ones the operation itself will
+    refuse (its own error then says why); a TemplateLimit goes through."""
+    try:
+        return estimator(*args, **kwargs)
+    except (TypeError, ValueError, LookupError, AttributeError):
+        return 0
+
+
 def text_size(value: Any, limit: int | None = None) -> int:
     """At least len(str(value)), without building it: a string's length, a container's items'
     sizes plus two per item; counting stops once past `limit` (the bound)."""

@@ -23,7 +23,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import _PassArg, pass_context
 
 from .template_bounds import (BUILDING_FILTERS, GLOBALS, MAX_INT_BITS, MAX_ITEMS, STR_METHODS, TemplateLimit,
-                              bounded_items, check, check_built, check_number, percent_size, format_size,
+                              bounded_items, check, check_built, check_number, estimated, format_size, percent_size,
                               render_bound, text_size)
 
 MAX_SECONDS = 5.0  # to render one prompt: real templates take milliseconds
@@ -50,7 +50,7 @@ def _check_binop(op: str, left: Any, right: Any) -> None:
                 and left.bit_length() * right > MAX_INT_BITS:
             raise TemplateLimit(f"'**' would build an integer of more than {MAX_INT_BITS} bits")
     elif op == "%" and isinstance(left, str):
-        check(percent_size(left, right), "'%'")
+        check(estimated(percent_size, left, right), "'%'")
 
 
 def _is_int(value: Any) -> bool:
@@ -70,11 +70,7 @@ def _bounded_filter(name: str, function: Callable) -> Callable:
         if estimate is not None:
             if len(args) > passed and isinstance(args[passed], IteratorABC):
                 args = (*args[:passed], bounded_items(args[passed]), *args[passed + 1:])
-            try:
-                size = estimate(*args[passed:], **kwargs)
-            except TypeError:  # arguments the filter itself will refuse
-                size = 0
-            check(size, f"the filter {name!r}")
+            check(estimated(estimate, *args[passed:], **kwargs), f"the filter {name!r}")
         return check_built(function(*args, **kwargs), f"the filter {name!r}")
     return bounded
 
@@ -86,10 +82,7 @@ def _method_size(method: Any, args: tuple, kwargs: dict) -> int:
     estimate = STR_METHODS.get(name) if isinstance(owner, str) else GLOBALS.get(name)
     if estimate is None:
         return 0
-    try:
-        return estimate(owner, *args, **kwargs) if isinstance(owner, str) else estimate(*args, **kwargs)
-    except TypeError:
-        return 0
+    return estimated(estimate, *((owner,) if isinstance(owner, str) else ()), *args, **kwargs)
 
 
 class _BoundedCodeGenerator(CodeGenerator):
@@ -158,7 +151,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
 
         def bounded_format(*args, **kwargs):
             mapping = args[0] if is_map and args else kwargs
-            check(format_size(text, () if is_map else args, mapping), "str.format")
+            check(estimated(format_size, text, () if is_map else args, mapping), "str.format")
             return wrapped(*args, **kwargs)
         return bounded_format
 
