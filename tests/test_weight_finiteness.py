@@ -99,3 +99,17 @@ def test_the_copies_load_and_answer_when_nothing_is_changed(tmp_path):
     model = mnnllm_core.create(str(folder))
     model.set_config({"memory": "low", "sampler_type": "greedy"})
     assert model.load().response("Hi", max_new_tokens=2)
+
+
+def test_a_non_finite_bf16_embedding_row_is_refused_when_read(tmp_path):
+    """embeddings_bf16.bin is read a row per token (never whole): the row is checked as it is decoded."""
+    folder = _copy(MODELS / "arch3" / "tiny-llama4_text_dense-mnn-q4", tmp_path)
+    model = mnnllm_core.create(str(folder)).load()
+    token = model.tokenizer.encode("Hi")[-1]
+    hidden = int(model.config.hidden_size)
+    _poke(folder / "embeddings_bf16.bin", (token * hidden + 3) * 2, np.uint16(0x7F80).tobytes())  # +inf
+    corrupt = mnnllm_core.create(str(folder)).load()
+    with pytest.raises(FormatError) as err:
+        corrupt.response("Hi", max_new_tokens=1)
+    assert err.value.field == "embedding" and Path(err.value.file).name == "embeddings_bf16.bin"
+    assert f"token {token}'s row, value 3 is inf" in str(err.value)
