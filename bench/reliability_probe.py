@@ -390,6 +390,68 @@ CASES += [
         ("message content '\\ud800'", "b'{\"messages\": [{\"role\": \"user\", \"content\": \"\\\\ud800\"}]}'"),
         ("logit_bias key '\u00b2'", "json.dumps({'messages': [{'role': 'user', 'content': 'Hi'}], "
                                      "'logit_bias': {'\u00b2': 1}})"))],
+    # issue 29 items 8-10: images sized before they are bounded, `~` unbounded, non-finite weights
+    *[Case("model files, configs, graphs, vision inputs", name, code=textwrap.dedent(f"""
+        import shutil, time, numpy as np
+        from pathlib import Path
+        import mnnllm_core
+        from mnnllm_core.errors import ConfigError, ContextLengthError, FormatError
+        from mnnllm_core.schema.reader import op_type_name, read_net_file
+        VL = {str(SHARED / "models" / "vl")!r}
+        def poke(folder, quant_type, at, raw):
+            op = next(o for o in read_net_file(str(folder / 'llm.mnn')).oplists if op_type_name(o.type) == 'Convolution'
+                      and o.main.quanParameter is not None and int(o.main.quanParameter.type) == quant_type)
+            w = folder / 'llm.mnn.weight'; data = bytearray(w.read_bytes()); w.unlink()
+            start = int(op.main.external[0]) + (int(op.main.external[1]) if quant_type == 1 else 0) + at
+            data[start:start + len(raw)] = raw; w.write_bytes(bytes(data))
+            return op.name
+        def refused(error, call):
+            start = time.perf_counter()
+            try: call(); raise SystemExit('accepted')
+            except error as err: assert time.perf_counter() - start < 5, time.perf_counter() - start; return err
+        def vl():
+            llm = mnnllm_core.create(VL + '/tiny-qwen2_vl-mnn-q4'); llm.set_config({{'sampler_type': 'greedy'}})
+            return llm.load()
+        image = VL + '/test_image.png'
+        """) + body) for name, body in [
+        ("a NaN quantization scale in llm.mnn.weight", textwrap.dedent("""
+            folder = Path({model!r}).parent
+            name = poke(folder, 1, 2, np.float16(np.nan).tobytes())
+            err = refused(FormatError, lambda: mnnllm_core.create(str(folder)).load())
+            assert repr(name) in str(err) and 'llm.mnn.weight' in str(err), err; print('OK')""")),
+        ("an infinite fp16 weight (tiny Qwen2-VL)", textwrap.dedent("""
+            folder = Path('fp16'); shutil.copytree(VL + '/tiny-qwen2_vl-mnn-fp16', folder)
+            name = poke(folder, 3, 2000, np.float16(np.inf).tobytes())
+            err = refused(FormatError, lambda: mnnllm_core.create(str(folder)).load())
+            assert repr(name) in str(err) and 'llm.mnn.weight' in str(err), err; print('OK')""")),
+        ("<hw>100000,100000</hw> image", textwrap.dedent("""
+            llm = vl(); err = refused(ConfigError, lambda: llm.response(f'<img><hw>100000,100000</hw>{image}</img>Hi'))
+            assert err.field == 'hw', err; print('OK')""")),
+        ("<hw>2000,2000</hw> image", textwrap.dedent("""
+            llm = vl(); err = refused(ContextLengthError, lambda: llm.response(f'<img><hw>2000,2000</hw>{image}</img>Hi'))
+            assert err.field == 'hw', err; print('OK')""")),
+        ("a (1, 10**6, 3) image array", textwrap.dedent("""
+            import resource
+            llm = vl(); start = time.perf_counter()
+            llm.response([{'role': 'user', 'content': [{'type': 'image', 'image': np.ones((1, 10**6, 3), np.float32)},
+                                                       {'type': 'text', 'text': 'Hi'}]}], max_new_tokens=2)
+            assert time.perf_counter() - start < 10
+            assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < 2 << 20; print('OK')""")),
+        ("an all-NaN image array", textwrap.dedent("""
+            llm = vl(); nan = np.full((64, 64, 3), np.nan, np.float32)
+            err = refused(FormatError, lambda: llm.response([{'role': 'user', 'content': [
+                {'type': 'image', 'image': nan}, {'type': 'text', 'text': 'Hi'}]}]))
+            assert err.field == 'image', err; print('OK')""")),
+    ]],
+    *[Case("templates", name, RUN + [QUESTION], llm_config(**{"jinja.chat_template": template})) for name, template in [
+        ("29 doublings with ~", "{% set ns = namespace(s='a') %}{% for i in range(29) %}{% set ns.s = ns.s ~ ns.s %}"
+                                "{% endfor %}{{ ns.s|length }}"),
+        ("join of a list of references", "{% set s = 'a' * 1000000 %}{{ ([s] * 1000)|join|length }}"),
+        ("indent of a million lines", "{{ ('x\\n' * 500000)|indent(1000)|length }}"),
+        ("'{0}' * 1000 format of a long string", "{% set s = 'a' * 1000000 %}{{ ('{0}' * 1000).format(s)|length }}"),
+        ("a captured block", "{% set s = 'a' * 1000000 %}{% set t %}{% for i in range(1000) %}{{ s }}{% endfor %}"
+                             "{% endset %}{{ t|length }}"),
+    ]],
 ]
 
 

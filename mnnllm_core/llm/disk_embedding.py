@@ -3,7 +3,7 @@
 The table is never loaded: rows come from `embeddings_bf16.bin` (raw bf16 [vocab, hidden]), or,
 quantized (`quantized_rows.py`), from the tied lm_head's rows in the weight file or from
 `embeddings_int8.bin` / `embeddings_int4.bin` (`tie_embeddings` describes either), all
-memory-mapped, so only the pages of the requested rows are touched.
+memory-mapped, so only the pages of the requested rows are touched. A row must be finite.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from ..core.weights.file import ExternalWeightFile
+from ..core.weights.finite import check_finite
 from ..errors import ConfigError, FormatError
 from .config import LlmConfig
 from .quantized_rows import QuantizedRows
@@ -79,8 +80,12 @@ class DiskEmbedding:
         return out
 
     def _row(self, token: int) -> np.ndarray:
+        """Row `token`, which must be finite (a corrupt file decodes to NaN or infinity)."""
         if self.source == "bf16":
             self.bytes_read += self.row_bytes
-            return self.table.row(token)
-        self.bytes_read += self.rows.bytes_per_row
-        return self.rows.row(token)
+            row = self.table.row(token)
+        else:
+            self.bytes_read += self.rows.bytes_per_row
+            row = self.rows.row(token)
+        check_finite(row, f"token {token}'s row, value", "embedding", str(self.file.path), "embedding")
+        return row

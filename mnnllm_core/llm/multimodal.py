@@ -5,13 +5,14 @@ expanded, the image embeddings to write over the placeholders, and M-RoPE positi
 from __future__ import annotations
 
 import hashlib
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, shorten
 
 IMG_TAG = re.compile(r"<img>(.*?)</img>", re.S)
 HW_TAG = re.compile(r"<hw>(.*?)</hw>", re.S)
@@ -32,8 +33,16 @@ def parse_image_content(content: str) -> tuple[str, int | None, int | None]:
 
 
 def image_tag(name: str, height: int | None = None, width: int | None = None) -> str:
-    hw = f"<hw>{int(height)},{int(width)}</hw>" if height is not None and width is not None else ""
-    return f"<img>{hw}{name}</img>"
+    if height is None or width is None:
+        return f"<img>{name}</img>"
+    sizes = []
+    for value, key in ((height, "height"), (width, "width")):
+        try:
+            sizes.append(operator.index(value))
+        except TypeError:
+            raise ConfigError(f"an image part's {key} must be an integer, got {shorten(repr(value))}",
+                              field=key) from None
+    return f"<img><hw>{sizes[0]},{sizes[1]}</hw>{name}</img>"
 
 
 def inline_image_parts(messages: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ConfigError, FormatError
+from ..errors import ConfigError, ContextLengthError, FormatError
 from ..express.module import Module, NetModule
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
@@ -23,6 +23,7 @@ from .image import ImageSource
 
 DEFAULT_MEAN = [122.7709383, 116.7460125, 104.09373615]
 DEFAULT_NORM = [0.01459843, 0.01500777, 0.01422007]
+DEFAULT_MAX_SIZE = 2048  # MNN's Omni reads image_max_size with this default
 
 
 @dataclass
@@ -69,6 +70,10 @@ class VisionEncoder:
             if not (isinstance(value, list) and len(value) == 3 and all(isinstance(v, (int, float)) for v in value)):
                 raise ConfigError(f"{key} must be a list of three numbers, got {value!r}",
                                   file=config.origin(key), field=key)
+        self.max_side = config.get("image_max_size", DEFAULT_MAX_SIZE)
+        if not isinstance(self.max_side, int) or isinstance(self.max_side, bool) or self.max_side < 1:
+            raise ConfigError(f"image_max_size must be a positive integer, got {self.max_side!r}",
+                              file=config.origin("image_max_size") or config.source, field="image_max_size")
         self.vision_us = 0
 
     def encode(self, image: ImageSource, height: int | None = None, width: int | None = None) -> VisionOutput:
@@ -83,6 +88,26 @@ class VisionEncoder:
     def target_size(self, height: int | None, width: int | None) -> tuple[int, int]:
         """The (height, width) an image with this <hw> tag (None: none) is resized to."""
         raise NotImplementedError
+
+    def requested_size(self, height: int | None, width: int | None) -> tuple[int, int]:
+        """The <hw> tag's height and width (image_size without one), each at most image_max_size:
+        checked before any pixel is resized or any patch built."""
+        size = []
+        for value, name in ((height, "height"), (width, "width")):
+            field = "hw" if value is not None else "image_size"
+            value = self.image_size if value is None else int(value)
+            if value > self.max_side:
+                raise ConfigError(f"an image {name} of {value} is larger than image_max_size {self.max_side}",
+                                  file=None if field == "hw" else self.config.origin("image_size"), field=field)
+            size.append(value)
+        return size[0], size[1]
+
+    def check_tokens(self, tokens: int, height: int, width: int) -> None:
+        """An image whose tokens alone pass max_all_tokens is refused before it is encoded."""
+        limit = self.config.max_all_tokens
+        if tokens > limit:
+            raise ContextLengthError(f"an image resized to {height}x{width} stands for {tokens} tokens; "
+                                     f"max_all_tokens is {limit}", field="hw")
 
     def _rows(self, array: np.ndarray, batch: int, output: str) -> np.ndarray:
         """An encoder output as [batch, tokens, hidden_size] float32."""

@@ -27,7 +27,7 @@ class Idefics3VisionEncoder(VisionEncoder):
     def __init__(self, config, module, tokenizer):
         super().__init__(config, module, tokenizer)
         self.unit = self._size("image_size_unit", 14)
-        self.max_size = self._size("image_max_size", 448)
+        self.max_size = self.max_side  # tiles past it are clamped to it, as MNN does
         if self.max_size < self.unit:
             raise ConfigError(f"image_max_size {self.max_size} is below image_size_unit {self.unit}",
                               file=config.origin("image_max_size") or config.source, field="image_max_size")
@@ -85,9 +85,10 @@ class Idefics3VisionEncoder(VisionEncoder):
         rows = [global_rows]
         size = self.target_size(height, width)
         if parts is not None:
+            grid_h, grid_w = size[0] // self.unit, size[1] // self.unit
+            self.check_tokens((grid_h * grid_w + 1) * (count + 2) + grid_h + 1, size[0], size[1])
             tile_rows = self._rows(self.module.forward({"pixel_values": parts})[0], len(parts), "image_embeds")
             rows = list(tile_rows) + rows
-            grid_h, grid_w = size[0] // self.unit, size[1] // self.unit
             for r in range(grid_h):
                 for c in range(grid_w):
                     ids += [self.start, self._first_id(f"<row_{r + 1}_col_{c + 1}>")] + [self.pad] * count

@@ -59,21 +59,22 @@ class Qwen2VisionEncoder(VisionEncoder):
 
     def target_size(self, height: int | None, width: int | None) -> tuple[int, int]:
         """MNN's size: the <hw> tag's (or image_size's) height and width rounded to multiples of
-        patch x merge."""
+        patch x merge; each side at most image_max_size, and the image's tokens within max_all_tokens."""
         unit = self.patch_size * MERGE_SIZE
         size = []
-        for value, name in ((height, "height"), (width, "width")):
-            value = self.image_size if value is None else int(value)
+        for value, name in zip(self.requested_size(height, width), ("height", "width")):
             rounded = round_half_up(value / unit) * unit
             if rounded < unit:
                 raise UnsupportedError(f"an image {name} of {value} rounds to {rounded}: at least {unit // 2} needed",
                                        field="hw")
             size.append(rounded)
+        self.check_tokens((size[0] // unit) * (size[1] // unit) + 2, size[0], size[1])
         return size[0], size[1]
 
     def pixels(self, image: ImageSource, height: int | None, width: int | None) -> np.ndarray:
-        """[3, H, W]: the image resized (MNN's bilinear) and normalized."""
-        return resize_normalize(load_image(image), *self.target_size(height, width), self.mean, self.norm)
+        """[3, H, W]: the image resized (MNN's bilinear) and normalized; its size is checked first."""
+        size = self.target_size(height, width)
+        return resize_normalize(load_image(image), *size, self.mean, self.norm)
 
     def _encode(self, image: ImageSource, height: int | None, width: int | None) -> VisionOutput:
         pixels = self.pixels(image, height, width)

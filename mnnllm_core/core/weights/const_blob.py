@@ -1,5 +1,6 @@
 """A Const op's Blob as a numpy array: inline values (fp16/bf16 ones stored as their raw bytes
-widened to fp32), or external bytes in the weight file."""
+widened to fp32), or external bytes in the weight file; fp16/bf16 values must be finite (checked
+as they are widened: a corrupt weight file)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,6 +9,7 @@ from ...errors import FormatError, UnsupportedError
 from ..dtypes import (DT_BFLOAT16, DT_DOUBLE, DT_FLOAT, DT_HALF, DT_INT8, DT_INT16, DT_INT32, DT_INT64, DT_UINT8,
                       runtime_dtype)
 from .file import ExternalWeightFile
+from .finite import convert_checked
 
 # how each DataType is stored in the weight file (bf16 as its raw 16 bits, widened on read)
 EXTERNAL_DTYPES = {DT_FLOAT: "<f4", DT_DOUBLE: "<f8", DT_INT32: "<i4", DT_UINT8: "u1", DT_INT16: "<i2", DT_INT8: "i1",
@@ -30,8 +32,9 @@ def blob_to_array(blob, op_name: str, weight_file: ExternalWeightFile | None, pa
             raise FormatError(f"const {op_name!r}: {size} external bytes are not a whole number of {source} values",
                               file=path, field="external")
         data = raw.view(source)
-        if int(blob.dataType) == DT_BFLOAT16:
-            data = (data.astype(np.uint32) << 16).view(np.float32)
+        if int(blob.dataType) in (DT_BFLOAT16, DT_HALF):
+            data = convert_checked(data, np.float32, "value", op_name, str(weight_file.path), field="external",
+                                   widen_bf16=int(blob.dataType) == DT_BFLOAT16)
     else:
         data = next((v for v in (blob.float32s, blob.int32s, blob.int64s, blob.uint8s, blob.int8s) if v is not None),
                     np.zeros(0, dtype))
@@ -54,6 +57,5 @@ def _widen_16bit(raw: np.ndarray, data_type: int, op_name: str, path: str) -> np
     if raw.size % 2:
         raise FormatError(f"const {op_name!r}: {raw.size} bytes are not a whole number of 16-bit values",
                           file=path, field="uint8s")
-    if data_type == DT_HALF:
-        return raw.view("<f2").astype(np.float32)
-    return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+    return convert_checked(raw.view("<f2" if data_type == DT_HALF else "<u2"), np.float32, "value", op_name, path,
+                           field="uint8s", widen_bf16=data_type == DT_BFLOAT16)

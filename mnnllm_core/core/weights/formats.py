@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from ...errors import FormatError
 from ..expert_program import SILU_GLU, ExpertProgram
+from .finite import convert_checked
 
 if TYPE_CHECKING:
     from ..backend import Refused
@@ -146,13 +147,17 @@ class FloatWeight:
     oc: int
     ic: int
     data: np.ndarray = field(repr=False)
+    file: str | None = field(default=None, repr=False)
+    op_name: str | None = field(default=None, repr=False)
 
     def dequantize(self, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """A fresh [oc, ic] array (fp16 -> fp32 is exact)."""
-        return np.array(self.data, dtype=dtype)
+        """A fresh [oc, ic] array (fp16 -> fp32 is exact); a NaN or infinite weight is a FormatError
+        (checked on each chunk as it is converted)."""
+        return convert_checked(self.data, dtype, "weight", self.op_name, self.file)
 
     def dequantize_rows(self, rows: npt.ArrayLike) -> np.ndarray:
-        return np.array(self.data[_row_indices(rows, self.oc)], dtype=np.float32)
+        return convert_checked(self.data[_row_indices(rows, self.oc)], np.float32, "weight of the rows read",
+                               self.op_name, self.file)
 
 
 def _row_indices(rows: npt.ArrayLike, oc: int) -> np.ndarray:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import FormatError, UnsupportedError
+from .finite import check_finite
 from .formats import ConvolutionWeight, FloatWeight, QuantizedWeight
 
 # MNN's IDSTQuan.type values.
@@ -72,17 +73,20 @@ def decode_convolution_weight(
     common.outputCount/inputCount, `shape_int32`, `scale_storage`, `quant_type` =
     quanParameter.type (None when the op has no quanParameter: fp32 weights),
     `a_min` = aMin, `quant_scale` = quantScale, `asymmetric` = `is_asymmetric(...)`.
-    Every count is checked against the bytes present: a corrupt block raises
-    FormatError naming the file and op rather than decoding garbage.
+    Every count is checked against the bytes present, and every scale and zero point
+    must be finite: a corrupt block raises FormatError naming the file and op rather
+    than decoding garbage. Float weights are checked as they are converted (FloatWeight).
     """
     weight_bytes = _as_uint8(weight_bytes)
     alpha_bytes = _as_uint8(alpha_bytes)
     if oc <= 0 or ic <= 0:
         raise FormatError(f"op {op_name!r}: weight shape [{oc}, {ic}] is empty", file=file, field="common")
     if quant_type is None:
-        return FloatWeight(oc, ic, _float_matrix(weight_bytes, "<f4", oc, ic, file=file, op_name=op_name))
+        return FloatWeight(oc, ic, _float_matrix(weight_bytes, "<f4", oc, ic, file=file, op_name=op_name),
+                           file=file, op_name=op_name)
     if quant_type == QUANT_FP16:
-        return FloatWeight(oc, ic, _float_matrix(weight_bytes, "<f2", oc, ic, file=file, op_name=op_name))
+        return FloatWeight(oc, ic, _float_matrix(weight_bytes, "<f2", oc, ic, file=file, op_name=op_name),
+                           file=file, op_name=op_name)
     if quant_type == QUANT_INT8:
         if weight_bytes.size != oc * ic:
             raise FormatError(f"op {op_name!r}: int8 weight holds {weight_bytes.size} bytes, "
@@ -104,6 +108,8 @@ def decode_convolution_weight(
         zero = zero - clamp_min * scale
     if quant_scale != 1.0 and not _is_old_type4(quant_type, a_min, quant_scale):
         zero, scale = zero * np.float32(quant_scale), scale * np.float32(quant_scale)
+    check_finite(scale, "quantization scale", op_name, file, "alpha")
+    check_finite(zero, "quantization zero point", op_name, file, "alpha")
     return QuantizedWeight(bits=code_bits, block_size=ic // zero.shape[1], oc=oc, ic=ic, packed=packed,
                            zero=zero, scale=scale, value_map=value_map, file=file, op_name=op_name)
 
@@ -174,7 +180,9 @@ def decode_bias(bias_bytes: np.ndarray, oc: int, *, file: str | None = None,
     if bias_bytes.size != 4 * oc:
         raise FormatError(f"op {op_name!r}: bias holds {bias_bytes.size} bytes, {oc} fp32 values need {4 * oc}",
                           file=file, field="bias")
-    return bias_bytes.view("<f4").astype(np.float32)
+    bias = bias_bytes.view("<f4").astype(np.float32)
+    check_finite(bias, "bias", op_name, file, "bias")
+    return bias
 
 
 def decode_layernorm(gamma_bytes: np.ndarray, beta_bytes: np.ndarray, *, file: str | None = None,
@@ -185,7 +193,10 @@ def decode_layernorm(gamma_bytes: np.ndarray, beta_bytes: np.ndarray, *, file: s
         if raw.size % 4:
             raise FormatError(f"op {op_name!r}: {name} holds {raw.size} bytes, not a whole number of fp32",
                               file=file, field=name)
-        parts.append(raw.view("<f4").astype(np.float32) if raw.size else None)
+        part = raw.view("<f4").astype(np.float32) if raw.size else None
+        if part is not None:
+            check_finite(part, name, op_name, file, name)
+        parts.append(part)
     gamma, beta = parts
     if gamma is not None and beta is not None and gamma.size != beta.size:
         raise FormatError(f"op {op_name!r}: gamma has {gamma.size} values, beta {beta.size}",
