@@ -70,8 +70,8 @@ def test_staging_folders_of_a_killed_export_are_removed(tmp_path, fake_export):
     models.mkdir(parents=True)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    orphan = models / f".{default_model.DEFAULT_MODEL_NAME}-{dead}-abcd"
-    live = models / f".{default_model.DEFAULT_MODEL_NAME}-{os.getpid()}-efgh"
+    orphan = models / f".{default_model.DEFAULT_MODEL_NAME}-{dead}-abcdefgh"
+    live = models / f".{default_model.DEFAULT_MODEL_NAME}-{os.getpid()}-efghijkl"
     for folder in (orphan, live):
         folder.mkdir()
         (folder / "llm.mnn.weight").write_bytes(b"partial")
