@@ -65,3 +65,35 @@ def test_forwards_of_2_to_8_tokens_match_the_panel_gemm_they_replace(monkeypatch
         assert few.shape == gemm.shape and few.shape[0] == tokens
         assert np.array_equal(few.argmax(axis=1), gemm.argmax(axis=1))
         np.testing.assert_allclose(few, gemm, rtol=0, atol=1e-4 * np.abs(gemm).max())  # seen: 4e-6
+
+
+def _rows_and_singles(llm, ids, tokens):
+    """The logits of a `tokens`-token forward after ids[:-tokens], and those of one-token forwards."""
+    llm.reset()
+    llm.forward(ids[:-tokens])
+    together = llm.forward(ids[-tokens:], all_logits=True).reshape(tokens, -1).copy()
+    llm.reset()
+    llm.forward(ids[:-tokens])
+    singles = np.stack([llm.forward([token]).reshape(-1).copy() for token in ids[-tokens:]])
+    return together, singles
+
+
+@pytest.mark.slow
+def test_a_few_token_forward_equals_one_token_forwards_bit_for_bit_on_packed_weights():
+    llm = load("low")
+    ids = PROMPTS[0]["prompt_ids"][:20]
+    for tokens in (2, 4, 5, 8):
+        together, singles = _rows_and_singles(llm, ids, tokens)
+        assert np.array_equal(together, singles)
+
+
+@pytest.mark.slow
+def test_a_few_token_forward_on_fp32_weights_is_within_blas_rounding_of_one_token_forwards():
+    """memory "normal" runs OpenBLAS (GEMV for one row, GEMM for more), whose sums are ordered
+    differently: the rows agree to float32 rounding (seen: 4e-6 of the largest logit), not bit for bit."""
+    llm = load("normal")
+    ids = PROMPTS[0]["prompt_ids"][:20]
+    for tokens in (2, 4, 8):
+        together, singles = _rows_and_singles(llm, ids, tokens)
+        assert np.array_equal(together.argmax(axis=1), singles.argmax(axis=1))
+        np.testing.assert_allclose(together, singles, rtol=0, atol=2e-5 * np.abs(singles).max())

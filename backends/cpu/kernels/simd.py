@@ -8,7 +8,7 @@ alphas on any x86-64 with AVX2+FMA+F16C (and the equivalent NEON on arm64).
 """
 from __future__ import annotations
 
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -242,7 +242,7 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
     value and a count of at most TOKENS_A_PASS, see `_few_tokens_dot`)."""
     code_p, alpha_p, xe_p, xo_p, xs_p, out_p = pointers
     c_start_v, a_start_v, x_stride_v, blocks, per_block, o_start_v, o_stride_v = values
-    per_pass = 2  # vectors of rows a pass: its tokens * per_pass partial sums stay in registers
+    per_pass = FEW_VECTORS_A_PASS
     mask, four = ir.Constant(_VI, [15] * LANES), ir.Constant(_VI, [4] * LANES)
     middle = ir.Constant(VF, [8.0 if bits == 4 else 0.0] * LANES)
     token_rows = [builder.add(first_token, i64(t)) for t in range(tokens)]
@@ -293,6 +293,19 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
                 store_vector(builder, builder.load(acc[t * per_pass + u]), out_p, builder.add(row, i64(u * LANES)))
 
 
+def _vectors_a_pass() -> int:
+    """Vectors of 8 rows a few-token pass covers: its TOKENS_A_PASS * this partial sums, the
+    widened codes and the broadcasts must stay in registers. AVX-512VL gives numba's host target
+    32 vector registers (the whole group of 4 vectors: each hi/lo FMA chain has enough independent
+    neighbours to hide the FMA latency); 16 registers (AVX2, NEON's 128-bit pairs) hold 2."""
+    try:
+        wide = bool(binding.get_host_cpu_features().get("avx512vl"))
+    except RuntimeError:  # no feature query on this platform
+        wide = False
+    return _VECTORS if wide else 2
+
+
+FEW_VECTORS_A_PASS = _vectors_a_pass()
 FEW_TOKENS_MAX = 8  # token rows the few-token kernels take at once
 TOKENS_A_PASS = 4  # more rows go as two passes, each widening the codes again (from cache): a pass's
 # x broadcasts then stay within the load ports' share
