@@ -65,8 +65,10 @@ def _few_tokens(threads: int) -> None:
 
 
 def _matmul(threads: int) -> None:
+    """The one-thread GEMM too: a later one-thread run then finds every kernel it needs cached."""
     for weight in _weights():
-        linear.matmul(weight, np.zeros((2, _IC), np.float32), np.zeros((2, GROUP_ROWS), np.float32), threads)
+        for count in {1, threads}:
+            linear.matmul(weight, np.zeros((2, _IC), np.float32), np.zeros((2, GROUP_ROWS), np.float32), count)
 
 
 def _rows(threads: int) -> None:
@@ -112,9 +114,11 @@ PARTS: dict[str, tuple[Callable[[int], None], float]] = {
 def warm_up(threads: int) -> None:
     """Load the kernels for `threads` threads (fp16 alphas, int4 and int8 codes), compiling them
     first, in parallel processes, when this machine's cache lacks them."""
-    marker = Path(numba.config.CACHE_DIR) / f"warm-{SOURCE_DIGEST}-{'parallel' if threads > 1 else 'serial'}"
-    if not marker.exists():
-        _compile(threads, marker.parent)
+    cache = Path(numba.config.CACHE_DIR)
+    marker = cache / f"warm-{SOURCE_DIGEST}-{'parallel' if threads > 1 else 'serial'}"
+    covering = [marker, cache / f"warm-{SOURCE_DIGEST}-parallel"]  # a parallel warm-up loads the serial kernels too
+    if not any(path.exists() for path in covering):
+        _compile(threads, cache)
     for run, _ in PARTS.values():
         run(threads)
     try:
