@@ -137,8 +137,14 @@ def _compile(threads: int, cache: Path) -> None:
     log.warning("compiling the cpu kernels for this machine, once: about %.0f s in %d process%s (later runs "
                 "load them from %s)", expected, processes, "es" if processes > 1 else "", cache)
     start = time.perf_counter()
-    workers = [subprocess.Popen([sys.executable, "-m", __name__, str(threads), *share], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True) for share in shares[1:]]
+    workers = []
+    for share in shares[1:]:
+        try:
+            workers.append(subprocess.Popen([sys.executable, "-m", __name__, str(threads), *share],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        except OSError as err:  # no interpreter to start (an embedded Python): this process compiles it all
+            log.warning("no compile process (%s): compiling the cpu kernels in this one", err)
+            break
     for name in shares[0]:
         PARTS[name][0](threads)
     for worker, share in zip(workers, shares[1:]):
