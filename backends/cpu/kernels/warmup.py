@@ -104,11 +104,12 @@ def _delta_rule(threads: int) -> None:
         delta_rule._scan_parallel(qk, qk, qk, gates, gates, state, qk.copy(), 0)
 
 
-# each part and the seconds its first compile took for 2 threads (2-core EPYC, numba 0.68):
-# the compile processes get parts of about equal total time
+# each part and the seconds its first compile took for 2 threads (2-core EPYC, numba 0.68, a quiet
+# machine; "rows" runs first in its process and includes numba's own first compiles): the compile
+# processes get parts of about equal total time
 PARTS: dict[str, tuple[Callable[[int], None], float]] = {
-    "gemv": (_gemv, 3.5), "few_tokens": (_few_tokens, 6.0), "matmul": (_matmul, 5.5), "rows": (_rows, 2.5),
-    "attention": (_attention, 5.0), "delta_rule": (_delta_rule, 2.8)}
+    "gemv": (_gemv, 2.1), "few_tokens": (_few_tokens, 2.6), "matmul": (_matmul, 3.3), "rows": (_rows, 2.7),
+    "attention": (_attention, 2.9), "delta_rule": (_delta_rule, 2.8)}
 
 
 def warm_up(threads: int) -> None:
