@@ -65,3 +65,49 @@ def test_forwards_of_2_to_8_tokens_match_the_panel_gemm_they_replace(monkeypatch
         assert few.shape == gemm.shape and few.shape[0] == tokens
         assert np.array_equal(few.argmax(axis=1), gemm.argmax(axis=1))
         np.testing.assert_allclose(few, gemm, rtol=0, atol=1e-4 * np.abs(gemm).max())  # seen: 4e-6
+
+
+def _rows_and_singles(llm, ids, tokens):
+    """The logits of a `tokens`-token forward after ids[:-tokens], and those of one-token forwards."""
+    llm.reset()
+    llm.forward(ids[:-tokens])
+    together = llm.forward(ids[-tokens:], all_logits=True).reshape(tokens, -1).copy()
+    llm.reset()
+    llm.forward(ids[:-tokens])
+    singles = np.stack([llm.forward([token]).reshape(-1).copy() for token in ids[-tokens:]])
+    return together, singles
+
+
+def test_the_int4_few_token_gemv_row_equals_the_one_token_gemv_bit_for_bit():
+    """Same loads, same per-lane FMA order: each row of a k-row int4 GEMV is the one-row result.
+    (int8: fast-math lets LLVM reorder the one-row kernel's sums, ~1e-6 relative apart.)"""
+    gemv = linear.Gemv([pack(quantized(200, 576, 4, 32))])
+    for tokens in range(2, linear.FEW_TOKENS_MAX + 1):
+        x = RNG.standard_normal((tokens, 576)).astype(np.float32)
+        together = gemv.few(x, 1)[0].copy()
+        assert np.array_equal(together, np.stack([gemv(x[t].copy(), 1)[0].copy() for t in range(tokens)]))
+
+
+@pytest.mark.slow
+def test_a_few_token_forward_on_packed_weights_matches_one_token_forwards():
+    """Bit for bit when the kernels come from the warm-up (seen in a fresh process); a process that
+    compiled other overloads first (tests calling kernels on other array layouts) may run a
+    differently vectorized variant for some calls: 3e-5 of the largest logit seen."""
+    llm = load("low")
+    ids = PROMPTS[0]["prompt_ids"][:20]
+    for tokens in (2, 4, 5, 8):
+        together, singles = _rows_and_singles(llm, ids, tokens)
+        assert np.array_equal(together.argmax(axis=1), singles.argmax(axis=1))
+        np.testing.assert_allclose(together, singles, rtol=0, atol=1e-5 * np.abs(singles).max())
+
+
+@pytest.mark.slow
+def test_a_few_token_forward_on_fp32_weights_is_within_blas_rounding_of_one_token_forwards():
+    """memory "normal" runs OpenBLAS (GEMV for one row, GEMM for more), whose sums are ordered
+    differently: the rows agree to float32 rounding (seen: 4e-6 of the largest logit), not bit for bit."""
+    llm = load("normal")
+    ids = PROMPTS[0]["prompt_ids"][:20]
+    for tokens in (2, 4, 8):
+        together, singles = _rows_and_singles(llm, ids, tokens)
+        assert np.array_equal(together.argmax(axis=1), singles.argmax(axis=1))
+        np.testing.assert_allclose(together, singles, rtol=0, atol=2e-5 * np.abs(singles).max())

@@ -20,16 +20,18 @@ import numba  # noqa: E402
 
 
 
-def _cache_dir() -> Path:
+def _source_digest() -> str:
     digest = hashlib.sha256(numba.__version__.encode())
     for source in sorted(Path(__file__).parent.glob("*.py")):
         digest.update(source.read_bytes())
-    root = Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
-    return root / "numba" / digest.hexdigest()[:16]
+    return digest.hexdigest()[:16]
 
+
+SOURCE_DIGEST = _source_digest()  # numba and every kernel file: what the compiled code depends on
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
-    numba.config.CACHE_DIR = str(_cache_dir())
+    numba.config.CACHE_DIR = str(Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
+                                 / "numba" / SOURCE_DIGEST)
 
 # fastmath without nnan/ninf: reassociation and contraction for the reductions, but NaN and
 # inf still propagate as they do on the reference path

@@ -173,18 +173,25 @@ def _dequantize_all(bits, codes, alpha, n_blocks, block, groups, tile):
 @jit()
 def _few_inputs(bits, x, n_blocks, block):
     """x [tokens, ic] as the few-token kernels read it: (even elements, odd elements, their row
-    stride, block sums [tokens * n_blocks]); int8 reads x whole as the even part."""
+    stride, block sums [tokens * n_blocks]); int8 reads x whole as the even part. Plain loops:
+    a slice assignment would compile numba's shape-mismatch error formatting (seconds)."""
     tokens, ic = x.shape
     sums = np.empty(tokens * n_blocks, np.float32)
     for t in range(tokens):
-        sums[t * n_blocks:(t + 1) * n_blocks] = _block_sums(x[t], n_blocks, block)
+        for b in range(n_blocks):
+            total = np.float32(0.0)
+            for j in range(b * block, (b + 1) * block):
+                total += x[t, j]
+            sums[t * n_blocks + b] = total
     if bits != 4:
         return np.ascontiguousarray(x).reshape(-1), np.empty(0, np.float32), ic, sums
     half = ic // 2
     even = np.empty(tokens * half, np.float32)
     odd = np.empty(tokens * half, np.float32)
     for t in range(tokens):
-        even[t * half:(t + 1) * half], odd[t * half:(t + 1) * half] = _lanes(x[t])
+        for j in range(half):
+            even[t * half + j] = x[t, 2 * j]
+            odd[t * half + j] = x[t, 2 * j + 1]
     return even, odd, half, sums
 
 

@@ -20,8 +20,9 @@ def _rope_heads(x, heads, head_dim, rope_dim, cos, sin, gamma, beta, eps, rms, n
             head = out[start:start + head_dim]
             if norm:
                 _normalize_row(x[start:start + head_dim], gamma, beta, eps, rms, head)
-            else:
-                head[:] = x[start:start + head_dim]
+            else:  # a loop, not a slice assignment: that compiles numba's shape-error formatting (seconds)
+                for i in range(head_dim):
+                    head[i] = x[start + i]
             for i in range(half):
                 a = head[i]
                 b = head[half + i]

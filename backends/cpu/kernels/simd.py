@@ -8,7 +8,7 @@ alphas on any x86-64 with AVX2+FMA+F16C (and the equivalent NEON on arm64).
 """
 from __future__ import annotations
 
-from llvmlite import ir
+from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -238,13 +238,14 @@ q8_group_dequantize = _dequantizer(8)
 
 
 def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values):
-    """The code of one group of rows for token rows first_token.. first_token + tokens - 1 (at
-    most TOKENS_A_PASS of them, see `_few_tokens_dot`)."""
+    """The code of one group of rows for token rows first_token.. first_token + tokens - 1 (an i64
+    value and a count of at most TOKENS_A_PASS, see `_few_tokens_dot`)."""
     code_p, alpha_p, xe_p, xo_p, xs_p, out_p = pointers
     c_start_v, a_start_v, x_stride_v, blocks, per_block, o_start_v, o_stride_v = values
-    per_pass = 2  # vectors of rows a pass: its tokens * per_pass partial sums stay in registers
+    per_pass = FEW_VECTORS_A_PASS
     mask, four = ir.Constant(_VI, [15] * LANES), ir.Constant(_VI, [4] * LANES)
     middle = ir.Constant(VF, [8.0 if bits == 4 else 0.0] * LANES)
+    token_rows = [builder.add(first_token, i64(t)) for t in range(tokens)]
     acc = zero_slots(builder, tokens * per_pass)
     part = zero_slots(builder, tokens * per_pass)
     with cgutils.for_range(builder, i64(_VECTORS // per_pass)) as pass_loop:
@@ -266,7 +267,7 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
                     else:
                         weights.append((_values(builder, code_p, index),))
                 for t in range(tokens):
-                    x_index = builder.add(builder.mul(i64(first_token + t), x_stride_v), j)
+                    x_index = builder.add(builder.mul(token_rows[t], x_stride_v), j)
                     xs = [splat(builder, builder.load(builder.gep(xe_p, [x_index])))]
                     if bits == 4:
                         xs.append(splat(builder, builder.load(builder.gep(xo_p, [x_index]))))
@@ -282,18 +283,31 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
                 scale = _alphas(builder, alpha_p, builder.add(a_index, i64(GROUP_ROWS + u * LANES)), half)
                 shift = builder.fsub(zero, builder.fmul(scale, middle, flags=FAST), flags=FAST)
                 for t in range(tokens):
-                    x_sum = builder.load(builder.gep(xs_p, [builder.add(builder.mul(i64(first_token + t), blocks), b)]))
+                    x_sum = builder.load(builder.gep(xs_p, [builder.add(builder.mul(token_rows[t], blocks), b)]))
                     slot = acc[t * per_pass + u]
                     total = fma(builder, scale, builder.load(part[t * per_pass + u]), builder.load(slot))
                     builder.store(fma(builder, shift, splat(builder, x_sum), total), slot)
         for t in range(tokens):
-            row = builder.add(builder.add(o_start_v, builder.mul(i64(first_token + t), o_stride_v)), first_row)
+            row = builder.add(builder.add(o_start_v, builder.mul(token_rows[t], o_stride_v)), first_row)
             for u in range(per_pass):
                 store_vector(builder, builder.load(acc[t * per_pass + u]), out_p, builder.add(row, i64(u * LANES)))
 
 
+def _vectors_a_pass() -> int:
+    """Vectors of 8 rows a few-token pass covers: its TOKENS_A_PASS * this partial sums, the
+    widened codes and the broadcasts must stay in registers. AVX-512VL gives numba's host target
+    32 vector registers (the whole group of 4 vectors: each hi/lo FMA chain has enough independent
+    neighbours to hide the FMA latency); 16 registers (AVX2, NEON's 128-bit pairs) hold 2."""
+    try:
+        wide = bool(binding.get_host_cpu_features().get("avx512vl"))
+    except RuntimeError:  # no feature query on this platform
+        wide = False
+    return _VECTORS if wide else 2
+
+
+FEW_VECTORS_A_PASS = _vectors_a_pass()
 FEW_TOKENS_MAX = 8  # token rows the few-token kernels take at once
-TOKENS_A_PASS = 4  # more rows go as two halves, each widening the codes again (from cache): a pass's
+TOKENS_A_PASS = 4  # more rows go as two passes, each widening the codes again (from cache): a pass's
 # x broadcasts then stay within the load ports' share
 
 
@@ -304,9 +318,10 @@ def _few_tokens_dot(bits: int):
 
     Same layout and block arithmetic as `q4_group_dot` / `q8_group_dot`, for token t:
     out[o_start + t * o_stride + r] = W_group[r] @ x_t, with x_t's even (int4: and odd) elements at
-    x_even[t * x_stride:] (x_odd) and its block sums at x_sum[t * n_blocks:]. The code for each
-    token count is compiled in, chosen by a switch on `tokens` (a count past the cases runs as
-    FEW_TOKENS_MAX: the caller checks it).
+    x_even[t * x_stride:] (x_odd) and its block sums at x_sum[t * n_blocks:]. Up to TOKENS_A_PASS
+    rows run in one pass, more in two passes of about half each; the code is compiled once for
+    each pass size (2..TOKENS_A_PASS, chosen by a switch), which keeps the function small enough to
+    compile in seconds (a count outside 2..FEW_TOKENS_MAX is the caller's to refuse).
     """
 
     @intrinsic
@@ -321,19 +336,24 @@ def _few_tokens_dot(bits: int):
             pointers = [array_data(context, builder, tys[i], args[i]) for i in (1, 3, 5, 6, 8, 11)]
             values = [context.cast(builder, args[i], tys[i], types.int64) for i in (2, 4, 7, 9, 10, 12, 13)]
             count = context.cast(builder, args[0], tys[0], types.int64)
-            end = builder.append_basic_block("few.end")
-            last = builder.append_basic_block(f"few.{FEW_TOKENS_MAX}")
-            switch = builder.switch(count, last)
-            for rows in range(2, FEW_TOKENS_MAX + 1):
-                block = last if rows == FEW_TOKENS_MAX else builder.append_basic_block(f"few.{rows}")
-                if rows < FEW_TOKENS_MAX:
-                    switch.add_case(i64(rows), block)
-                builder.position_at_end(block)
-                halves = [rows] if rows <= TOKENS_A_PASS else [(rows + 1) // 2, rows // 2]
-                for first, count in zip([0, halves[0]], halves):
-                    _few_tokens_rows(builder, bits, first, count, half, pointers, values)
-                builder.branch(end)
-            builder.position_at_end(end)
+            one_pass = builder.icmp_signed("<=", count, i64(TOKENS_A_PASS))
+            head = builder.select(one_pass, count, builder.sdiv(builder.add(count, i64(1)), i64(2)))
+            passes = builder.select(one_pass, i64(1), i64(2))
+            with cgutils.for_range(builder, passes) as pass_loop:
+                second = builder.icmp_signed("==", pass_loop.index, i64(1))
+                first_token = builder.select(second, head, i64(0))
+                size = builder.select(second, builder.sub(count, head), head)
+                end = builder.append_basic_block("few.end")
+                widest = builder.append_basic_block(f"few.{TOKENS_A_PASS}")
+                switch = builder.switch(size, widest)
+                for rows in range(2, TOKENS_A_PASS + 1):
+                    block = widest if rows == TOKENS_A_PASS else builder.append_basic_block(f"few.{rows}")
+                    if rows < TOKENS_A_PASS:
+                        switch.add_case(i64(rows), block)
+                    builder.position_at_end(block)
+                    _few_tokens_rows(builder, bits, first_token, rows, half, pointers, values)
+                    builder.branch(end)
+                builder.position_at_end(end)
             return context.get_dummy_value()
 
         return sig, codegen

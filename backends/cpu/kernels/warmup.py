@@ -7,62 +7,164 @@ is not needed again, so its file-backed pages are paged out (madvise MADV_PAGEOU
 they stay in the page cache and fault back in should a new kernel ever be compiled.
 Loading here, with tiny arrays of the same types as the real calls, also keeps the one-off
 cost inside `load()` instead of the first token.
+
+The first run on a machine (an empty cache) compiles: numba holds one lock per process while it
+compiles, so the kernels are split into PARTS compiled by up to one process per core at once
+(`python -m mnnllm_backends.cpu.kernels.warmup THREADS PART...`), each writing the shared disk
+cache; this process then loads them all from it. A marker file in the cache folder records a
+complete warm-up, so that later runs neither start processes nor announce a compile.
 """
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
+import subprocess
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 
+import numba
 import numpy as np
 
-from . import activation, attention, delta_rule, linear, norm, rope
+from . import SOURCE_DIGEST, activation, attention, delta_rule, linear, norm, rope, set_threads
 from .layout import PackedWeight, interleave_rows
 from .simd import GROUP_ROWS
 
 log = logging.getLogger(__name__)
 
 _MADV_PAGEOUT = 21
+_IC = 32
 
 
-def warm_up(threads: int) -> None:
-    """Load the kernels for `threads` threads (fp16 alphas, int4 and int8 codes)."""
-    ic = 32
-    x = np.zeros(ic, np.float32)
-    for bits in (4, 8):
-        codes = np.zeros(GROUP_ROWS * ic * bits // 8, np.uint8)
-        weight = PackedWeight(bits, GROUP_ROWS, ic, ic, codes, np.zeros(2 * GROUP_ROWS, np.uint16))
+def _weights() -> list[PackedWeight]:
+    """A one-group weight with int4 and one with int8 codes (fp16 alphas)."""
+    return [PackedWeight(bits, GROUP_ROWS, _IC, _IC, np.zeros(GROUP_ROWS * _IC * bits // 8, np.uint8),
+                         np.zeros(2 * GROUP_ROWS, np.uint16)) for bits in (4, 8)]
+
+
+def _gemv(threads: int) -> None:
+    x = np.zeros(_IC, np.float32)
+    for weight in _weights():
         gemv = linear.Gemv([weight])
-        few = np.zeros((2, ic), np.float32)
         gemv(x, 1)
-        gemv.few(few, 1)
         if threads > 1:
             gemv.parallel_worth = True
             gemv(x, threads)
+
+
+def _few_tokens(threads: int) -> None:
+    few = np.zeros((2, _IC), np.float32)
+    for weight in _weights():
+        gemv = linear.Gemv([weight])
+        gemv.few(few, 1)
+        if threads > 1:
+            gemv.parallel_worth = True
             gemv.few(few, threads)
-        linear.matmul(weight, np.zeros((2, ic), np.float32), np.zeros((2, GROUP_ROWS), np.float32), threads)
+
+
+def _matmul(threads: int) -> None:
+    """The one-thread GEMM too: a later one-thread run then finds every kernel it needs cached."""
+    for weight in _weights():
+        for count in {1, threads}:
+            linear.matmul(weight, np.zeros((2, _IC), np.float32), np.zeros((2, GROUP_ROWS), np.float32), count)
+
+
+def _rows(threads: int) -> None:
+    """Packing, norms, RoPE and the gated activation."""
     rows = np.zeros((1, 8), np.uint8)
     interleave_rows(rows, np.zeros(8 * GROUP_ROWS, np.uint8))
     rows.setflags(write=False)  # rows straight from the memory-mapped weight file
     interleave_rows(rows, np.zeros(8 * GROUP_ROWS, np.uint8))
-    gamma, empty = np.ones(ic, np.float32), np.zeros(0, np.float32)
-    norm.normalize_rows(x, ic, gamma, empty, 1e-6, True, x.copy())
-    norm.add_normalize_rows(x, x, ic, gamma, empty, 1e-6, True, x.copy(), x.copy())
-    table = x.reshape(1, ic)
-    rope.rope_qk(x, x, 1, 1, ic, ic, table, table, False, empty, empty, 0.0, True, False, empty, empty, 0.0, True,
+    x = np.zeros(_IC, np.float32)
+    gamma, empty = np.ones(_IC, np.float32), np.zeros(0, np.float32)
+    norm.normalize_rows(x, _IC, gamma, empty, 1e-6, True, x.copy())
+    norm.add_normalize_rows(x, x, _IC, gamma, empty, 1e-6, True, x.copy(), x.copy())
+    table = x.reshape(1, _IC)
+    rope.rope_qk(x, x, 1, 1, _IC, _IC, table, table, False, empty, empty, 0.0, True, False, empty, empty, 0.0, True,
                  x.copy(), x.copy())
+    activation.mul_silu(x, x, x.copy())
+
+
+def _attention(threads: int) -> None:
     q = np.zeros((2, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
+    empty = np.zeros(0, np.float32)
     attention.attend(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
     if threads > 1:
         attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
-    activation.mul_silu(x, x, x.copy())
+
+
+def _delta_rule(threads: int) -> None:
     qk, state = np.zeros((1, 2, 16), np.float32), np.zeros((2, 16, 16), np.float32)
     gates = np.zeros((1, 2), np.float32)
     delta_rule._scan(qk, qk, qk, gates, gates, state, qk.copy(), 0)
     if threads > 1:
         delta_rule._scan_parallel(qk, qk, qk, gates, gates, state, qk.copy(), 0)
+
+
+# each part and the seconds its first compile took for 2 threads (2-core EPYC, numba 0.68, a quiet
+# machine; "rows" runs first in its process and includes numba's own first compiles): the compile
+# processes get parts of about equal total time
+PARTS: dict[str, tuple[Callable[[int], None], float]] = {
+    "gemv": (_gemv, 2.1), "few_tokens": (_few_tokens, 2.6), "matmul": (_matmul, 3.3), "rows": (_rows, 2.7),
+    "attention": (_attention, 2.9), "delta_rule": (_delta_rule, 2.8)}
+
+
+def warm_up(threads: int) -> None:
+    """Load the kernels for `threads` threads (fp16 alphas, int4 and int8 codes), compiling them
+    first, in parallel processes, when this machine's cache lacks them."""
+    cache = Path(numba.config.CACHE_DIR)
+    marker = cache / f"warm-{SOURCE_DIGEST}-{'parallel' if threads > 1 else 'serial'}"
+    covering = [marker, cache / f"warm-{SOURCE_DIGEST}-parallel"]  # a parallel warm-up loads the serial kernels too
+    if not any(path.exists() for path in covering):
+        _compile(threads, cache)
+    for run, _ in PARTS.values():
+        run(threads)
+    try:
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    except OSError as err:  # a read-only cache: later runs load what numba could write, if anything
+        log.debug("no warm-up marker in %s: %s", marker.parent, err)
     release_compiler_pages()
+
+
+def _compile(threads: int, cache: Path) -> None:
+    """Compile every part into the disk cache, in up to one process per core (this one included)."""
+    processes = max(1, min(len(PARTS), os.cpu_count() or 1))
+    shares = _balanced(processes)
+    expected = max(sum(PARTS[name][1] for name in share) for share in shares) + (2.0 if processes > 1 else 0.0)
+    log.warning("compiling the cpu kernels for this machine, once: about %.0f s in %d process%s (later runs "
+                "load them from %s)", expected, processes, "es" if processes > 1 else "", cache)
+    start = time.perf_counter()
+    workers = []
+    for share in shares[1:]:
+        try:
+            workers.append(subprocess.Popen([sys.executable, "-m", __name__, str(threads), *share],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        except OSError as err:  # no interpreter to start (an embedded Python): this process compiles it all
+            log.warning("no compile process (%s): compiling the cpu kernels in this one", err)
+            break
+    for name in shares[0]:
+        PARTS[name][0](threads)
+    for worker, share in zip(workers, shares[1:]):
+        _, errors = worker.communicate()
+        if worker.returncode:  # what it did not compile, this process compiles when it loads
+            log.warning("compiling kernels %s in a separate process failed (%s)", ", ".join(share),
+                        errors.strip().splitlines()[-1:] or worker.returncode)
+    log.info("compiled the cpu kernels in %.1f s", time.perf_counter() - start)
+
+
+def _balanced(count: int) -> list[list[str]]:
+    """PARTS in `count` shares of about equal compile time, the largest share first."""
+    shares: list[list[str]] = [[] for _ in range(count)]
+    totals = [0.0] * count
+    for name, (_, seconds) in sorted(PARTS.items(), key=lambda item: -item[1][1]):
+        lightest = totals.index(min(totals))
+        shares[lightest].append(name)
+        totals[lightest] += seconds
+    return [share for _, share in sorted(zip(totals, shares), key=lambda pair: -pair[0]) if share]
 
 
 def release_compiler_pages() -> int:
@@ -85,3 +187,9 @@ def release_compiler_pages() -> int:
             released += end - start
     log.debug("paged out %d MiB of JIT compiler mappings", released >> 20)
     return released
+
+
+if __name__ == "__main__":  # one compile process of `_compile`: THREADS PART...
+    set_threads(int(sys.argv[1]))
+    for part in sys.argv[2:]:
+        PARTS[part][0](int(sys.argv[1]))

@@ -17,6 +17,9 @@ from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused
 FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
 PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
 SCORES_BUDGET = 1 << 24  # attention scores (float32) held at once: a prefill attends in blocks of queries
+# causal blocks of queries on the numpy path: each block's scores stay in cache and skip the keys
+# past its last query (half the work of a prefill, whose scores are a triangle)
+CAUSAL_QUERIES = 128
 NO_SINKS = np.zeros(0, np.float32)  # the kernels' sinks argument without a fifth input
 
 
@@ -170,13 +173,18 @@ class AttentionExecution(Execution):
         scale = np.float32(self.params.scale_for(dim))
         out = outputs[0].storage.reshape(seq, kv_heads, group, dim)
         sink_rows = None if sinks is None else sinks.reshape(kv_heads, group, 1, 1)
-        starts = query_blocks(seq, num_head, total)
-        for t0 in starts:
-            t1 = min(seq, t0 + starts.step)
-            scores = np.matmul(queries[:, :, t0:t1], keys_t) * scale
-            self._mask(scores, mask, kind.kind, past, seq, total, t0, t1)
+        causal = kind.kind == "causal"
+        step = query_blocks(seq, num_head, total).step
+        if causal:
+            step = min(step, CAUSAL_QUERIES)
+        for t0 in range(0, seq, step):
+            t1 = min(seq, t0 + step)
+            visible = min(total, past + t1) if causal else total  # keys the block's last query sees
+            scores = np.matmul(queries[:, :, t0:t1], keys_t[..., :visible])
+            scores *= scale
+            self._mask(scores, mask, kind.kind, past, seq, visible, t0, t1)
             probs = softmax_last(scores, sink_rows)
-            out[t0:t1] = np.matmul(probs, values[:, None]).transpose(2, 0, 1, 3)  # from [kvh, group, t, dim]
+            out[t0:t1] = np.matmul(probs, values[:, None, :visible]).transpose(2, 0, 1, 3)  # from [kvh, group, t, dim]
 
     @staticmethod
     def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int, t0: int, t1: int) -> None:

@@ -53,6 +53,23 @@ def _prefill(tokens: int, heads: int, kv_heads: int, dim: int):
     return build
 
 
+def _chunked_prefill(heads: int, kv_heads: int, dim: int, chunks: tuple[int, ...]):
+    """A prompt in chunks of causal prefill, each attending to the cache the earlier ones left
+    (long enough for a backend's blocks of queries to end mid-chunk)."""
+    def build(rng) -> Trial:
+        total = sum(chunks)
+        q, k, v = randn(rng, total, heads, dim), randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
+        steps, start = [], 0
+        for size in chunks:
+            end = start + size
+            expected = attention_reference(q[start:end], k[:end], v[:end], causal_offset=start)
+            steps.append(Step(feeds(q[start:end], k[start:end], v[start:end], SCALAR), [packed(expected)]))
+            start = end
+        return steps_trial(attention_op(heads, kv_heads, dim), steps, resizes=len(set(chunks)),
+                           checks=[_meta_previous(total)])
+    return build
+
+
 def _meta_previous(expected: int):
     def check(outputs, module, runtime):
         got = runtime.kv_meta.previous
@@ -291,6 +308,8 @@ def cases() -> list[Case]:
     found += [Case("Attention", f"decode 4 steps on a 7-token cache heads={h}/{kv}", _decode(h, kv, 16, 7, 4))
               for h, kv in ((9, 3), (2, 2))]
     found.append(Case("Attention", "decode past 256 cached tokens", _decode(9, 3, 64, 250, 10)))
+    found += [Case("Attention", f"causal prefill in chunks {c} heads={h}/{kv} dim={d}", _chunked_prefill(h, kv, d, c),
+                   tags=_tags(d)) for h, kv, d, c in ((4, 2, 16, (70, 150)), (9, 3, 64, (130, 67)))]
     found.append(Case("Attention", "meta remove truncates the cache before appending", _remove))
     found += [Case("Attention", f"meta reserve keeps runs {list(r)} of the {n} removed tokens", _reserve(n, r))
               for n, r in ((5, ((1, 1), (3, 2))), (5, ((1, 3),)), (4, ((0, 4),)))]
