@@ -44,6 +44,10 @@ class CPUBackend(HostBackend):
         self.run_count += 1
         self.runtime.apply_threads()
 
+    def on_record(self, commands) -> "CPUReplay":
+        from .replay import CPUReplay
+        return CPUReplay(commands)
+
 
 class CPURuntime(Runtime):
     name = "cpu"
