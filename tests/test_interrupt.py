@@ -44,8 +44,10 @@ def interrupt_on_call(monkeypatch, owner: type, name: str, call: int) -> None:
 
 
 # The third decode step (prefill, then steps 1, 2, 3) is hit: inside layer 10, after 10 layers
-# appended the new token to their caches, or just after the step's commit of the KV cache.
-POINTS = {"inside a layer": (AttentionExecution, "on_execute", 3 * LAYERS + 10),
+# counted the new token in their caches (the cpu replays each step: every layer keeps its KV books
+# in before_run, run for the prefill too, before the recorded calls), or just after the step's
+# commit of the KV cache.
+POINTS = {"inside a layer": (AttentionExecution, "before_run", 3 * LAYERS + 10),
           "after the kv commit": (KVMeta, "sync", 4)}
 
 

@@ -255,15 +255,16 @@ def test_a_step_interrupted_after_some_layers_moved_their_rows_runs_again_right(
     appended, the rest not; the step run again moves nothing twice."""
     llm = model(linked(tmp_path / "m", MODEL_DIR))
     prompt, answer, _, _, rows = tree_step(llm)
-    original, calls = AttentionExecution.on_execute, [0]
+    original, calls = AttentionExecution.before_run, [0]
 
-    def interrupted(self, inputs, outputs):
-        original(self, inputs, outputs)
+    def interrupted(self):  # the cpu replays the step: each layer moves its rows in before_run
+        moved = original(self)
         calls[0] += 1
         if calls[0] == 10:
             raise KeyboardInterrupt
+        return moved
     with monkeypatch.context() as patch:
-        patch.setattr(AttentionExecution, "on_execute", interrupted)
+        patch.setattr(AttentionExecution, "before_run", interrupted)
         with pytest.raises(KeyboardInterrupt):
             llm.forward([answer[3]])
     follow = llm.forward([answer[3]])
