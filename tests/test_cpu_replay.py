@@ -1,5 +1,6 @@
 """The cpu backend's replay (CPUReplay): a decode step recorded once after resize and replayed
-per token as calls bound at record time. Pinned against the per-op loop it replaces (the
+per token as calls bound at record time, at memory "low" its numba kernels as a few compiled
+programs (StepProgram). Pinned against the per-op loop it replaces (the
 "replay" hint off): the same greedy tokens and the same logits bit for bit, on the shared
 model at memory "low" (packed int4) and "normal" (fp32, whose tokens stay MNN's memory-normal
 ones), with one and two threads, and on tiny MNN exports with per-head q/k norm (gemma3) and
@@ -48,6 +49,8 @@ def replayed_and_looped(config, memory: str, threads: int, prompts: list[list[in
         decode = llm.pool.get(1, False).static_module.session.pipeline
         assert decode.replayed is replay and (decode.records == 1 if replay and recorded_once else
                                               bool(decode.records) is replay)
+        if replay:
+            runs["replay"] = decode.replay
     return runs
 
 
@@ -64,6 +67,11 @@ def test_the_shared_model_replayed_gives_the_per_op_loops_tokens_and_logits(memo
     prompts = json.loads(REFERENCE.read_text())["prompts"][:2]
     runs = replayed_and_looped(CONFIG, memory, threads, [p["prompt_ids"] for p in prompts])
     assert_same(runs)
+    replay = runs["replay"]
+    if memory == "low":  # the 30 layers' kernels as a few compiled programs, numpy ops between them
+        assert replay.kernel_calls >= 30 * 11 and len(replay.calls) <= 16, (replay.kernel_calls, len(replay.calls))
+    else:  # BLAS products and numpy ops: bound calls, no program
+        assert replay.programs == 0 and len(replay.calls) >= 30 * 7
     if memory == "normal":  # the fp32 path stays exact to MNN's memory-normal tokens
         for prompt, (tokens, _) in zip(prompts, runs[True]):
             expected = prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:STEPS]

@@ -65,11 +65,16 @@ class SharedGemvStep:
 
 class CPUReplay(Replay):
     """The pipeline's steps (Replay.walk) as one list of calls: a callable step as it is, a
-    SharedGemvStep as its GEMV (at the first member of its group), copy and finish."""
+    SharedGemvStep as its GEMV (at the first member of its group), copy and finish. With
+    `compiled` (memory "low", where the steps are numba kernels), each run of kernel calls
+    `StepProgram` recognises becomes one compiled call (`kernels/program.py`); `programs`
+    counts those, `kernel_calls` the calls they took in."""
 
-    def __init__(self, commands):
+    def __init__(self, commands, compiled: bool = False):
         super().__init__(commands)
+        self.compiled = compiled
         self.calls: list[Callable[[], Any]] = []
+        self.programs = self.kernel_calls = 0
 
     def record(self, steps: list) -> None:
         calls: list[Callable[[], Any] | None] = []
@@ -84,7 +89,30 @@ class CPUReplay(Replay):
             if first is not step or not step.fits:
                 calls.append(step.copy_call())
             calls.append(step.finish_call())
-        self.calls = [call for call in calls if call is not None]
+        calls = [call for call in calls if call is not None]
+        self.calls = self._compile(calls) if self.compiled else calls
+
+    def _compile(self, calls: list[Callable[[], Any]]) -> list[Callable[[], Any]]:
+        """Runs of calls a StepProgram takes as one program call each, the rest as they are."""
+        from .step_program import StepProgram
+        self.programs = self.kernel_calls = 0
+        compiled: list[Callable[[], Any]] = []
+        program = StepProgram()
+        for call in calls:
+            if program.add(call):
+                continue
+            compiled += self._close(program)
+            program = StepProgram()
+            compiled.append(call)
+        return compiled + self._close(program)
+
+    def _close(self, program) -> list[Callable[[], Any]]:
+        """The program's one call (none for an empty program)."""
+        if not len(program):
+            return []
+        self.programs += 1
+        self.kernel_calls += len(program)
+        return [program.bound()]
 
     def play(self) -> None:
         for call in self.calls:

@@ -46,7 +46,7 @@ class CPUBackend(HostBackend):
 
     def on_record(self, commands) -> "CPUReplay":
         from .replay import CPUReplay
-        return CPUReplay(commands)
+        return CPUReplay(commands, compiled=self.low_memory())
 
 
 class CPURuntime(Runtime):
