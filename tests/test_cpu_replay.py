@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 
 import numpy as np
 import pytest
@@ -90,3 +91,34 @@ def test_tiny_exports_with_qk_norm_and_gated_delta_net_replayed_give_the_loops_t
     reference = json.loads((folder.parent / "reference.json").read_text())[folder.name]
     prompts = [p.get("mnn_prompt_ids", p["prompt_ids"]) for p in reference["prompts"][:2]]
     assert_same(replayed_and_looped(folder / "config.json", memory, 2, prompts, once))
+
+
+def test_a_program_runs_the_kernels_it_recognises_as_called_and_leaves_the_rest() -> None:
+    """Norm kernel calls as one program give the calls' values bit for bit; a call on a strided
+    view or of a function it does not know is refused, and the refused call's arrays leave no
+    entries behind."""
+    pytest.importorskip("numba")
+    from mnnllm_backends.cpu.kernels.norm import add_normalize_rows, normalize_rows
+    from mnnllm_backends.cpu.step_program import StepProgram
+
+    rng = np.random.default_rng(3)
+    x, gamma, empty = (rng.standard_normal(4 * 96).astype(np.float32), rng.standard_normal(96).astype(np.float32),
+                       np.zeros(0, np.float32))
+    calls = [partial(normalize_rows, x, 96, gamma, empty, 1e-6, True, np.empty_like(x)),
+             partial(add_normalize_rows, x, x[::-1].copy(), 96, gamma, empty, 1e-5, False, np.empty_like(x),
+                     np.empty_like(x))]
+    program = StepProgram()
+    assert all(program.add(call) for call in calls)
+    entries = len(program.floats)
+    assert not program.add(partial(normalize_rows, x[::2], 96, gamma, empty, 1e-6, True, np.empty(192, np.float32)))
+    assert not program.add(partial(np.add, x, x, out=np.empty_like(x)))
+    assert len(program.floats) == entries and len(program) == 2
+    for call in calls:  # the per-op way: each kernel called as bound
+        call()
+    outs = [call.args[-1] for call in calls]
+    before = [o.copy() for o in outs]
+    for o in outs:
+        o[...] = 0
+    program.bound()()
+    for got, want in zip(outs, before):
+        np.testing.assert_array_equal(got, want)

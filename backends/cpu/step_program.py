@@ -35,7 +35,6 @@ class StepProgram:
         self.rows: list[list[int]] = []
         self.scalars: list[float] = []
         self.floats, self.codes, self.reals, self.halves, self.ints = kernels.empty_lists()
-        self.calls = 0
 
     def __len__(self) -> int:
         return len(self.rows)
