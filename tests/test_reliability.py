@@ -203,7 +203,8 @@ def test_an_op_failing_inside_its_execution_is_an_execution_error_naming_the_op(
     with monkeypatch.context() as patch:
         patch.setattr(runtime, "hints", dataclasses.replace(hints, replay=replay))
         llm.pool.clear()  # fresh clones read the hint
-        patch.setattr(AttentionExecution, "before_run" if replay else "on_execute", broken)
+        patch.setattr(AttentionExecution, "on_execute", broken)
+        patch.setattr(AttentionExecution, "before_run", broken)  # where a replayed cpu step keeps the KV books
         where = "the replayed step failed on cpu" if replay else r"op Attention '.*' failed while running on cpu"
         with pytest.raises(ExecutionError, match=where + ": ValueError") as err:
             llm.forward([1, 2, 3])

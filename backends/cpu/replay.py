@@ -68,13 +68,26 @@ class CPUReplay(Replay):
     SharedGemvStep as its GEMV (at the first member of its group), copy and finish. With
     `compiled` (memory "low", where the steps are numba kernels), each run of kernel calls
     `StepProgram` recognises becomes one compiled call (`kernels/program.py`); `programs`
-    counts those, `kernel_calls` the calls they took in."""
+    counts those, `kernel_calls` the calls they took in.
+
+    The first run after a resize goes op by op (each on_execute keeps its own KV books), the
+    second records: a pipeline whose shapes change every run (a prefill, a decode whose mask
+    grows with the cache) never pays for a recording it would not replay."""
 
     def __init__(self, commands, compiled: bool = False):
         super().__init__(commands)
         self.compiled = compiled
         self.calls: list[Callable[[], Any]] = []
         self.programs = self.kernel_calls = 0
+        self.looped = False  # whether the first run (op by op) is done
+
+    def run(self) -> None:
+        if self.looped:
+            super().run()
+            return
+        for command in self.commands:
+            command.execution.on_execute(command.inputs, command.outputs)
+        self.looped = True
 
     def record(self, steps: list) -> None:
         calls: list[Callable[[], Any] | None] = []
