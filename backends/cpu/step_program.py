@@ -9,12 +9,10 @@ runs it as it is.
 """
 from __future__ import annotations
 
-import warnings
 from functools import partial
 from typing import Any, Callable
 
 import numpy as np
-from numba.core.errors import NumbaTypeSafetyWarning
 
 from .kernels import program as kernels
 from .kernels.activation import mul_silu
@@ -35,6 +33,8 @@ class StepProgram:
         self.rows: list[list[int]] = []
         self.scalars: list[float] = []
         self.floats, self.codes, self.reals, self.halves, self.ints = kernels.empty_lists()
+        self._staged: dict[int, tuple[Any, list[np.ndarray]]] = {}  # the arrays of the call being added
+        self._sizes: dict[int, int] = {}  # id of a typed list -> its length (a typed list's len() compiles)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -47,14 +47,10 @@ class StepProgram:
         return array.reshape(-1)  # a view: C-contiguous
 
     def _entry(self, target, array: Any, dtype) -> int:
-        flat = self._flat(array, dtype)
-        if flat.flags.writeable:
-            target.append(flat)
-        else:  # weights mapped read-only: the kernels only read them, so the list's writable type is safe
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", NumbaTypeSafetyWarning)
-                target.append(flat)
-        return len(target) - 1
+        """The index `array` (flat) will have in `target` once its call is taken (`add`)."""
+        staged = self._staged.setdefault(id(target), (target, []))[1]
+        staged.append(self._flat(array, dtype))
+        return self._sizes.get(id(target), 0) + len(staged) - 1
 
     def f32(self, array: Any) -> int:
         return self._entry(self.floats, array, np.float32)
@@ -71,21 +67,19 @@ class StepProgram:
         make = self._MAKERS.get(call.func)
         if make is None or (call.keywords and call.func is not np.copyto):
             return False
-        mark = (len(self.floats), len(self.codes), len(self.reals), len(self.halves), len(self.ints),
-                len(self.scalars))
+        scalars = len(self.scalars)
+        self._staged.clear()
         try:
             row = make(self, *call.args, **call.keywords)
         except NotRecognised:
-            self._truncate(mark)
+            del self.scalars[scalars:]
             return False
+        for target, staged in self._staged.values():
+            for array in staged:
+                kernels.append_array(target, array)
+            self._sizes[id(target)] = self._sizes.get(id(target), 0) + len(staged)
         self.rows.append(row + [0] * (kernels.WIDTH - len(row)))
         return True
-
-    def _truncate(self, mark: tuple[int, ...]) -> None:
-        for target, size in zip((self.floats, self.codes, self.reals, self.halves, self.ints), mark):
-            while len(target) > size:
-                target.pop()
-        del self.scalars[mark[5]:]
 
     def _from_gemv(self, bits, codes, alphas, outs, starts, x, n_blocks, block, threads=0) -> list[int]:
         dtype = alphas[0].dtype

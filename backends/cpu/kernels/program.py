@@ -10,8 +10,11 @@ their rows over the threads inside each call.
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from numba import types
+from numba.core.errors import NumbaTypeSafetyWarning
 from numba.typed import List
 
 from . import jit
@@ -92,11 +95,36 @@ def run_program(code, scalars, floats, codes, reals, halves, ints):
             _attend_step(c, scalars, floats, ints)
 
 
+_REAL = types.float32[::1]
+
+
+@jit()
+def _new_lists():
+    return (List.empty_list(_REAL), List.empty_list(types.uint8[::1]), List.empty_list(_REAL),
+            List.empty_list(types.uint16[::1]), List.empty_list(types.int64[::1]))
+
+
+@jit()
+def _push(target, array):
+    target.append(array)
+
+
 def empty_lists() -> tuple[List, List, List, List, List]:
-    """The typed lists of a program: float32, uint8 codes, float32 alphas, fp16-bit alphas, int64."""
-    return (List.empty_list(types.float32[::1]), List.empty_list(types.uint8[::1]),
-            List.empty_list(types.float32[::1]), List.empty_list(types.uint16[::1]),
-            List.empty_list(types.int64[::1]))
+    """The typed lists of a program: float32, uint8 codes, float32 alphas, fp16-bit alphas, int64
+    (made and filled by compiled functions: numba compiles a typed list's own Python-side
+    methods in every process, ~0.1-0.5 s each, where these load from the disk cache)."""
+    return _new_lists()
+
+
+def append_array(target: List, array: np.ndarray) -> None:
+    """target.append(array). A read-only array (weights mapped from a file) goes in through the
+    list's own append, as the list's writable type: safe, as the kernels only read such arrays."""
+    if array.flags.writeable:
+        _push(target, array)
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaTypeSafetyWarning)
+        target.append(array)
 
 
 def warm_up_replay() -> None:
@@ -107,5 +135,7 @@ def warm_up_replay() -> None:
     append_attend(q, q.copy(), q.copy(), keys_t, values, np.zeros(1, np.int64), np.float32(1.0),
                   np.zeros(0, np.float32), q.copy())
     lists = empty_lists()
+    for target, dtype in zip(lists, (np.float32, np.uint8, np.float32, np.uint16, np.int64)):
+        append_array(target, np.zeros(1, dtype))
     run_program(np.zeros((0, WIDTH), np.int64), np.zeros(1), *lists)
     release_compiler_pages()
