@@ -5,7 +5,9 @@ For each backend, after a short prefill and a few warm-up steps, every decode st
   execute   the pipeline's run of the step (all commands, then the backend's end of run)
   host      execute minus the wait: opencl enqueues, vulkan records (or, with replay, what the
             replay does on the host before it submits)
-  wait      the backend's on_execute_end: opencl clFinish, vulkan submit + wait
+  wait      the backend's on_execute_end: opencl clFinish, vulkan submit + wait; on cpu with
+            replay, the time inside the replay's compiled programs (the kernels' own time, what
+            a device's wait is elsewhere), so "host" is the Python around them
   forward   the whole `Llm.forward` of the token (embedding, uploads, logits readback included)
   held      opencl only, a second pass: the queue is held by a user event while the step is
             enqueued (the host's cost alone: pocl runs the kernels on the host's own cores, so
@@ -14,6 +16,7 @@ and the pipeline's own dispatch cost is measured with every execution replaced b
 
     python bench/host_time.py -a opencl,vulkan -n 32          # markdown
     python bench/host_time.py -a opencl --replay off -o json  # the per-op loop, as JSON
+    python bench/host_time.py -a cpu --replay on,off --memory normal
 
 Each (backend, replay) combination runs in its own process. Medians over the steps.
 """
@@ -42,6 +45,32 @@ def _timed(owner, name: str, spent: list[float]) -> None:
             spent[-1] += time.perf_counter() - start
 
     setattr(owner, name, wrapper)
+
+
+def _time_programs(replay, spent: list[float]) -> None:
+    """cpu: every compiled program of the replay (CPUReplay.calls) adds its wall time to
+    spent[-1], at this recording and every later one (a grown KV cache records again)."""
+    record = replay.record
+
+    def timed(call):
+        def run():
+            start = time.perf_counter()
+            try:
+                call()
+            finally:
+                spent[-1] += time.perf_counter() - start
+        return run
+
+    def wrap_programs() -> None:
+        replay.calls = [timed(c) if getattr(getattr(c, "func", None), "__name__", "") == "run_program" else c
+                        for c in replay.calls]
+
+    def record_timed(steps):
+        record(steps)
+        wrap_programs()
+
+    replay.record = record_timed
+    wrap_programs()
 
 
 def _noop_execute_s(pipeline, reps: int) -> float:
@@ -104,7 +133,7 @@ def _held_queue_ms(llm, pipeline, token: int, steps: int) -> dict:
             "held_device_ms": statistics.median(m[1] for m in marks) * 1e3}
 
 
-def measure(config: str, backend: str, steps: int, replay: str | None) -> dict:
+def measure(config: str, backend: str, steps: int, replay: str | None, memory: str | None = None) -> dict:
     import numpy as np
 
     from mnnllm_core.llm.create import create
@@ -113,6 +142,8 @@ def measure(config: str, backend: str, steps: int, replay: str | None) -> dict:
     settings = {"backend_type": backend, "thread_num": 2, "sampler_type": "greedy"}
     if replay is not None:
         settings["backend_hints"] = {"replay": replay == "on"}
+    if memory is not None:
+        settings["memory"] = memory
     llm.set_config(settings)
     llm.load()
     token = int(np.argmax(llm.forward(list(range(1, 9)))))
@@ -123,6 +154,8 @@ def measure(config: str, backend: str, steps: int, replay: str | None) -> dict:
     execute, wait = [0.0], [0.0]
     _timed(pipeline, "execute", execute)
     _timed(pipeline.backend, "on_execute_end", wait)
+    if getattr(getattr(pipeline, "replay", None), "programs", 0):
+        _time_programs(pipeline.replay, wait)
     rows = []
     for _ in range(steps):
         execute.append(0.0)
@@ -172,17 +205,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", type=int, default=32, help="decode steps to time")
     parser.add_argument("--replay", default=None,
                         help="on, off or on,off: the 'replay' backend hint (default: the backend's own choice)")
+    parser.add_argument("--memory", choices=("low", "normal"), help="the memory setting (default: the config's)")
     parser.add_argument("-o", choices=("md", "json"), default="md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         backend, replay = json.loads(args.worker)
-        print("@@HOST@@" + json.dumps(measure(args.model, backend, args.n, replay)))
+        print("@@HOST@@" + json.dumps(measure(args.model, backend, args.n, replay, args.memory)))
         return 0
     rows = []
     for backend in [b.strip() for b in args.a.split(",") if b.strip()]:
         for replay in ([r.strip() for r in args.replay.split(",")] if args.replay else [None]):
-            done = subprocess.run([sys.executable, __file__, "-m", args.model, "-n", str(args.n),
+            memory = ["--memory", args.memory] if args.memory else []
+            done = subprocess.run([sys.executable, __file__, "-m", args.model, "-n", str(args.n), *memory,
                                    "--worker", json.dumps([backend, replay])], stdout=subprocess.PIPE, text=True)
             if "@@HOST@@" in done.stdout:
                 rows.append(json.loads(done.stdout.split("@@HOST@@", 1)[1]))

@@ -29,24 +29,30 @@ def llm():
     return model.load()
 
 
-def interrupt_on_call(monkeypatch, owner: type, name: str, call: int) -> None:
-    """Make owner.name raise KeyboardInterrupt right after its `call`-th call has done its work."""
-    original, calls = getattr(owner, name), [0]
+def interrupt_on_call(monkeypatch, owner: type, names: tuple[str, ...], call: int) -> None:
+    """Make owner's methods `names` raise KeyboardInterrupt right after the `call`-th call of any
+    of them has done its work."""
+    calls = [0]
 
-    def wrapped(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        calls[0] += 1
-        if calls[0] == call:
-            raise KeyboardInterrupt
-        return result
+    def wrapping(original):
+        def wrapped(self, *args, **kwargs):
+            result = original(self, *args, **kwargs)
+            calls[0] += 1
+            if calls[0] == call:
+                raise KeyboardInterrupt
+            return result
+        return wrapped
 
-    monkeypatch.setattr(owner, name, wrapped)
+    for name in names:
+        monkeypatch.setattr(owner, name, wrapping(getattr(owner, name)))
 
 
 # The third decode step (prefill, then steps 1, 2, 3) is hit: inside layer 10, after 10 layers
-# appended the new token to their caches, or just after the step's commit of the KV cache.
-POINTS = {"inside a layer": (AttentionExecution, "on_execute", 3 * LAYERS + 10),
-          "after the kv commit": (KVMeta, "sync", 4)}
+# appended the new token to their caches (or, in a replayed cpu step, counted it in before_run,
+# ahead of the recorded calls: the first run of a resize goes op by op, later ones replay), or
+# just after the step's commit of the KV cache.
+POINTS = {"inside a layer": (AttentionExecution, ("on_execute", "before_run"), 3 * LAYERS + 10),
+          "after the kv commit": (KVMeta, ("sync",), 4)}
 
 
 @pytest.mark.parametrize("point", POINTS)

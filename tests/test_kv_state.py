@@ -83,15 +83,23 @@ def test_a_stream_resumed_after_the_conversation_changed_is_refused(llm, change)
 def test_another_thread_inside_a_step_makes_every_state_change_an_error(llm, monkeypatch):
     llm.reset()
     inside, release = threading.Event(), threading.Event()
-    original = AttentionExecution.on_execute
+    original, original_before_run = AttentionExecution.on_execute, AttentionExecution.before_run
 
-    def held(self, inputs, outputs):
+    def hold() -> None:
         if threading.current_thread().name == "holder" and not inside.is_set():
             inside.set()
             release.wait(60)
+
+    def held(self, inputs, outputs):
+        hold()
         return original(self, inputs, outputs)
 
+    def held_before_run(self):  # a replayed step (cpu) keeps the KV books here, not in on_execute
+        hold()
+        return original_before_run(self)
+
     monkeypatch.setattr(AttentionExecution, "on_execute", held)
+    monkeypatch.setattr(AttentionExecution, "before_run", held_before_run)
     answers = []
     holder = threading.Thread(target=lambda: answers.append(llm.response(QUESTION)), name="holder")
     holder.start()

@@ -3,6 +3,7 @@
 an Execution, max_new_tokens, huge prompts, one-line CLI errors."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -191,16 +192,24 @@ def test_a_1mb_prompt_is_a_context_length_error(llm):
         llm.response("cat " * 250_000)
 
 
-def test_an_op_failing_inside_its_execution_is_an_execution_error_naming_the_op(llm, monkeypatch):
-    def broken(self, inputs, outputs):
+@pytest.mark.parametrize("replay", [False, True])
+def test_an_op_failing_inside_its_execution_is_an_execution_error_naming_the_op(llm, monkeypatch, replay):
+    def broken(self, *args):
         raise ValueError("operands could not be broadcast together")
 
+    runtime = llm.runtime_manager.runtime
+    hints = runtime.hints
     llm.reset()
     with monkeypatch.context() as patch:
+        patch.setattr(runtime, "hints", dataclasses.replace(hints, replay=replay))
+        llm.pool.clear()  # fresh clones read the hint
         patch.setattr(AttentionExecution, "on_execute", broken)
-        with pytest.raises(ExecutionError, match=r"op Attention '.*' failed while running on cpu: ValueError") as err:
+        patch.setattr(AttentionExecution, "before_run", broken)  # where a replayed cpu step keeps the KV books
+        where = "the replayed step failed on cpu" if replay else r"op Attention '.*' failed while running on cpu"
+        with pytest.raises(ExecutionError, match=where + ": ValueError") as err:
             llm.forward([1, 2, 3])
-    assert err.value.field and "Attention" in str(err.value)
+    llm.pool.clear()
+    assert err.value.field == "replay" if replay else err.value.field and "Attention" in str(err.value)
     llm.reset()
     assert llm.response("What is the capital of France?") == "The capital of France is Paris."
 

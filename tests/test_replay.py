@@ -1,9 +1,9 @@
-"""Record and replay (`Backend.on_record` -> `Replay`): a static-shape backend turns a resized
-pipeline into one step it replays per token (vulkan: one command buffer; opencl: one flat
-enqueue loop). Pinned here against the per-op loop it replaces, on opencl (pocl) and vulkan
-(lavapipe): the same outputs bit for bit, a new recording after every resize, the shared
-model's logits and greedy tokens with replay on and off (the replay runs q+k and gate+up as one
-dispatch / kernel each, on opencl gate+up with their MUL_SILU, the loop one per layer), and the
+"""Record and replay (`Backend.on_record` -> `Replay`): a backend turns a resized pipeline into
+one step it replays per token (vulkan: one command buffer; opencl: one flat enqueue loop; cpu:
+one list of bound calls). Pinned here against the per-op loop it replaces, on opencl (pocl),
+vulkan (lavapipe) and cpu (its models: test_cpu_replay.py): the same outputs bit for bit, a new
+recording after every resize, the shared model's logits and greedy tokens with replay on and
+off (the replay runs q+k and gate+up as one dispatch / kernel each, on opencl gate+up with their MUL_SILU, the loop one per layer), and the
 "replay" hint.
 """
 from __future__ import annotations
@@ -52,9 +52,15 @@ def check_replay_against_loop(graph: NormLinearReshape, module) -> None:
     assert records == [1, 1, 2, 3, 3, 4], "recorded once per resize, never per run"
 
 
-def test_a_pipeline_with_an_op_on_cpu_keeps_the_per_op_loop() -> None:
+@pytest.mark.parametrize("memory", ["normal", "low"])
+def test_the_cpu_replay_gives_the_per_op_loops_outputs_and_records_again_after_every_resize(memory: str) -> None:
     graph = NormLinearReshape()
-    module = make_module(graph.info, new_runtime("cpu"))
+    check_replay_against_loop(graph, make_module(graph.info, new_runtime("cpu", memory=memory)))
+
+
+def test_with_the_replay_hint_off_a_cpu_pipeline_keeps_the_per_op_loop() -> None:
+    graph = NormLinearReshape()
+    module = make_module(graph.info, new_runtime("cpu", hints={"replay": False}))
     module.forward(feeds(2))
     assert not module.session.pipeline.replayed and module.session.pipeline.records == 0
 

@@ -255,15 +255,19 @@ def test_a_step_interrupted_after_some_layers_moved_their_rows_runs_again_right(
     appended, the rest not; the step run again moves nothing twice."""
     llm = model(linked(tmp_path / "m", MODEL_DIR))
     prompt, answer, _, _, rows = tree_step(llm)
-    original, calls = AttentionExecution.on_execute, [0]
+    calls = [0]
 
-    def interrupted(self, inputs, outputs):
-        original(self, inputs, outputs)
-        calls[0] += 1
-        if calls[0] == 10:
-            raise KeyboardInterrupt
+    def interrupting(original):  # a replayed cpu step moves each layer's rows in before_run
+        def interrupted(self, *args):
+            result = original(self, *args)
+            calls[0] += 1
+            if calls[0] == 10:
+                raise KeyboardInterrupt
+            return result
+        return interrupted
     with monkeypatch.context() as patch:
-        patch.setattr(AttentionExecution, "on_execute", interrupted)
+        for name in ("on_execute", "before_run"):
+            patch.setattr(AttentionExecution, name, interrupting(getattr(AttentionExecution, name)))
         with pytest.raises(KeyboardInterrupt):
             llm.forward([answer[3]])
     follow = llm.forward([answer[3]])

@@ -44,6 +44,10 @@ class CPUBackend(HostBackend):
         self.run_count += 1
         self.runtime.apply_threads()
 
+    def on_record(self, commands) -> "CPUReplay":
+        from .replay import CPUReplay
+        return CPUReplay(commands, compiled=self.low_memory())
+
 
 class CPURuntime(Runtime):
     name = "cpu"
@@ -71,8 +75,10 @@ class CPURuntime(Runtime):
             else:
                 self._kernels = kernels
                 self.apply_threads()
+                from .kernels.program import warm_up_replay
                 from .kernels.warmup import warm_up
                 warm_up(self.thread_num)
+                warm_up_replay()
         return bool(self._kernels)
 
     def apply_threads(self) -> None:

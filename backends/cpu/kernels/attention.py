@@ -105,3 +105,18 @@ def attend_parallel(q, keys_t, values, past, scale, sinks, out):
         kv, block = divmod(np.int64(task), per_head)  # prange counts unsigned; int64 keeps the arithmetic integral
         _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, block * ROWS_PER_TASK,
                      min(rows, (block + 1) * ROWS_PER_TASK))
+
+
+@jit()
+def append_attend(q, k, v, keys_t, values, past, scale, sinks, out):
+    """A replayed step's attention (`attend`, on the calling thread): the step's k and v
+    [tokens, kv_heads, dim] written into the cache at row past[0] first (the cache's
+    bookkeeping ran before the step and left past[0] there)."""
+    start = past[0]
+    tokens, kv_heads, dim = k.shape
+    for t in range(tokens):
+        for h in range(kv_heads):
+            for d in range(dim):
+                keys_t[h, d, start + t] = k[t, h, d]
+                values[h, start + t, d] = v[t, h, d]
+    attend(q, keys_t, values, start, scale, sinks, out)

@@ -10,6 +10,8 @@ cache that holds keys transposed.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused, UnsupportedError, attention_mask
@@ -76,8 +78,12 @@ class HostKVCache(KVCache):
         self.v[:, dst:dst + count] = self.v[:, src:src + count]
 
     def add(self, k: np.ndarray, v: np.ndarray) -> None:
-        self._heads, self._dim = k.shape[1], k.shape[2]
+        self.set_rows(k.shape[1], k.shape[2])
         self.append(k, v, k.shape[0])
+
+    def set_rows(self, heads: int, dim: int) -> None:
+        """The kv heads and head size of a token's row (what `grow` allocates for)."""
+        self._heads, self._dim = heads, dim
 
     saveable = True
 
@@ -116,6 +122,9 @@ class AttentionExecution(Execution):
         self.cache = cache if cache is not None else HostKVCache(params.kv_cache and backend.low_memory(),
                                                                  backend.runtime.kv_zeros)
         self.kernel_call = None  # (kernel, q, out, scale) bound at resize for the key-transposed cache
+        self.replay_kernel = False  # whether a replay runs this step as `append_attend` (set at resize)
+        self.past = np.zeros(1, np.int64)  # the step's past, written by before_run for the replayed kernel
+        self.bound = None  # the cache's keys the replay's step is bound to
 
     def _layout(self, inputs) -> tuple[int, int, int, int]:
         layout = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -134,6 +143,7 @@ class AttentionExecution(Execution):
 
     def on_resize(self, inputs, outputs) -> None:
         self.kernel_call = None
+        self.replay_kernel = False
         seq, num_head, kv_heads, dim = self._layout(inputs)
         q = inputs[0].storage.reshape(seq, num_head, dim)
         if self.cache.keys_transposed and dim % PANEL == 0 and q.flags.c_contiguous:
@@ -141,6 +151,31 @@ class AttentionExecution(Execution):
             kernel = attend if seq <= FEW_TOKENS or self.backend.runtime.thread_num == 1 else attend_parallel
             self.kernel_call = (kernel, q, outputs[0].storage.reshape(seq, num_head, dim),
                                 np.float32(self.params.scale_for(dim)))
+            mask = inputs[3] if len(inputs) > 3 else None
+            self.replay_kernel = (kernel is attend and self.params.kv_cache
+                                  and attention_mask(mask, seq).kind == "causal")
+            self.cache.set_rows(kv_heads, dim)
+
+    # -- replay: the KV bookkeeping before the step, the append and the kernel as one bound call --
+    def before_run(self) -> bool:
+        if not self.replay_kernel:
+            return False  # the replay runs on_execute, which keeps the books itself
+        self.past[0] = self.cache.begin_step(self.backend.kv_meta)
+        moved = self.cache.extend(self.kernel_call[1].shape[0])
+        return moved or self.bound is not self.cache.k  # grown here or by a clone sharing the cache
+
+    def replay_steps(self, inputs, outputs) -> list:
+        if not self.replay_kernel:
+            return super().replay_steps(inputs, outputs)
+        from ..kernels.attention import append_attend
+        _, q, out, scale = self.kernel_call
+        seq, _, dim = q.shape
+        kv_heads = self.params.layout(inputs[0].shape, inputs[1].shape)[2]
+        k, v = (t.storage.reshape(seq, kv_heads, dim) for t in inputs[1:3])
+        sinks = self._sinks(inputs, q.shape[1])
+        self.bound = self.cache.k
+        return [partial(append_attend, q, k, v, self.cache.k, self.cache.v, self.past, scale,
+                        NO_SINKS if sinks is None else sinks, out)]
 
     def on_execute(self, inputs, outputs) -> None:
         seq, num_head, kv_heads, dim = self._layout(inputs)

@@ -1,6 +1,8 @@
 """BinaryOp, UnaryOp, Cast, Select and friends: numpy ufuncs in the tensor's dtype."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from mnnllm_core.backend_api import RELU, RELU6, Execution, Refused
@@ -87,6 +89,9 @@ class MulSiluExecution(Execution):
 
     def on_execute(self, inputs, outputs) -> None:
         self.kernel(*self.arguments)
+
+    def replay_steps(self, inputs, outputs) -> list:
+        return [partial(self.kernel, *self.arguments)]
 
 
 class UnaryExecution(Execution):

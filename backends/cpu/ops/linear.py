@@ -3,6 +3,8 @@ once to fp32 [oc, ic] at creation (the exact reference), then one BLAS GEMM/GEMV
 `memory: "low"` quantized weights stay packed (`packed_linear.py`)."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from mnnllm_core.backend_api import Execution, QuantizedWeight, linear_creator
@@ -32,6 +34,17 @@ class LinearExecution(Execution):
         else:
             np.dot(x.reshape(rows, -1), self.weight.T, out=out)
         finish(out, self.bias, self.activation)
+
+    def replay_steps(self, inputs, outputs) -> list:
+        """One row: the GEMV bound to its buffers, as on_execute calls it; else on_execute."""
+        x = inputs[0].storage
+        if x.shape[0] != 1:
+            return super().replay_steps(inputs, outputs)
+        out = outputs[0].storage.reshape(1, -1)
+        steps = [partial(np.dot, x.reshape(1, -1), self.weight.T, out=out)]
+        if self.bias is not None or self.activation:
+            steps.append(partial(finish, out, self.bias, self.activation))
+        return steps
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.weight, self.bias, self.activation)

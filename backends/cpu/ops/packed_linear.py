@@ -77,6 +77,14 @@ class PackedLinearExecution(Execution):
             matmul(self.weight, x, out, self.threads)
         finish(out, self.bias, self.activation)
 
+    def replay_steps(self, inputs, outputs) -> list:
+        """One token: this member's part of the shared GEMV (CPUReplay binds it); else on_execute."""
+        if self.tokens != 1:
+            return super().replay_steps(inputs, outputs)
+        from ..replay import SharedGemvStep
+        return [SharedGemvStep(self.shared, self.member, self.x[0], self.out.reshape(-1), self.bias, self.activation,
+                               self.threads)]
+
     def on_clone(self, backend, op):
         twins = backend.shared_twins
         twin = twins.get(id(self.shared))

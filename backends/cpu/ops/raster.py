@@ -1,6 +1,8 @@
 """The one copy primitive geometry lowers data movement to."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
@@ -32,6 +34,11 @@ class RasterExecution(Execution):
             outputs[0].storage[...] = 0
         for target, source in self.copies:
             target[...] = source
+
+    def replay_steps(self, inputs, outputs) -> list:
+        """Each region's copy bound to its views (a zero fill first where the param asks)."""
+        zero = [partial(outputs[0].storage.fill, 0)] if self.param.zero_fill else []
+        return zero + [partial(np.copyto, target, source, casting="unsafe") for target, source in self.copies]
 
 
 CREATORS = {"Raster": lambda backend, inputs, outputs, op: RasterExecution(backend, op.param)}

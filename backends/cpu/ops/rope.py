@@ -60,6 +60,9 @@ class RoPEExecution(Execution):
         self._apply(q, p.num_head, p.q_norm, cos, sin, outputs[0].storage)
         self._apply(k, p.kv_num_head, p.k_norm, cos, sin, outputs[1].storage)
 
+    def replay_steps(self, inputs, outputs) -> list:
+        return super().replay_steps(inputs, outputs) if self.kernel_call is None else [self.kernel_call]
+
     def on_clone(self, backend, op):
         return RoPEExecution(backend, self.params)
 

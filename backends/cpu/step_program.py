@@ -1,0 +1,134 @@
+"""Bound kernel calls of a replayed step turned into one program (`kernels/program.py`).
+
+The cpu replay's steps are mostly `functools.partial`s of numba kernels with their arrays
+(`replay.py`); a run of such calls that this module recognises becomes instructions of one
+program, its arrays entered once into the program's typed lists (as flat views of the same
+memory, so nothing is copied and every later run sees the buffers the calls saw). A call it
+does not recognise (a BLAS product, a numpy op, an on_execute) ends the program; the replay
+runs it as it is.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Callable
+
+import numpy as np
+
+from .kernels import program as kernels
+from .kernels.activation import mul_silu
+from .kernels.attention import append_attend
+from .kernels.linear import _gemv, _gemv_parallel
+from .kernels.norm import add_normalize_rows, normalize_rows
+from .kernels.rope import rope_qk
+
+
+class NotRecognised(Exception):
+    """A call whose arrays a program cannot take as they are (not contiguous, another dtype)."""
+
+
+class StepProgram:
+    """Instructions and their arrays, added call by call (`add`), then one bound call (`bound`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[int]] = []
+        self.scalars: list[float] = []
+        self.floats, self.codes, self.reals, self.halves, self.ints = kernels.empty_lists()
+        self._staged: dict[int, tuple[Any, list[np.ndarray]]] = {}  # the arrays of the call being added
+        self._sizes: dict[int, int] = {}  # id of a typed list -> its length (a typed list's len() compiles)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # -- arrays into the typed lists ------------------------------------------------------
+    @staticmethod
+    def _flat(array: Any, dtype) -> np.ndarray:
+        if not isinstance(array, np.ndarray) or array.dtype != dtype or not array.flags.c_contiguous:
+            raise NotRecognised(f"{type(array).__name__} {getattr(array, 'dtype', '')}")
+        return array.reshape(-1)  # a view: C-contiguous
+
+    def _entry(self, target, array: Any, dtype) -> int:
+        """The index `array` (flat) will have in `target` once its call is taken (`add`)."""
+        staged = self._staged.setdefault(id(target), (target, []))[1]
+        staged.append(self._flat(array, dtype))
+        return self._sizes.get(id(target), 0) + len(staged) - 1
+
+    def f32(self, array: Any) -> int:
+        return self._entry(self.floats, array, np.float32)
+
+    def scalar(self, value: float) -> int:
+        self.scalars.append(float(value))
+        return len(self.scalars) - 1
+
+    # -- calls into instructions ----------------------------------------------------------
+    def add(self, call: Callable[[], Any]) -> bool:
+        """Append `call` as an instruction; False (nothing added) when it is not one a program runs."""
+        if not isinstance(call, partial):
+            return False
+        make = self._MAKERS.get(call.func)
+        if make is None or (call.keywords and call.func is not np.copyto):
+            return False
+        scalars = len(self.scalars)
+        self._staged.clear()
+        try:
+            row = make(self, *call.args, **call.keywords)
+        except NotRecognised:
+            del self.scalars[scalars:]
+            return False
+        for target, staged in self._staged.values():
+            for array in staged:
+                kernels.append_array(target, array)
+            self._sizes[id(target)] = self._sizes.get(id(target), 0) + len(staged)
+        self.rows.append(row + [0] * (kernels.WIDTH - len(row)))
+        return True
+
+    def _from_gemv(self, bits, codes, alphas, outs, starts, x, n_blocks, block, threads=0) -> list[int]:
+        dtype = alphas[0].dtype
+        if dtype == np.uint16:
+            alpha_rows, halves = [self._entry(self.halves, a, np.uint16) for a in alphas], 1
+        elif dtype == np.float32:
+            alpha_rows, halves = [self._entry(self.reals, a, np.float32) for a in alphas], 0
+        else:
+            raise NotRecognised(f"alphas of {dtype}")
+        return [kernels.GEMV, bits, halves, *[self._entry(self.codes, c, np.uint8) for c in codes], *alpha_rows,
+                *[self.f32(o) for o in outs], self._entry(self.ints, starts, np.int64), self.f32(x), n_blocks,
+                block, threads]
+
+    def _from_copy(self, dst, src, casting: str = "same_kind") -> list[int]:
+        if dst.size != src.size:
+            raise NotRecognised("copy between sizes")
+        return [kernels.COPY, self.f32(dst), self.f32(src)]
+
+    def _from_norm(self, x, n, gamma, beta, eps, rms, out) -> list[int]:
+        return [kernels.NORM, self.f32(x), n, self.f32(gamma), self.f32(beta), self.scalar(eps), int(rms),
+                self.f32(out)]
+
+    def _from_add_norm(self, a, b, n, gamma, beta, eps, rms, total, out) -> list[int]:
+        return [kernels.ADD_NORM, self.f32(a), self.f32(b), n, self.f32(gamma), self.f32(beta), self.scalar(eps),
+                int(rms), self.f32(total), self.f32(out)]
+
+    def _from_rope(self, q, k, heads, kv_heads, head_dim, rope_dim, cos, sin, q_norm, q_gamma, q_beta, q_eps, q_rms,
+              k_norm, k_gamma, k_beta, k_eps, k_rms, q_out, k_out) -> list[int]:
+        return [kernels.ROPE, self.f32(q), self.f32(k), heads, kv_heads, head_dim, rope_dim, self.f32(cos),
+                self.f32(sin), cos.shape[0], int(q_norm), self.f32(q_gamma), self.f32(q_beta), int(q_rms),
+                self.scalar(q_eps), int(k_norm), self.f32(k_gamma), self.f32(k_beta), int(k_rms), self.scalar(k_eps),
+                self.f32(q_out), self.f32(k_out)]
+
+    def _from_mul_silu(self, a, b, out) -> list[int]:
+        return [kernels.MUL_SILU, self.f32(a), self.f32(b), self.f32(out)]
+
+    def _from_attend(self, q, k, v, keys_t, values, past, scale, sinks, out) -> list[int]:
+        tokens, heads, dim = q.shape
+        kv_heads, _, capacity = keys_t.shape
+        return [kernels.ATTEND, self.f32(q), self.f32(k), self.f32(v), self.f32(keys_t), self.f32(values),
+                self._entry(self.ints, past, np.int64), self.scalar(scale), self.f32(sinks), self.f32(out), tokens,
+                heads, kv_heads, dim, capacity]
+
+    _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
+               add_normalize_rows: _from_add_norm, rope_qk: _from_rope, mul_silu: _from_mul_silu,
+               append_attend: _from_attend}
+
+    def bound(self) -> Callable[[], Any]:
+        """The program as one call."""
+        code = np.asarray(self.rows, np.int64).reshape(-1, kernels.WIDTH)
+        return partial(kernels.run_program, code, np.asarray(self.scalars, np.float64), self.floats, self.codes,
+                       self.reals, self.halves, self.ints)
