@@ -75,10 +75,8 @@ class CPURuntime(Runtime):
             else:
                 self._kernels = kernels
                 self.apply_threads()
-                from .kernels.program import warm_up_replay
                 from .kernels.warmup import warm_up
                 warm_up(self.thread_num)
-                warm_up_replay()
         return bool(self._kernels)
 
     def apply_threads(self) -> None:

@@ -1,5 +1,5 @@
 """A replayed step's kernel calls as one compiled call (`run_program`), and the kernels only a
-replay calls, loaded at load like the rest (`warm_up_replay`).
+replay calls, loaded at load like the rest (`warm_up_replay`, one of `warmup.PARTS`).
 
 A program is a table of instructions (int64 rows: an opcode, then indexes into typed lists of
 the arrays the kernels read and write, and sizes) plus those lists, made once at record time
@@ -23,7 +23,6 @@ from .attention import append_attend
 from .linear import _gemv, _gemv_parallel
 from .norm import add_normalize_rows, normalize_rows
 from .rope import rope_qk
-from .warmup import release_compiler_pages
 
 GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND = range(7)
 WIDTH = 24  # int64 fields of one instruction
@@ -128,8 +127,8 @@ def append_array(target: List, array: np.ndarray) -> None:
 
 
 def warm_up_replay() -> None:
-    """Load the replay's kernels with tiny arrays of the real calls' types, then hand the JIT
-    compiler's pages back again."""
+    """Load the replay's kernels with tiny arrays of the real calls' types (a part of
+    `warmup.PARTS`, so that a first run compiles them beside the others)."""
     q = np.zeros((1, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
     append_attend(q, q.copy(), q.copy(), keys_t, values, np.zeros(1, np.int64), np.float32(1.0),
@@ -138,4 +137,3 @@ def warm_up_replay() -> None:
     for target, dtype in zip(lists, (np.float32, np.uint8, np.float32, np.uint16, np.int64)):
         append_array(target, np.zeros(1, dtype))
     run_program(np.zeros((0, WIDTH), np.int64), np.zeros(1), *lists)
-    release_compiler_pages()

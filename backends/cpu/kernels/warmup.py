@@ -104,12 +104,20 @@ def _delta_rule(threads: int) -> None:
         delta_rule._scan_parallel(qk, qk, qk, gates, gates, state, qk.copy(), 0)
 
 
-# each part and the seconds its first compile took for 2 threads (2-core EPYC, numba 0.68, a quiet
+def _replay(threads: int) -> None:
+    """The decode replay's program runner and fused append-attend (imported here: program.py
+    imports the kernel modules this one loads)."""
+    from .program import warm_up_replay
+    warm_up_replay()
+
+
+# each part and the seconds its first compile took (replay: the program runner compiles the
+# kernels it calls into itself) for 2 threads (2-core EPYC, numba 0.68, a quiet
 # machine; "rows" runs first in its process and includes numba's own first compiles): the compile
 # processes get parts of about equal total time
 PARTS: dict[str, tuple[Callable[[int], None], float]] = {
     "gemv": (_gemv, 2.1), "few_tokens": (_few_tokens, 2.6), "matmul": (_matmul, 3.3), "rows": (_rows, 2.7),
-    "attention": (_attention, 2.9), "delta_rule": (_delta_rule, 2.8)}
+    "attention": (_attention, 2.9), "delta_rule": (_delta_rule, 2.8), "replay": (_replay, 17.0)}
 
 
 def warm_up(threads: int) -> None:
