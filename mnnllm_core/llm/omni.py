@@ -127,12 +127,13 @@ class Omni(Llm):
         return self.tokenizer_encode(text, images)
 
     def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None,
-                 images: Mapping[str, Any] | None = None):
-        """Llm.response, with `images` (name -> path, array or PIL image) that <img>NAME</img> tags name."""
+                 images: Mapping[str, Any] | None = None, **guidance):
+        """Llm.response, with `images` (name -> path, array or PIL image) that <img>NAME</img> tags name;
+        `guidance`: Llm.response's constraint, logits_processor and logprobs."""
         images = arguments.optional_mapping(images, "images")
         self._images = dict(images or {})
         try:
-            return super().response(prompt, stream, max_new_tokens)
+            return super().response(prompt, stream, max_new_tokens, **guidance)
         finally:
             self._images = {}
 

@@ -1,0 +1,159 @@
+"""One reply's sampling under the caller's control: logits processors (llama-cpp-python's
+LogitsProcessor: a callable (token ids so far, logits) -> logits), a constraint's mask, then
+MNN's sampler stages over what is left, and the log-probabilities of each chosen token with its
+top alternatives. The order is fixed: processors, mask, sampler; so greedy takes the best
+allowed token and every other sampler draws among allowed tokens only.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from ..errors import ArgumentError, UnsupportedError
+from .constraint import ConstraintState
+from .context import CONTEXT_FULL, MAX_TOKENS
+from .generation.ar import ARGeneration
+from .sampler import Sampler
+
+log = logging.getLogger(__name__)
+
+LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+CONSTRAINT_UNFINISHED = 6
+"""Status of a constrained reply that reached max_new_tokens (or the context's end) before its
+text was a complete match: the output is a prefix of a valid one, not a valid one."""
+
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass
+class TokenLogprob:
+    """A chosen token's log-probability and the `top` most likely tokens (id, log-probability)
+    at its step, over the logits the sampler saw (after the processors and the constraint's mask)."""
+
+    token: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+class GuidedSampler:
+    """A Sampler's stand-in for one reply (`sample(logits, history)`), wrapping the real one."""
+
+    def __init__(self, sampler: Sampler, constraint: ConstraintState | None = None,
+                 processors: Sequence[LogitsProcessor] = (), top_logprobs: int | None = None):
+        if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
+            raise ArgumentError(f"top_logprobs must be 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}",
+                                field="top_logprobs")
+        for processor in processors:
+            if not callable(processor):
+                raise ArgumentError(f"a logits processor must be callable, got {type(processor).__name__}",
+                                    field="logits_processor")
+        self.sampler = sampler
+        self.config = sampler.config
+        self.constraint = constraint
+        self.processors = list(processors)
+        self.top_logprobs = top_logprobs
+        self.logprobs: list[TokenLogprob] = []
+        self.mask_us = 0.0  # time spent computing and applying the constraint's masks
+        self.used = False
+
+    def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        row = np.array(logits, dtype=np.float32).reshape(-1)
+        if self.processors:
+            ids = np.asarray(history, dtype=np.intc)
+            for processor in self.processors:
+                row = np.asarray(processor(ids, row), dtype=np.float32).reshape(-1)
+        allowed = None
+        if self.constraint is not None:
+            start = time.perf_counter()
+            allowed = self.constraint.mask(row)
+            self.mask_us += (time.perf_counter() - start) * 1e6
+        token = self.sampler.sample(row, history)
+        if allowed is not None and not (token < allowed.size and allowed[token]):
+            token = _best_allowed(row, allowed)  # every allowed logit was -inf (a processor's doing)
+        if self.top_logprobs is not None:
+            self.logprobs.append(_logprob(row, token, self.top_logprobs))
+        if self.constraint is not None:
+            self.constraint.consume(token)
+        return token
+
+
+def _best_allowed(row: np.ndarray, allowed: np.ndarray) -> int:
+    ids = np.flatnonzero(allowed[:row.size])
+    if ids.size == 0:
+        raise UnsupportedError("the constraint allows no token here", field="constraint")
+    return int(ids[np.argmax(row[ids])])
+
+
+def _logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
+    finite = np.isfinite(row)
+    peak = row[finite].max() if finite.any() else 0.0
+    shifted = np.where(finite, row - peak, -np.inf)
+    log_total = np.log(np.exp(shifted[finite], dtype=np.float64).sum())
+    logprobs = shifted - log_total
+    best: list[tuple[int, float]] = []
+    if top:
+        order = np.argpartition(-logprobs, min(top, row.size - 1))[:top]
+        order = order[np.argsort(-logprobs[order], kind="stable")]
+        best = [(int(i), float(logprobs[i])) for i in order if np.isfinite(logprobs[i])]
+    return TokenLogprob(int(token), float(logprobs[token]), best)
+
+
+class GuidedGeneration(ARGeneration):
+    """Token by token under a GuidedSampler; a constrained reply cut short says so in its status."""
+
+    def __init__(self, target, sampler: GuidedSampler):
+        super().__init__(target, sampler)
+        self.guided = sampler
+
+    def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+        ctx = self.target.context
+        constraint = self.guided.constraint
+        for token in super().generate(new_ids, max_new_tokens):
+            if constraint is not None and ctx.status in (MAX_TOKENS, CONTEXT_FULL) and not constraint.satisfied:
+                ctx.status = CONSTRAINT_UNFINISHED
+            yield token
+
+
+def guided_sampler(target, sampler: Sampler, constraint=None, logits_processor=None,
+                   top_logprobs: int | None = None) -> GuidedSampler:
+    """A GuidedSampler over `sampler` for one reply on `target`'s tokenizer. `constraint`: a
+    Constraint, or a JSON schema (dict) as shorthand; `logits_processor`: one callable or a list."""
+    from collections.abc import Mapping
+
+    from .constraint import Constraint
+    if isinstance(constraint, Mapping):
+        constraint = Constraint.json_schema(constraint, field="constraint")
+    if constraint is not None and not isinstance(constraint, Constraint):
+        raise ArgumentError(f"constraint must be a Constraint or a JSON schema dict, got {type(constraint).__name__}",
+                            field="constraint")
+    if isinstance(top_logprobs, bool) or not (top_logprobs is None or isinstance(top_logprobs, int)):
+        raise ArgumentError(f"logprobs must be an int (how many top alternatives) or None, got {top_logprobs!r}",
+                            field="logprobs")
+    processors = [] if logits_processor is None else (
+        [logits_processor] if callable(logits_processor) else list(logits_processor))
+    state = ConstraintState(constraint, target.tokenizer) if constraint is not None else None
+    return GuidedSampler(sampler, state, processors, top_logprobs)
+
+
+def guided_generation(target, sampler: GuidedSampler) -> GuidedGeneration:
+    """The strategy for a guided reply. Speculative decoding verifies drafts by argmax of raw
+    logits, which a constraint's mask would change: refused rather than risk a token outside it.
+    Processors and log-probabilities alone decode token by token (they need every step's logits)."""
+    if sampler.used:
+        raise ArgumentError("a guided sampler serves one reply (its constraint follows that reply's tokens): "
+                            "make another with Llm.guide()", field="sampler")
+    sampler.used = True
+    kind = str(target.config.speculative_type or "")
+    if kind and sampler.constraint is not None:
+        raise UnsupportedError(f"speculative_type {kind!r} cannot run under a constraint (its drafts are "
+                               "verified without the mask): set speculative_type to '' for constrained replies",
+                               file=target.config.origin("speculative_type"), field="speculative_type")
+    if kind:
+        log.info("speculative_type %s: decoding token by token for logits processors / logprobs", kind)
+    return GuidedGeneration(target, sampler)
