@@ -201,10 +201,11 @@ class Llm:
             return self.tokenizer.decode_id(ids)
         return self.tokenizer.decode(ids)
 
-    def apply_chat_template(self, messages: Messages) -> str:
+    def apply_chat_template(self, messages: Messages, tools: Sequence[dict] | None = None) -> str:
+        """The prompt text; `tools` (OpenAI tool objects) reach the template's `tools` variable."""
         messages = arguments.messages(messages, "messages")
         arguments.require_loaded(self, "apply_chat_template")
-        return self.prompt.apply_chat_template(messages)
+        return self.prompt.apply_chat_template(messages, tools=tools)
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
