@@ -92,9 +92,10 @@ SCHEMAS: list[tuple[str, str, dict]] = [
 ]
 
 ARITHMETIC_GBNF = r"""
-# After llama.cpp's grammars/arithmetic.gbnf: one equation whose left side nests parentheses.
+# After llama.cpp's grammars/arithmetic.gbnf: one equation whose left side nests parentheses
+# (at most three terms an expression, so a small greedy model cannot go on for ever).
 root  ::= expr " = " num
-expr  ::= term (ws op ws term)*
+expr  ::= term (ws op ws term)? (ws op ws term)?
 term  ::= num | "(" expr ")"
 op    ::= [-+*/]
 num   ::= [0-9] [0-9]? [0-9]?
@@ -103,7 +104,8 @@ ws    ::= " "?
 
 
 def arithmetic_accepts(text: str) -> bool:
-    """ARITHMETIC_GBNF's language, by recursive descent (independent of the grammar engine)."""
+    """ARITHMETIC_GBNF's language, by recursive descent (independent of the grammar engine). An
+    expression's optional space is taken before an operator only (the grammar's one reading)."""
     tokens = re.findall(r"\d+|[-+*/()=]| ", text)
     if "".join(tokens) != text:
         return False
@@ -134,7 +136,7 @@ def arithmetic_accepts(text: str) -> bool:
         nonlocal at
         if not term():
             return False
-        while True:
+        for _ in range(2):
             mark = at
             if peek() == " ":
                 take()
@@ -147,7 +149,54 @@ def arithmetic_accepts(text: str) -> bool:
             else:
                 at = mark
                 return True
+        return True
 
     if not expr():
         return False
     return take(" ") is not None and take("=") is not None and take(" ") is not None and num() and at == len(tokens)
+
+HERMES_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+
+{% endif %}You can call functions. Their signatures are inside <tools></tools>:
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+
+To call one, answer with a JSON object of its name and arguments inside <tool_call></tool_call>:
+<tool_call>
+{"name": <function name>, "arguments": <arguments object>}
+</tool_call><|im_end|>
+{% elif messages[0].role == 'system' %}<|im_start|>system
+{{ messages[0].content }}<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' %}{% continue %}{% endif %}
+{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{% if message.content %}{{ message.content }}
+{% endif %}{% for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+"""A chat template of the Hermes/Qwen family (tools in <tools>, calls in <tool_call>, answers in
+<tool_response>), written for these tests; applied to the shared SmolLM2 model."""
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "The local time in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                   "required": ["city"], "additionalProperties": False}}}

@@ -17,6 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ..llm.constraint import JSON_LAYOUT
+
 
 @dataclass(frozen=True)
 class ParsedCall:
@@ -66,7 +68,8 @@ def call_schema(tools: Sequence[dict[str, Any]], arguments_key: str) -> dict[str
 
 
 def _lark_json(schema: dict[str, Any]) -> str:
-    return "%json " + json.dumps(schema)
+    """llguidance's Lark form of a JSON schema, laid out as the JSON constraints are (no free whitespace)."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
 
 
 class ToolFormat:
