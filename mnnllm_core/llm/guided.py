@@ -59,8 +59,12 @@ class GuidedSampler:
         self.processors = list(processors)
         self.top_logprobs = top_logprobs
         self.logprobs: list[TokenLogprob] = []
-        self.mask_us = 0.0  # time spent computing and applying the constraint's masks
+        self.mask_times_us: list[float] = []  # per token: computing and applying the constraint's mask
         self.used = False
+
+    @property
+    def mask_us(self) -> float:
+        return sum(self.mask_times_us)
 
     def sample(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
         row = np.array(logits, dtype=np.float32).reshape(-1)
@@ -72,7 +76,7 @@ class GuidedSampler:
         if self.constraint is not None:
             start = time.perf_counter()
             allowed = self.constraint.mask(row)
-            self.mask_us += (time.perf_counter() - start) * 1e6
+            self.mask_times_us.append((time.perf_counter() - start) * 1e6)
         token = self.sampler.sample(row, history)
         if allowed is not None and not (token < allowed.size and allowed[token]):
             token = _best_allowed(row, allowed)  # every allowed logit was -inf (a processor's doing)
