@@ -46,13 +46,6 @@ class GuidedSampler:
 
     def __init__(self, sampler: Sampler, constraint: ConstraintState | None = None,
                  processors: Sequence[LogitsProcessor] = (), top_logprobs: int | None = None):
-        if top_logprobs is not None and not 0 <= top_logprobs <= MAX_TOP_LOGPROBS:
-            raise ArgumentError(f"top_logprobs must be 0..{MAX_TOP_LOGPROBS}, got {top_logprobs}",
-                                field="top_logprobs")
-        for processor in processors:
-            if not callable(processor):
-                raise ArgumentError(f"a logits processor must be callable, got {type(processor).__name__}",
-                                    field="logits_processor")
         self.sampler = sampler
         self.config = sampler.config
         self.constraint = constraint
@@ -124,10 +117,10 @@ class GuidedGeneration(ARGeneration):
             yield token
 
 
-def guided_sampler(target, sampler: Sampler, constraint=None, logits_processor=None,
-                   top_logprobs: int | None = None) -> GuidedSampler:
-    """A GuidedSampler over `sampler` for one reply on `target`'s tokenizer. `constraint`: a
-    Constraint, or a JSON schema (dict) as shorthand; `logits_processor`: one callable or a list."""
+def check_guidance(constraint=None, logits_processor=None, top_logprobs: int | None = None):
+    """The arguments of a guided reply, checked (before the model is needed): (Constraint or None,
+    list of processors, top_logprobs). `constraint`: a Constraint, or a JSON schema dict as shorthand;
+    `logits_processor`: one callable or a list of them."""
     from collections.abc import Mapping
 
     from .constraint import Constraint
@@ -136,11 +129,26 @@ def guided_sampler(target, sampler: Sampler, constraint=None, logits_processor=N
     if constraint is not None and not isinstance(constraint, Constraint):
         raise ArgumentError(f"constraint must be a Constraint or a JSON schema dict, got {type(constraint).__name__}",
                             field="constraint")
-    if isinstance(top_logprobs, bool) or not (top_logprobs is None or isinstance(top_logprobs, int)):
-        raise ArgumentError(f"logprobs must be an int (how many top alternatives) or None, got {top_logprobs!r}",
-                            field="logprobs")
-    processors = [] if logits_processor is None else (
-        [logits_processor] if callable(logits_processor) else list(logits_processor))
+    if top_logprobs is not None and (isinstance(top_logprobs, bool) or not isinstance(top_logprobs, int)
+                                     or not 0 <= top_logprobs <= MAX_TOP_LOGPROBS):
+        raise ArgumentError(f"logprobs must be an int 0..{MAX_TOP_LOGPROBS} (how many top alternatives) or None, "
+                            f"got {top_logprobs!r}", field="logprobs")
+    if logits_processor is None:
+        processors = []
+    elif callable(logits_processor):
+        processors = [logits_processor]
+    elif isinstance(logits_processor, (list, tuple)) and all(callable(p) for p in logits_processor):
+        processors = list(logits_processor)
+    else:
+        raise ArgumentError(f"logits_processor must be a callable or a list of them, got "
+                            f"{type(logits_processor).__name__}", field="logits_processor")
+    return constraint, processors, top_logprobs
+
+
+def guided_sampler(target, sampler: Sampler, constraint=None, logits_processor=None,
+                   top_logprobs: int | None = None) -> GuidedSampler:
+    """A GuidedSampler over `sampler` for one reply on `target`'s tokenizer (arguments as check_guidance)."""
+    constraint, processors, top_logprobs = check_guidance(constraint, logits_processor, top_logprobs)
     state = ConstraintState(constraint, target.tokenizer) if constraint is not None else None
     return GuidedSampler(sampler, state, processors, top_logprobs)
 

@@ -30,7 +30,7 @@ from .context import STOPPED, LlmContext
 from .conversation import Conversation
 from .disk_embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation, needs_hidden_states
-from .guided import GuidedSampler, guided_generation, guided_sampler
+from .guided import GuidedSampler, check_guidance, guided_generation, guided_sampler
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
 from .per_layer_embedding import INPUT_NAME as PLE_INPUT
@@ -204,6 +204,7 @@ class Llm:
     def apply_chat_template(self, messages: Messages, tools: Sequence[dict] | None = None) -> str:
         """The prompt text; `tools` (OpenAI tool objects) reach the template's `tools` variable."""
         messages = arguments.messages(messages, "messages")
+        tools = arguments.optional_mappings(tools, "tools")
         arguments.require_loaded(self, "apply_chat_template")
         return self.prompt.apply_chat_template(messages, tools=tools)
 
@@ -369,9 +370,10 @@ class Llm:
         Constraint, or a JSON schema dict) masks the logits, `logits_processor` (callable(ids, logits)
         -> logits, or a list) edits them first, `logprobs` (how many top alternatives) records each
         token's log-probability in its `.logprobs`; `sampler` (default: the model's) then chooses."""
+        sampler = arguments.instance(sampler, Sampler, "sampler")
+        constraint, processors, logprobs = check_guidance(constraint, logits_processor, logprobs)
         arguments.require_loaded(self, "guide")
-        sampler = arguments.instance(sampler, (Sampler, GuidedSampler), "sampler")
-        return guided_sampler(self, sampler or self.sampler, constraint, logits_processor, logprobs)
+        return guided_sampler(self, sampler or self.sampler, constraint, processors, logprobs)
 
     def _generation_for(self, sampler: "Sampler | GuidedSampler | None"):
         if isinstance(sampler, GuidedSampler):
@@ -434,9 +436,10 @@ class Llm:
         prompt = arguments.messages(prompt, "prompt")
         stream = arguments.flag(stream, "stream")
         self._budget(max_new_tokens)
+        constraint, logits_processor, logprobs = check_guidance(constraint, logits_processor, logprobs)
         arguments.require_loaded(self, "response")
         sampler = None
-        if constraint is not None or logits_processor is not None or logprobs is not None:
+        if constraint is not None or logits_processor or logprobs is not None:
             sampler = self.last_guided = self.guide(constraint, logits_processor, logprobs)
         ids = self._prompt_ids(prompt)
         pieces = self.stream_text(ids, max_new_tokens, sampler)
