@@ -61,3 +61,11 @@ def test_the_forced_grammar_compiles_and_a_valid_call_parses_back(fmt):
     text = {"hermes": f"<tool_call>\n{body}\n</tool_call>", "llama3": body,
             "mistral": f"[TOOL_CALLS][{body}]"}[fmt.name]
     assert fmt.parse(text)[1] == [ParsedCall("get_weather", {"city": "Oslo"})]
+
+
+def test_llama3_streaming_holds_a_bare_call_from_its_first_brace():
+    stream = ToolStream(Llama3Format(), forced=False)
+    assert [stream.feed(p) for p in ['{"na', 'me": "get_time", "parameters": {}}']] == ["", ""]
+    assert stream.finish() == ("", [ParsedCall("get_time", {})])
+    text = ToolStream(Llama3Format(), forced=False)
+    assert text.feed("It is ") == "It is "

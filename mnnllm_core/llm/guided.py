@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import numpy as np
 
 from ..errors import ArgumentError, UnsupportedError
-from .constraint import ConstraintState
+from .constraint import Constraint, ConstraintState
 from .context import CONTEXT_FULL, MAX_TOKENS
 from .generation.ar import ARGeneration
 from .sampler import Sampler
@@ -121,9 +121,6 @@ def check_guidance(constraint=None, logits_processor=None, top_logprobs: int | N
     """The arguments of a guided reply, checked (before the model is needed): (Constraint or None,
     list of processors, top_logprobs). `constraint`: a Constraint, or a JSON schema dict as shorthand;
     `logits_processor`: one callable or a list of them."""
-    from collections.abc import Mapping
-
-    from .constraint import Constraint
     if isinstance(constraint, Mapping):
         constraint = Constraint.json_schema(constraint, field="constraint")
     if constraint is not None and not isinstance(constraint, Constraint):

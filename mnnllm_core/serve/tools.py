@@ -6,8 +6,8 @@ MNN's and Hugging Face's templates read); the family is recognised from that tem
 Families: Hermes/Qwen (`<tool_call>{"name", "arguments"}</tool_call>`), Llama 3.x (a bare
 `{"name", "parameters"}` object, after `<|python_tag|>` or not), Mistral
 (`[TOOL_CALLS][{"name", "arguments"}, ...]`). To add one: subclass `ToolFormat` (its `markers`
-in a template, where a call `starts`, `parse`, `forced_grammar`) and put it in `FORMATS` before
-the families it must win over.
+in a template, where a call `starts` and how streaming holds it back (`held_from`), `parse`,
+`forced_grammar`) and put it in `FORMATS` before the families it must win over.
 """
 from __future__ import annotations
 
@@ -88,6 +88,11 @@ class ToolFormat:
         """Where a call begins in `text`, or -1."""
         return text.find(self.start) if self.start else -1
 
+    def held_from(self, text: str) -> int:
+        """Where streamed text must be held back: a call, or an end that may begin one."""
+        at = self.starts(text)
+        return at if at >= 0 else len(text) - _partial_prefix(text, self.start)
+
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         """The text before the calls, and the calls ([] when there are none, or they do not parse)."""
         raise NotImplementedError
@@ -154,7 +159,14 @@ class Llama3Format(ToolFormat):
         tag = text.find(self.start)
         if tag >= 0:
             return tag
-        return 0 if text.lstrip().startswith('{"name"') else -1
+        return 0 if text.lstrip().startswith(self.bare_start) else -1
+
+    bare_start = '{"name"'
+
+    def held_from(self, text: str) -> int:
+        if self.bare_start.startswith(text.lstrip()):  # a bare call may be beginning
+            return 0
+        return super().held_from(text)
 
     def parse(self, text: str) -> tuple[str, list[ParsedCall]]:
         at = self.starts(text)
@@ -195,11 +207,7 @@ class ToolStream:
         self.held += piece
         if self.forced:
             return ""
-        at = self.fmt.starts(self.held)
-        safe = at if at >= 0 else len(self.held) - _partial_prefix(self.held, self.fmt.start)
-        if isinstance(self.fmt, Llama3Format) and at < 0 and self.held.lstrip() in ("", "{", '{"', '{"n', '{"na',
-                                                                                    '{"nam', '{"name'):
-            safe = 0  # a bare JSON call may be beginning
+        safe = self.fmt.held_from(self.held)
         out = self.held[self.shown:max(safe, self.shown)]
         self.shown = max(safe, self.shown)
         return out
