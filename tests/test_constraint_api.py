@@ -1,6 +1,6 @@
 """Constrained decoding through the Python API on the shared model: 20 JSON schemas (greedy) whose
 outputs `jsonschema` validates, a GBNF grammar, regex, logits processors, log-probabilities,
-a reply cut short, bad constraints and speculative decoding refused."""
+a reply cut short, bad constraints, and speculative decoding verifying its guesses against the mask."""
 from __future__ import annotations
 
 import json
@@ -11,10 +11,10 @@ import pytest
 
 import mnnllm_core
 from constraint_cases import ARITHMETIC_GBNF, SCHEMAS, arithmetic_accepts
-from mnnllm_core.errors import ArgumentError, UnsupportedError
+from mnnllm_core.errors import ArgumentError
 from mnnllm_core.llm.constraint import Constraint, ConstraintError
 from mnnllm_core.llm.context import FINISHED
-from mnnllm_core.llm.guided import CONSTRAINT_UNFINISHED
+from mnnllm_core.llm.guided import CONSTRAINT_UNFINISHED, ConstrainedSpeculation
 from paths import CONFIG
 
 pytestmark = pytest.mark.skipif(not CONFIG.exists(), reason=f"{CONFIG} is not here")
@@ -142,14 +142,22 @@ def test_a_guided_sampler_serves_one_reply(llm):
         llm.generate(ids, 60, guided)
 
 
-def test_speculative_decoding_under_a_constraint_is_refused(llm):
-    llm.set_config({"speculative_type": "lookahead"})
+@pytest.mark.parametrize("schema_index", [10, 17], ids=lambda i: SCHEMAS[i][0])
+def test_lookahead_under_a_constraint_verifies_guesses_and_equals_token_by_token(llm, schema_index):
+    """Speculative decoding checks each guess against the mask: the output is AR's, guesses were taken."""
+    prompt, schema = SCHEMAS[schema_index][1], SCHEMAS[schema_index][2]
+    ids = llm.tokenizer_encode(llm.apply_chat_template(f"{prompt} Answer in JSON."))
+    token_by_token = llm.generate(ids, 120, llm.guide(schema))
+    llm.set_config({"speculative_type": "lookahead", "ngram_update": True})  # guesses from the reply's n-grams
     try:
-        with pytest.raises(UnsupportedError) as err:
-            llm.response("Describe a person.", max_new_tokens=20, constraint=SCHEMAS[0][2])
-        assert err.value.field == "speculative_type"
-        # processors and logprobs alone decode token by token instead
+        generation = llm._generation_for(llm.guide(schema))
+        assert isinstance(generation, ConstrainedSpeculation)
+        speculative = list(generation.generate(llm._start(ids), 120))
+        assert speculative == token_by_token
+        assert generation.strategy.accepted > 0, "no guess was verified and kept"
+        jsonschema.validate(json.loads(llm.tokenizer_decode(speculative)), schema)
+        # processors and logprobs need every step's logits: token by token
         llm.response("Say hi.", max_new_tokens=4, logprobs=1)
         assert len(llm.last_guided.logprobs) == llm.context.gen_seq_len
     finally:
-        llm.set_config({"speculative_type": ""})
+        llm.set_config({"speculative_type": "", "ngram_update": False})

@@ -17,7 +17,9 @@ import numpy as np
 from ..errors import ArgumentError, UnsupportedError
 from .constraint import Constraint, ConstraintState
 from .context import CONTEXT_FULL, MAX_TOKENS
+from .generation import create_generation
 from .generation.ar import ARGeneration
+from .generation.speculative import SpeculativeGeneration
 from .sampler import Sampler
 
 log = logging.getLogger(__name__)
@@ -101,22 +103,6 @@ def _logprob(row: np.ndarray, token: int, top: int) -> TokenLogprob:
     return TokenLogprob(int(token), float(logprobs[token]), best)
 
 
-class GuidedGeneration(ARGeneration):
-    """Token by token under a GuidedSampler; a constrained reply cut short says so in its status."""
-
-    def __init__(self, target, sampler: GuidedSampler):
-        super().__init__(target, sampler)
-        self.guided = sampler
-
-    def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
-        ctx = self.target.context
-        constraint = self.guided.constraint
-        for token in super().generate(new_ids, max_new_tokens):
-            if constraint is not None and ctx.status in (MAX_TOKENS, CONTEXT_FULL) and not constraint.satisfied:
-                ctx.status = CONSTRAINT_UNFINISHED
-            yield token
-
-
 def check_guidance(constraint=None, logits_processor=None, top_logprobs: int | None = None):
     """The arguments of a guided reply, checked (before the model is needed): (Constraint or None,
     list of processors, top_logprobs). `constraint`: a Constraint, or a JSON schema dict as shorthand;
@@ -150,19 +136,56 @@ def guided_sampler(target, sampler: Sampler, constraint=None, logits_processor=N
     return GuidedSampler(sampler, state, processors, top_logprobs)
 
 
-def guided_generation(target, sampler: GuidedSampler) -> GuidedGeneration:
-    """The strategy for a guided reply. Speculative decoding verifies drafts by argmax of raw
-    logits, which a constraint's mask would change: refused rather than risk a token outside it.
-    Processors and log-probabilities alone decode token by token (they need every step's logits)."""
+def _marking_unfinished(steps: Iterator[int], context, constraint: ConstraintState | None) -> Iterator[int]:
+    """The reply's tokens; a constrained reply cut short (max_new_tokens, the context's end) before
+    its text is a complete match gets status CONSTRAINT_UNFINISHED."""
+    for token in steps:
+        if constraint is not None and context.status in (MAX_TOKENS, CONTEXT_FULL) and not constraint.satisfied:
+            context.status = CONSTRAINT_UNFINISHED
+        yield token
+
+
+class GuidedGeneration(ARGeneration):
+    """Token by token under a GuidedSampler."""
+
+    def __init__(self, target, sampler: GuidedSampler):
+        super().__init__(target, sampler)
+        self.guided = sampler
+
+    def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+        return _marking_unfinished(super().generate(new_ids, max_new_tokens), self.target.context,
+                                   self.guided.constraint)
+
+
+class ConstrainedSpeculation:
+    """A greedy speculative strategy whose tokens and verified guesses are the best allowed ones
+    (speculative.py's pick/take under the constraint): the output is token-by-token decoding's."""
+
+    def __init__(self, target, strategy: SpeculativeGeneration, constraint: ConstraintState):
+        strategy.constraint = constraint
+        self.target, self.strategy, self.constraint = target, strategy, constraint
+
+    def generate(self, new_ids: list[int], max_new_tokens: int) -> Iterator[int]:
+        return _marking_unfinished(self.strategy.generate(new_ids, max_new_tokens), self.target.context,
+                                   self.constraint)
+
+
+def guided_generation(target, sampler: GuidedSampler):
+    """The strategy for a guided reply. With speculative_type set and a plain greedy sampler, a
+    constraint is verified in the speculative loop (each guess against the mask after the ones
+    before it); Eagle's token trees, logits processors, logprobs and other samplers decode token by
+    token (they need every step's logits or a draw), which a constraint also keeps exact."""
     if sampler.used:
         raise ArgumentError("a guided sampler serves one reply (its constraint follows that reply's tokens): "
                             "make another with Llm.guide()", field="sampler")
     sampler.used = True
     kind = str(target.config.speculative_type or "")
-    if kind and sampler.constraint is not None:
-        raise UnsupportedError(f"speculative_type {kind!r} cannot run under a constraint (its drafts are "
-                               "verified without the mask): set speculative_type to '' for constrained replies",
-                               file=target.config.origin("speculative_type"), field="speculative_type")
+    plain_greedy = sampler.config.sampler_type == "greedy" and not sampler.config.stage_order
+    if kind and sampler.constraint is not None and plain_greedy and not sampler.processors \
+            and sampler.top_logprobs is None:
+        strategy = create_generation(target, sampler.sampler)
+        if isinstance(strategy, SpeculativeGeneration) and not getattr(strategy, "tree", False):
+            return ConstrainedSpeculation(target, strategy, sampler.constraint)
     if kind:
-        log.info("speculative_type %s: decoding token by token for logits processors / logprobs", kind)
+        log.info("speculative_type %s: this guided reply decodes token by token", kind)
     return GuidedGeneration(target, sampler)
