@@ -81,6 +81,13 @@ def test_a_constraint_cut_short_by_max_new_tokens_says_so(llm):
     assert text.startswith("{")
 
 
+def test_a_grammar_llguidance_gives_up_on_ends_the_reply_unfinished(llm):
+    """A rule that only ever recurses never completes: llguidance stops at its item limit mid-reply."""
+    text = llm.response("Say a.", max_new_tokens=300, constraint=Constraint.gbnf('root ::= "a" root'))
+    assert llm.context.status == CONSTRAINT_UNFINISHED
+    assert set(text) <= {"a"}
+
+
 def test_logits_processor_sees_the_history_and_edits_the_logits(llm):
     seen = []
     prompt_ids = llm.tokenizer_encode(llm.apply_chat_template("Say hello."))

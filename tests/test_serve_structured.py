@@ -195,3 +195,9 @@ def test_auto_tool_choice_parses_a_call_the_model_writes(tool_client):
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_time"
     assert json.loads(choice.message.tool_calls[0].function.arguments) == {"city": "Oslo"}
+
+
+def test_a_grammar_that_never_completes_ends_as_length_not_an_error(client):
+    answer = client.chat.completions.create(model="any", messages=[{"role": "user", "content": "a"}], max_tokens=30,
+                                            temperature=0, extra_body={"grammar": 'root ::= "a" root'})
+    assert answer.choices[0].finish_reason == "length" and set(answer.choices[0].message.content) <= {"a"}

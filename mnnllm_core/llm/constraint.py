@@ -183,12 +183,24 @@ class ConstraintState:
             raise ConstraintError(f"the {constraint.kind} does not compile: {self.matcher.get_error()}",
                                   field=constraint.kind)
         self._words = np.full((self.vocab_size + 31) // 32, -1, np.int32)
+        self._stops = [i for i in (tokenizer.stop_ids or [tokenizer.eos_id]) if i is not None]
+        self.failed: str | None = None  # llguidance gave up mid-reply (a resource limit): the reply ends
 
     def allowed(self) -> np.ndarray:
-        """A bool per token id: may it come next."""
+        """A bool per token id: may it come next. Once the matcher has failed, only a stop token."""
+        if self.failed is None and self.matcher.is_error():
+            self._fail(self.matcher.get_error())
+        if self.failed is not None:
+            allowed = np.zeros(self.vocab_size, bool)
+            allowed[self._stops] = True
+            return allowed
         self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, self._words.nbytes)
         bits = np.unpackbits(self._words.view(np.uint8), bitorder="little", count=self.vocab_size)
         return bits.view(bool)
+
+    def _fail(self, reason: str) -> None:
+        self.failed = reason
+        log.warning("the %s gave up mid-reply, which ends here unfinished: %s", self.constraint.kind, reason)
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """Set the logits of every token that may not come next to -inf (in place); the allowed ids."""
@@ -200,11 +212,10 @@ class ConstraintState:
         return allowed
 
     def consume(self, token: int) -> None:
-        if not self.matcher.consume_token(int(token)):
-            raise ConstraintError(f"token {token} breaks the {self.constraint.kind}: "
-                                  f"{self.matcher.get_error()}", field=self.constraint.kind)
+        if self.failed is None and not self.matcher.consume_token(int(token)):
+            self._fail(f"token {token}: {self.matcher.get_error()}")
 
     @property
     def satisfied(self) -> bool:
         """The text so far is a complete match (it may end here)."""
-        return self.matcher.is_accepting()
+        return self.failed is None and self.matcher.is_accepting()

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ArgumentError, UnsupportedError
 from .constraint import Constraint, ConstraintState
-from .context import CONTEXT_FULL, MAX_TOKENS
+from .context import CONTEXT_FULL, FINISHED, MAX_TOKENS
 from .generation import create_generation
 from .generation.ar import ARGeneration
 from .generation.speculative import SpeculativeGeneration
@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 CONSTRAINT_UNFINISHED = 6
-"""Status of a constrained reply that reached max_new_tokens (or the context's end) before its
-text was a complete match: the output is a prefix of a valid one, not a valid one."""
+"""Status of a constrained reply that ended before its text was a complete match: it reached
+max_new_tokens or the context's end, or llguidance gave up on the grammar (a resource limit, e.g.
+a rule that only ever recurses); the output is a prefix of a valid one, not a valid one."""
 
 MAX_TOP_LOGPROBS = 20
 
@@ -137,10 +138,11 @@ def guided_sampler(target, sampler: Sampler, constraint=None, logits_processor=N
 
 
 def _marking_unfinished(steps: Iterator[int], context, constraint: ConstraintState | None) -> Iterator[int]:
-    """The reply's tokens; a constrained reply cut short (max_new_tokens, the context's end) before
-    its text is a complete match gets status CONSTRAINT_UNFINISHED."""
+    """The reply's tokens; a constrained reply that ends (max_new_tokens, the context's end, or the
+    constraint giving up) before its text is a complete match gets status CONSTRAINT_UNFINISHED."""
     for token in steps:
-        if constraint is not None and context.status in (MAX_TOKENS, CONTEXT_FULL) and not constraint.satisfied:
+        if constraint is not None and context.status in (FINISHED, MAX_TOKENS, CONTEXT_FULL) \
+                and not constraint.satisfied:
             context.status = CONSTRAINT_UNFINISHED
         yield token
 
