@@ -200,3 +200,10 @@ TIME_TOOL = {"type": "function", "function": {
     "name": "get_time", "description": "The local time in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
                    "required": ["city"], "additionalProperties": False}}}
+
+LIST_GBNF = r"""
+# After llama.cpp's grammars/list.gbnf: dash items, one a line (at most four here).
+root ::= item item? item? item?
+item ::= "- " [^\r\n\x0b\x0c\x85\u2028\u2029]{1,40} "\n"
+"""
+LIST_ACCEPTS = r"(- [^\r\n\x0b\x0c\x85\u2028\u2029]{1,40}\n){1,4}"

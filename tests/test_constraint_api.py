@@ -4,13 +4,14 @@ a reply cut short, bad constraints, and speculative decoding verifying its guess
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import numpy as np
 import pytest
 
 import mnnllm_core
-from constraint_cases import ARITHMETIC_GBNF, SCHEMAS, arithmetic_accepts
+from constraint_cases import ARITHMETIC_GBNF, LIST_ACCEPTS, LIST_GBNF, SCHEMAS, arithmetic_accepts
 from mnnllm_core.errors import ArgumentError
 from mnnllm_core.llm.constraint import Constraint, ConstraintError
 from mnnllm_core.llm.context import FINISHED
@@ -55,6 +56,11 @@ def test_gbnf_grammar_output_is_accepted_by_the_grammar(llm, grammar):
     assert llm.context.status == FINISHED, text
     assert arithmetic_accepts(text), text
     assert Constraint.grammar_text(grammar).kind == "gbnf"
+
+
+def test_gbnf_list_grammar_with_negated_classes_and_bounded_repeats(llm):
+    text = llm.response("List three fruits.", max_new_tokens=80, constraint=Constraint.gbnf(LIST_GBNF))
+    assert re.fullmatch(LIST_ACCEPTS, text), text
 
 
 def test_lark_grammar_and_regex(llm):
