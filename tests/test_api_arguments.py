@@ -15,6 +15,7 @@ import pytest
 import mnnllm_core
 from mnnllm_core.errors import ArgumentError, MnnllmError, NotLoadedError, UnsupportedError
 from mnnllm_core.llm.config import LlmConfig
+from mnnllm_core.llm.constraint import Constraint
 from mnnllm_core.llm.llm import Llm
 from mnnllm_core.llm.omni import Omni
 from mnnllm_core.llm.sampler import Sampler
@@ -93,6 +94,10 @@ VALID = {  # parameter name -> (a valid value, what the parameter takes)
     "overrides": ({}, lambda v: isinstance(v, Mapping)),
     "lora_path": ("lora.mnn", lambda v: isinstance(v, str)),
     "images": (None, _optional(lambda v: isinstance(v, Mapping))),
+    "tools": (None, _optional(lambda v: _is_list(v) and all(isinstance(t, Mapping) for t in v))),
+    "constraint": (None, _optional(lambda v: isinstance(v, (Constraint, Mapping)))),
+    "logits_processor": (None, _optional(lambda v: callable(v) or (_is_list(v) and all(callable(f) for f in v)))),
+    "logprobs": (None, _optional(lambda v: _is_int(v) and 0 <= v <= 20)),
 }
 TAKES = {("tokenizer_decode", "ids"): lambda v: _is_int(v) or _is_ids(v)}  # one id, or a list
 

@@ -231,7 +231,7 @@ def test_a_client_that_gives_up_on_a_whole_answer_cancels_it(server, client, llm
 
 
 def test_a_conversation_the_chat_template_refuses_is_a_bad_request(server, llm, monkeypatch):
-    def refuse(messages):
+    def refuse(messages, tools=None):
         raise ConfigError("chat template failed: TemplateError: roles must alternate", field="jinja")
     monkeypatch.setattr(llm, "apply_chat_template", refuse)
     status, answer = _raw(server, "POST", "/v1/chat/completions", json.dumps(CHAT))

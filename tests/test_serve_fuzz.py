@@ -87,8 +87,9 @@ def _hostile(rng: random.Random):
 
 CHAT_FIELDS = ["model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "min_p",
                "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "logit_bias", "stop", "stream",
-               "stream_options", "n", "user", "messages", "not_a_field"]
-MESSAGE_FIELDS = ["role", "content", "name", "extra"]
+               "stream_options", "n", "user", "response_format", "grammar", "json_schema", "logprobs", "top_logprobs",
+               "tools", "tool_choice", "messages", "not_a_field"]
+MESSAGE_FIELDS = ["role", "content", "name", "tool_calls", "tool_call_id", "extra"]
 
 
 def _request(rng: random.Random) -> tuple[str, bytes]:

@@ -106,10 +106,14 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
     ({"messages": []}, "messages", "invalid_value"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "invalid_value"),
     ({"stop": [""]}, "stop", "invalid_value"),
-    ({"n": 2}, "n", "invalid_value"),
+    ({"n": 0}, "n", "invalid_value"),
+    ({"n": 9}, "n", "invalid_value"),
     ({"logit_bias": {"the": 1}}, "logit_bias", "invalid_value"),
     ({"presence_penalty": -1}, "presence_penalty", "invalid_value"),
-    ({"tools": []}, "tools", "unknown_parameter"),
+    ({"functions": []}, "functions", "unknown_parameter"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].function.name", "invalid_value"),
+    ({"top_logprobs": 21}, "top_logprobs", "invalid_value"),
+    ({"response_format": {"type": "xml"}}, "response_format.type", "invalid_value"),
 ])
 def test_bad_fields_are_named_as_openai_names_them(fields, param, code):
     err = _error(ChatCompletionRequest, {**CHAT, **fields})

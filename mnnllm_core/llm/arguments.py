@@ -134,6 +134,15 @@ def optional_mapping(value: Any, field: str) -> Mapping | None:
     return None if value is None else mapping(value, field)
 
 
+def optional_mappings(value: Any, field: str) -> list[Mapping] | None:
+    """None, or a list of dicts (e.g. OpenAI tool objects)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, Mapping) for item in value):
+        raise _refuse(field, "a list of dicts", value)
+    return list(value)
+
+
 def path(value: Any, field: str) -> str | os.PathLike:
     if not isinstance(value, (str, os.PathLike)):
         raise _refuse(field, "a path (str or os.PathLike)", value)

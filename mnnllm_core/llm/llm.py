@@ -30,6 +30,7 @@ from .context import STOPPED, LlmContext
 from .conversation import Conversation
 from .disk_embedding import DiskEmbedding
 from .generation import ARGeneration, create_generation, needs_hidden_states
+from .guided import GuidedSampler, check_guidance, guided_generation, guided_sampler
 from .kv_reuse import reuse_enabled
 from .module_pool import ModulePool
 from .per_layer_embedding import INPUT_NAME as PLE_INPUT
@@ -75,6 +76,7 @@ class Llm:
         self._logits_index = {False: np.array([-1], np.int32), True: np.array([0], np.int32)}
         self._busy = threading.Lock()  # held while the history or the KV cache changes
         self._steps = 0  # changes of the conversation so far: a live stream notices it was superseded
+        self.last_guided: GuidedSampler | None = None  # the guided sampler of the last response() that had one
 
     # -- load --------------------------------------------------------------------
     def load(self) -> "Llm":
@@ -199,10 +201,12 @@ class Llm:
             return self.tokenizer.decode_id(ids)
         return self.tokenizer.decode(ids)
 
-    def apply_chat_template(self, messages: Messages) -> str:
+    def apply_chat_template(self, messages: Messages, tools: Sequence[dict] | None = None) -> str:
+        """The prompt text; `tools` (OpenAI tool objects) reach the template's `tools` variable."""
         messages = arguments.messages(messages, "messages")
+        tools = arguments.optional_mappings(tools, "tools")
         arguments.require_loaded(self, "apply_chat_template")
-        return self.prompt.apply_chat_template(messages)
+        return self.prompt.apply_chat_template(messages, tools=tools)
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
@@ -360,7 +364,20 @@ class Llm:
         overrides = arguments.mapping(overrides, "overrides")
         return Sampler(SamplerConfig.from_config({**self.config.to_dict(), **overrides}))
 
-    def _generation_for(self, sampler: Sampler | None):
+    def guide(self, constraint=None, logits_processor=None, logprobs: int | None = None,
+              sampler: Sampler | None = None) -> GuidedSampler:
+        """A sampler for one reply of generate/stream_ids/stream_text (guided.py): `constraint` (a
+        Constraint, or a JSON schema dict) masks the logits, `logits_processor` (callable(ids, logits)
+        -> logits, or a list) edits them first, `logprobs` (how many top alternatives) records each
+        token's log-probability in its `.logprobs`; `sampler` (default: the model's) then chooses."""
+        sampler = arguments.instance(sampler, Sampler, "sampler")
+        constraint, processors, logprobs = check_guidance(constraint, logits_processor, logprobs)
+        arguments.require_loaded(self, "guide")
+        return guided_sampler(self, sampler or self.sampler, constraint, processors, logprobs)
+
+    def _generation_for(self, sampler: "Sampler | GuidedSampler | None"):
+        if isinstance(sampler, GuidedSampler):
+            return guided_generation(self, sampler)
         return self.generation if sampler is None else create_generation(self, sampler)
 
     def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
@@ -368,7 +385,7 @@ class Llm:
         """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
         self._budget(max_new_tokens)
         input_ids = arguments.token_ids(input_ids, "input_ids")
-        sampler = arguments.instance(sampler, Sampler, "sampler")
+        sampler = arguments.instance(sampler, (Sampler, GuidedSampler), "sampler")
         arguments.require_loaded(self, "generate")
         return list(self.stream_ids(input_ids, max_new_tokens, sampler))
 
@@ -380,7 +397,7 @@ class Llm:
         ConcurrentUseError instead of continuing from someone else's cache."""
         budget = self._budget(max_new_tokens)
         input_ids = arguments.token_ids(input_ids, "input_ids")
-        sampler = arguments.instance(sampler, Sampler, "sampler")
+        sampler = arguments.instance(sampler, (Sampler, GuidedSampler), "sampler")
         arguments.require_loaded(self, "stream_ids")
         new = self._start(self.tokenizer.check_ids(input_ids))
         steps = self._generation_for(sampler).generate(new, budget)
@@ -406,19 +423,26 @@ class Llm:
                                      field="max_all_tokens")
         return self.tokenizer.encode(text)
 
-    def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None):
+    def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None, *,
+                 constraint=None, logits_processor=None, logprobs: int | None = None):
         """Answer a prompt (str) or a conversation (list of {role, content}).
 
         With stream=True, an iterator of text pieces; otherwise the whole answer. The
         stop token is not part of the text. Multi-turn: pass the whole conversation;
-        the KV cache of the common prefix is reused.
+        the KV cache of the common prefix is reused. `constraint`, `logits_processor` and
+        `logprobs` as in `guide()`; the reply's guided sampler is then `self.last_guided`
+        (its `.logprobs`), and a constrained reply cut short ends with status CONSTRAINT_UNFINISHED.
         """
         prompt = arguments.messages(prompt, "prompt")
         stream = arguments.flag(stream, "stream")
         self._budget(max_new_tokens)
+        constraint, logits_processor, logprobs = check_guidance(constraint, logits_processor, logprobs)
         arguments.require_loaded(self, "response")
+        sampler = None
+        if constraint is not None or logits_processor or logprobs is not None:
+            sampler = self.last_guided = self.guide(constraint, logits_processor, logprobs)
         ids = self._prompt_ids(prompt)
-        pieces = self.stream_text(ids, max_new_tokens)
+        pieces = self.stream_text(ids, max_new_tokens, sampler)
         return pieces if stream else "".join(pieces)
 
     def stream_text(self, ids: Sequence[int], max_new_tokens: int | None = None,
@@ -428,7 +452,7 @@ class Llm:
         holds the prompt and every token that ran through the model, the KV cache agreeing with it."""
         ids = arguments.token_ids(ids, "ids")
         self._budget(max_new_tokens)
-        sampler = arguments.instance(sampler, Sampler, "sampler")
+        sampler = arguments.instance(sampler, (Sampler, GuidedSampler), "sampler")
         arguments.require_loaded(self, "stream_text")
         decoder = self.tokenizer.stream()
         try:

@@ -127,12 +127,14 @@ class Omni(Llm):
         return self.tokenizer_encode(text, images)
 
     def response(self, prompt: Messages, stream: bool = False, max_new_tokens: int | None = None,
-                 images: Mapping[str, Any] | None = None):
+                 images: Mapping[str, Any] | None = None, *, constraint=None, logits_processor=None,
+                 logprobs: int | None = None):
         """Llm.response, with `images` (name -> path, array or PIL image) that <img>NAME</img> tags name."""
         images = arguments.optional_mapping(images, "images")
         self._images = dict(images or {})
         try:
-            return super().response(prompt, stream, max_new_tokens)
+            return super().response(prompt, stream, max_new_tokens, constraint=constraint,
+                                    logits_processor=logits_processor, logprobs=logprobs)
         finally:
             self._images = {}
 

@@ -163,7 +163,8 @@ class JinjaChatTemplate:
                context: Mapping[str, Any]) -> str:
         """Render `messages`; any failure inside the template (its bounds included: the text it
         builds, what it renders, its time) is a ConfigError on its field."""
-        given = sum(len(str(m.get("content", ""))) for m in messages)
+        given = sum(len(str(m.get("content", ""))) + len(str(m.get("tool_calls") or "")) for m in messages) \
+            + len(str(context.get("tools") or ""))
         try:
             chunks = self._template.generate(self._variables(messages, add_generation_prompt, context))
             return render_bounded(chunks, 4 * given + MAX_ITEMS)
@@ -219,15 +220,19 @@ class Prompt:
         return self._jinja is not None
 
     def apply_chat_template(self, messages: str | Sequence[ChatMessage],
-                            add_generation_prompt: bool = True) -> str:
-        """The prompt text for a user string (system prompt added) or a list of messages."""
+                            add_generation_prompt: bool = True, tools: Sequence[dict] | None = None) -> str:
+        """The prompt text for a user string (system prompt added) or a list of messages; `tools`
+        (OpenAI's tool objects) reach a jinja template as its `tools` variable."""
         if isinstance(messages, str):
             chat = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
             chat.append({"role": "user", "content": messages})
         else:
             chat = [_as_message(m) for m in messages]
         if self._jinja is not None:
-            return self._jinja.render(chat, add_generation_prompt, self._context)
+            context = {**self._context, "tools": list(tools)} if tools else self._context
+            return self._jinja.render(chat, add_generation_prompt, context)
+        if tools:
+            raise ConfigError("this model has no jinja chat template to render tools with", field=TEMPLATE_FIELD)
         assert self._legacy is not None
         return _render_legacy(self._legacy, chat, add_generation_prompt)
 

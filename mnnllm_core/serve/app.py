@@ -31,7 +31,8 @@ from .errors import SERVER_ERROR, ApiError, error_body, refused_as_bad_request
 from .sampling import sampler_overrides
 from .schemas import (ChatCompletionRequest, ChatFormat, CompletionFormat, CompletionRequest, SamplingRequest,
                       parse_json, usage, validate)
-from .worker import Generation, Job, Outcome, QueueFull, Worker
+from .structured import LogprobText, RequestPlan, openai_calls, plan_request, template_messages
+from .worker import ChoiceEnd, Generation, Job, Outcome, QueueFull, Worker
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,26 @@ class ModelService:
         self.context_length = llm.config.max_all_tokens
         self.default_max_tokens = default_max_tokens or llm.config.max_new_tokens
         self.created = int(os.path.getmtime(llm.config.llm_model))
+        self._logprob_text: LogprobText | None = None
+
+    @property
+    def logprob_text(self) -> LogprobText:
+        if self._logprob_text is None:
+            from ..llm.token_bytes import token_bytes
+            self._logprob_text = LogprobText(token_bytes(self.llm.tokenizer))
+        return self._logprob_text
+
+    def plan(self, request: SamplingRequest) -> RequestPlan:
+        return plan_request(request, str(self.llm.config.jinja.get("chat_template") or ""))
 
     def model_card(self) -> dict[str, Any]:
         return {"id": self.model_id, "object": "model", "created": self.created, "owned_by": "mnnllm",
                 "backend": self.llm.runtime_manager.config.backend_type, "context_length": self.context_length}
 
-    def chat_prompt(self, request: ChatCompletionRequest) -> list[int]:
-        messages = [m.as_template_message() for m in request.messages]
+    def chat_prompt(self, request: ChatCompletionRequest, plan: RequestPlan) -> list[int]:
+        messages = template_messages(request)
         with refused_as_bad_request("messages"):  # the template refuses the conversation, or its text
-            return self._encode(self.llm.apply_chat_template(messages))
+            return self._encode(self.llm.apply_chat_template(messages, tools=plan.render_tools))
 
     def _encode(self, text: str) -> list[int]:
         """Text as text: a client's <img>PATH</img> never makes a vision model (Omni) read a server file."""
@@ -68,7 +80,8 @@ class ModelService:
         with refused_as_bad_request("prompt"):
             return self._encode(prompt)
 
-    def generation(self, request: SamplingRequest, prompt_ids: list[int], prompt_field: str) -> Generation:
+    def generation(self, request: SamplingRequest, prompt_ids: list[int], prompt_field: str,
+                   plan: RequestPlan | None = None) -> Generation:
         """The job a validated request asks for, or a 400 when it does not fit the model."""
         limit, prompt = self.context_length, len(prompt_ids)
         if not prompt_ids:
@@ -89,7 +102,26 @@ class ModelService:
         self._check_token_ids(prompt_ids, prompt_field)
         self._check_token_ids([int(t) for t in request.logit_bias or {}], "logit_bias")
         budget = asked if asked is not None else min(self.default_max_tokens, limit - prompt)
-        return Generation(prompt_ids, budget, self._sampler(request), tuple(request.stop or ()))
+        sampler = self._sampler(request)
+        return Generation(prompt_ids, budget, sampler, tuple(request.stop or ()), request.n,
+                          self._choice_sampler(request, sampler, plan or RequestPlan()))
+
+    def _choice_sampler(self, request: SamplingRequest, sampler: Sampler | None, plan: RequestPlan):
+        """Per choice: its own seed (seed + index) when there are several; the plan's constraint and
+        logprobs on top. None when one plain sampler serves every choice."""
+        guided = plan.constraint is not None or plan.top_logprobs is not None
+        if not guided and (request.n == 1 or request.seed is None):
+            return None
+
+        def build(index: int):
+            chosen = sampler
+            if index and request.seed is not None:
+                overrides = sampler_overrides(request, self.llm.sampler.config) or {}
+                chosen = self.llm.make_sampler({**overrides, "seed": request.seed + index})
+            if not guided:
+                return chosen
+            return self.llm.guide(plan.constraint, None, plan.top_logprobs, chosen)
+        return build
 
     def _check_token_ids(self, ids: list[int], field: str) -> None:
         vocab = self.llm.tokenizer.vocab_size
@@ -146,8 +178,8 @@ class EventStream(StreamingResponse):
 
 
 async def _answer(request: Request, service: ModelService, body: SamplingRequest, prompt_ids: list[int],
-                  prompt_field: str, fmt_class: type[ChatFormat]) -> Response:
-    generation = service.generation(body, prompt_ids, prompt_field)
+                  prompt_field: str, fmt_class: type[ChatFormat], plan: RequestPlan) -> Response:
+    generation = service.generation(body, prompt_ids, prompt_field, plan)
     job = Job(f"{fmt_class.id_prefix}{uuid.uuid4().hex[:24]}", generation)
     try:
         service.worker.submit(job)
@@ -157,27 +189,95 @@ async def _answer(request: Request, service: ModelService, body: SamplingRequest
     log.info("%s: queued (%d prompt tokens, up to %d new, stream %s)", job.id, len(prompt_ids),
              generation.max_tokens, body.stream)
     fmt = fmt_class(job.id, int(time.time()), service.model_id)
+    answer = _Answer(service, fmt, plan)
     if body.stream:
-        return EventStream(job, _stream(job, fmt, body.include_usage))
-    return await _whole(request, job, fmt)
+        return EventStream(job, _stream(job, answer, body.include_usage))
+    return await _whole(request, job, answer)
 
 
-async def _stream(job: Job, fmt: ChatFormat, include_usage: bool) -> AsyncIterator[str]:
-    for chunk in fmt.opening():
+class _Answer:
+    """Turns a job's per-choice text and ends into choices: tool calls parsed out of the text
+    (streamed: text before a call at once, the calls as deltas at the end), logprobs attached."""
+
+    def __init__(self, service: ModelService, fmt: ChatFormat, plan: RequestPlan):
+        self.service, self.fmt, self.plan = service, fmt, plan
+        self.streams: dict[int, Any] = {}
+
+    def _logprobs(self, end: ChoiceEnd) -> dict | None:
+        if end.logprobs is None:
+            return None
+        text = self.service.logprob_text
+        return text.completion(end.logprobs) if isinstance(self.fmt, CompletionFormat) else text.chat(end.logprobs)
+
+    def _calls(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        stream = self.plan.tool_stream()
+        if stream is None:
+            return text, []
+        stream.feed(text)
+        content, calls = stream.finish()
+        calls = openai_calls(calls, self.plan.tools)
+        return (content if calls else text), calls
+
+    def whole(self, index: int, text: str, end: ChoiceEnd) -> dict[str, Any]:
+        content, calls = self._calls(text)
+        finish = "tool_calls" if calls else end.finish_reason
+        return self.fmt.choice(index, content if (content or not calls) else None, finish, self._logprobs(end),
+                               calls or None)
+
+    def opening(self, index: int) -> list[dict[str, Any]]:
+        self.streams[index] = self.plan.tool_stream()
+        return self.fmt.opening(index)
+
+    def piece(self, index: int, text: str) -> list[dict[str, Any]]:
+        stream = self.streams.get(index)
+        shown = text if stream is None else stream.feed(text)
+        return [self.fmt.piece(shown, index)] if shown else []
+
+    def closing(self, end: ChoiceEnd) -> list[dict[str, Any]]:
+        chunks, finish = [], end.finish_reason
+        stream = self.streams.get(end.index)
+        if stream is not None:
+            rest, calls = stream.finish()
+            calls = openai_calls(calls, self.plan.tools)
+            if rest:
+                chunks.append(self.fmt.piece(rest, end.index))
+            if calls:
+                chunks.append(self.fmt.tool_calls(calls, end.index))
+                finish = "tool_calls"
+        chunks.append(self.fmt.closing(finish, end.index, self._logprobs(end)))
+        return chunks
+
+
+async def _stream(job: Job, answer: _Answer, include_usage: bool) -> AsyncIterator[str]:
+    opened: set[int] = set()
+
+    def open_choice(index: int) -> list[dict[str, Any]]:
+        if index in opened:
+            return []
+        opened.add(index)
+        return answer.opening(index)
+
+    for chunk in open_choice(0):
         yield _sse(chunk)
     async for kind, value in job.events():
         if kind == "text":
-            yield _sse(fmt.piece(value))
+            index, text = value
+            for chunk in open_choice(index) + answer.piece(index, text):
+                yield _sse(chunk)
+        elif kind == "choice":
+            for chunk in open_choice(value.index) + answer.closing(value):
+                yield _sse(chunk)
         elif kind == "done":
-            yield _sse(fmt.closing(value.finish_reason))
+            if value.finish_reason is None and value.choices == [] and 0 in opened:
+                yield _sse(answer.fmt.closing(None))
             if include_usage:
-                yield _sse(fmt.usage_chunk(_usage(value)))
+                yield _sse(answer.fmt.usage_chunk(_usage(value)))
         else:
             yield _sse(error_body(f"generation failed: {value}", kind=SERVER_ERROR))
     yield _sse("[DONE]")
 
 
-async def _whole(request: Request, job: Job, fmt: ChatFormat) -> Response:
+async def _whole(request: Request, job: Job, answer: _Answer) -> Response:
     """The whole answer; if the client disconnects first, the job is cancelled."""
     collect = asyncio.ensure_future(_collect(job))
     gone = asyncio.ensure_future(_disconnected(request))
@@ -189,18 +289,19 @@ async def _whole(request: Request, job: Job, fmt: ChatFormat) -> Response:
         job.cancel()
         collect.cancel()
         return Response(status_code=499)  # nobody reads it: the client has gone
-    text, outcome = collect.result()
-    return JSONResponse(fmt.response(text, outcome.finish_reason, _usage(outcome)))
+    texts, outcome = collect.result()
+    choices = [answer.whole(end.index, texts.get(end.index, ""), end) for end in outcome.choices]
+    return JSONResponse(answer.fmt.response(choices, _usage(outcome)))
 
 
-async def _collect(job: Job) -> tuple[str, Outcome]:
-    pieces = []
+async def _collect(job: Job) -> tuple[dict[int, str], Outcome]:
+    pieces: dict[int, list[str]] = {}
     async for kind, value in job.events():
         if kind == "text":
-            pieces.append(value)
+            pieces.setdefault(value[0], []).append(value[1])
         elif kind == "done":
-            return "".join(pieces), value
-        else:
+            return {index: "".join(texts) for index, texts in pieces.items()}, value
+        elif kind == "error":
             raise ApiError(500, f"generation failed: {value}", kind=SERVER_ERROR)
     raise AssertionError("a job's events end with done or error")
 
@@ -241,13 +342,15 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
 
     async def chat_completions(request: Request) -> Response:
         body = validate(ChatCompletionRequest, await _read_json(request))
-        prompt_ids = await run_in_threadpool(service.chat_prompt, body)  # a long prompt must not stall streams
-        return await _answer(request, service, body, prompt_ids, "messages", ChatFormat)
+        plan = await run_in_threadpool(service.plan, body)  # compiling a grammar may take a moment
+        prompt_ids = await run_in_threadpool(service.chat_prompt, body, plan)  # nor may a long prompt stall streams
+        return await _answer(request, service, body, prompt_ids, "messages", ChatFormat, plan)
 
     async def completions(request: Request) -> Response:
         body = validate(CompletionRequest, await _read_json(request))
+        plan = await run_in_threadpool(service.plan, body)
         prompt_ids = await run_in_threadpool(service.completion_prompt, body)
-        return await _answer(request, service, body, prompt_ids, "prompt", CompletionFormat)
+        return await _answer(request, service, body, prompt_ids, "prompt", CompletionFormat, plan)
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [service.model_card()]})

@@ -9,9 +9,13 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import ApiError
+from .format_schemas import FIELD_NAMES as FORMAT_FIELD_NAMES
+from .format_schemas import MAX_TOOLS, NamedToolChoice, ResponseFormat, Tool, ToolCall
 
 MAX_STOP_SEQUENCES = 4
 MAX_TOKEN_DIGITS = 12  # a logit_bias key is a token id: ASCII digits, no vocabulary is larger
+MAX_CHOICES = 8  # n: the choices run one after another on the one model
+MAX_TOP_LOGPROBS = 20
 
 
 class _Strict(BaseModel):
@@ -24,14 +28,23 @@ class TextPart(_Strict):
 
 
 class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's calls
+    tool_call_id: str | None = None  # a tool's answer: to which call
 
-    def as_template_message(self) -> dict[str, str]:
-        """{role, content} for the chat template; "developer" is OpenAI's new name for system."""
-        text = self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+    def as_template_message(self) -> dict[str, Any]:
+        """{role, content} for the chat template; "developer" is OpenAI's new name for system.
+        An assistant's tool_calls and a tool message's tool_call_id go along (tools.py)."""
+        content = self.content or ""
+        text = content if isinstance(content, str) else "".join(p.text for p in content)
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": text}
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            message["name"] = self.name
+        return message
 
 
 class StreamOptions(_Strict):
@@ -56,8 +69,11 @@ class SamplingRequest(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None  # llama.cpp's server: GBNF (or Lark) the output must match
+    json_schema: dict[str, Any] | None = None  # llama.cpp's server: a schema the output must match
 
     @field_validator("stop")
     @classmethod
@@ -73,13 +89,6 @@ class SamplingRequest(_Strict):
         for token, bias in (value or {}).items():
             if not (token.isascii() and token.isdigit() and len(token) <= MAX_TOKEN_DIGITS) or not -100 <= bias <= 100:
                 raise ValueError("logit_bias maps token ids to biases in [-100, 100]")
-        return value
-
-    @field_validator("n")
-    @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
-            raise ValueError("only n=1 is served: one model answers one request at a time")
         return value
 
     @property
@@ -98,6 +107,16 @@ class SamplingRequest(_Strict):
 class ChatCompletionRequest(SamplingRequest):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        """How many alternatives per token, or None when no logprobs are asked for."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def completion_budget(self) -> int | None:
@@ -110,6 +129,11 @@ class ChatCompletionRequest(SamplingRequest):
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(None, ge=0, le=5)  # the legacy endpoint's: how many alternatives
+
+    @property
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -126,7 +150,7 @@ class CompletionRequest(SamplingRequest):
 Request = TypeVar("Request", bound=SamplingRequest)
 
 _FIELD_NAMES = frozenset(name for model in (ChatCompletionRequest, CompletionRequest, Message, TextPart,
-                                            StreamOptions) for name in model.model_fields)
+                                            StreamOptions) for name in model.model_fields) | FORMAT_FIELD_NAMES
 
 
 def parse_json(body: bytes) -> Any:
@@ -187,30 +211,41 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
 
 
 class ChatFormat:
-    """chat.completion and chat.completion.chunk objects of one request."""
+    """chat.completion and chat.completion.chunk objects of one request; `logprobs` is the
+    choice's {"content": [...]} (chat) or the legacy object (completions), None when not asked."""
 
     id_prefix = "chatcmpl-"
 
     def __init__(self, request_id: str, created: int, model: str):
         self.head = {"id": request_id, "created": created, "model": model}
 
-    def response(self, text: str, finish_reason: str | None, usage_: dict[str, Any]) -> dict[str, Any]:
-        return {**self.head, "object": "chat.completion", "choices": [{
-            "index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-            "finish_reason": finish_reason}], "usage": usage_}
+    def choice(self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+    def response(self, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> dict[str, Any]:
+        return {**self.head, "object": "chat.completion", "choices": choices, "usage": usage_}
+
+    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None, index: int = 0,
+               logprobs: dict | None = None) -> dict[str, Any]:
         return {**self.head, "object": "chat.completion.chunk",
-                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]}
+                "choices": [{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
-    def opening(self) -> list[dict[str, Any]]:
-        return [self._chunk({"role": "assistant", "content": ""})]
+    def opening(self, index: int = 0) -> list[dict[str, Any]]:
+        return [self._chunk({"role": "assistant", "content": ""}, index=index)]
 
-    def piece(self, text: str) -> dict[str, Any]:
-        return self._chunk({"content": text})
+    def piece(self, text: str, index: int = 0) -> dict[str, Any]:
+        return self._chunk({"content": text}, index=index)
 
-    def closing(self, finish_reason: str | None) -> dict[str, Any]:
-        return self._chunk({}, finish_reason)
+    def tool_calls(self, calls: list[dict[str, Any]], index: int = 0) -> dict[str, Any]:
+        """The calls as deltas (each whole: its id, name and arguments in one piece)."""
+        return self._chunk({"tool_calls": [{"index": i, **call} for i, call in enumerate(calls)]}, index=index)
+
+    def closing(self, finish_reason: str | None, index: int = 0, logprobs: dict | None = None) -> dict[str, Any]:
+        return self._chunk({}, finish_reason, index, logprobs)
 
     def usage_chunk(self, usage_: dict[str, Any]) -> dict[str, Any]:
         return {**self.head, "object": "chat.completion.chunk", "choices": [], "usage": usage_}
@@ -221,21 +256,26 @@ class CompletionFormat(ChatFormat):
 
     id_prefix = "cmpl-"
 
-    def response(self, text: str, finish_reason: str | None, usage_: dict[str, Any]) -> dict[str, Any]:
-        return {**self._text(text, finish_reason), "usage": usage_}
+    def choice(self, index: int, text: str | None, finish_reason: str | None, logprobs: dict | None = None,
+               tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish_reason}
 
-    def _text(self, text: str, finish_reason: str | None = None) -> dict[str, Any]:
+    def response(self, choices: list[dict[str, Any]], usage_: dict[str, Any]) -> dict[str, Any]:
+        return {**self.head, "object": "text_completion", "choices": choices, "usage": usage_}
+
+    def _text(self, text: str, finish_reason: str | None = None, index: int = 0,
+              logprobs: dict | None = None) -> dict[str, Any]:
         return {**self.head, "object": "text_completion",
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+                "choices": [{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}]}
 
-    def opening(self) -> list[dict[str, Any]]:
+    def opening(self, index: int = 0) -> list[dict[str, Any]]:
         return []
 
-    def piece(self, text: str) -> dict[str, Any]:
-        return self._text(text)
+    def piece(self, text: str, index: int = 0) -> dict[str, Any]:
+        return self._text(text, index=index)
 
-    def closing(self, finish_reason: str | None) -> dict[str, Any]:
-        return self._text("", finish_reason)
+    def closing(self, finish_reason: str | None, index: int = 0, logprobs: dict | None = None) -> dict[str, Any]:
+        return self._text("", finish_reason, index, logprobs)
 
     def usage_chunk(self, usage_: dict[str, Any]) -> dict[str, Any]:
         return {**self.head, "object": "text_completion", "choices": [], "usage": usage_}

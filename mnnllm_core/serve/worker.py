@@ -11,11 +11,12 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
 
 from ..errors import MnnllmError
 from ..llm.context import FINISHED
+from ..llm.guided import GuidedSampler, TokenLogprob
 from ..llm.llm import Llm
 from ..llm.sampler import Sampler
 from .stops import StopMatcher
@@ -35,17 +36,34 @@ class Generation:
     max_tokens: int
     sampler: Sampler | None = None
     stop: tuple[str, ...] = ()
+    n: int = 1  # choices, one after another (the prompt's KV cache is reused)
+    choice_sampler: Callable[[int], Sampler | GuidedSampler | None] | None = None  # per choice index, built
+    # on the worker when the choice starts (a guided sampler serves one reply)
+
+    def sampler_for(self, index: int) -> Sampler | GuidedSampler | None:
+        return self.choice_sampler(index) if self.choice_sampler is not None else self.sampler
+
+
+@dataclass(frozen=True)
+class ChoiceEnd:
+    """How one choice ended: its finish reason and, when asked for, its tokens' log-probabilities
+    (the stop token left out)."""
+
+    index: int
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(frozen=True)
 class Outcome:
-    finish_reason: str | None  # "stop" (stop token or sequence), "length"; None: cancelled
+    finish_reason: str | None  # "stop" (stop token or sequence), "length"; None: cancelled (the last choice's)
     prompt_tokens: int
     cached_tokens: int  # prompt tokens whose KV came from the previous conversation
     completion_tokens: int  # sampled tokens, the stop token included
     waited_s: float
     prefill_s: float
     decode_s: float
+    choices: list[ChoiceEnd] = field(default_factory=list)
 
 
 class Job:
@@ -72,11 +90,12 @@ class Job:
         return self._cancelled.is_set()
 
     async def events(self) -> AsyncIterator[tuple[str, Any]]:
-        """("text", str) pieces, then ("done", Outcome) or ("error", exception)."""
+        """("text", (choice index, str)) pieces and ("choice", ChoiceEnd) per choice, then ("done", Outcome)
+        or ("error", exception)."""
         while True:
             kind, value = await self._events.get()
             yield kind, value
-            if kind != "text":
+            if kind in ("done", "error"):
                 return
 
     def _send(self, kind: str, value: Any) -> None:
@@ -163,42 +182,59 @@ class Worker:
             return
         started = time.perf_counter()
         cached = llm.cached_prefix(gen.prompt_ids)
+        ends, totals = [], [0, 0.0, 0.0]  # completion tokens, prefill s, decode s over the choices
+        finish = None
+        for index in range(gen.n):
+            try:
+                finish, logprobs = self._choice(job, index, gen.sampler_for(index))
+            except Exception as err:  # the request fails; the server goes on serving the next one
+                log.exception("%s: generation failed", job.id)
+                self._count("failed")
+                llm.reset()  # start the next request from a clean engine
+                job._send("error", err)
+                return
+            ctx = llm.context
+            totals[0] += ctx.gen_seq_len
+            totals[1] += ctx.prefill_us / 1e6
+            totals[2] += ctx.decode_us / 1e6
+            if finish is None:
+                break
+            ends.append(ChoiceEnd(index, finish, logprobs))
+            job._send("choice", ends[-1])
+        outcome = Outcome(finish_reason=finish, prompt_tokens=len(gen.prompt_ids), cached_tokens=cached,
+                          completion_tokens=totals[0], waited_s=started - job.created, prefill_s=totals[1],
+                          decode_s=totals[2], choices=ends)
+        self._count("served" if finish else "cancelled")
+        _log_outcome(job.id, outcome)
+        job._send("done", outcome)
+
+    def _choice(self, job: Job, index: int, sampler) -> tuple[str | None, list[TokenLogprob] | None]:
+        """Run one choice, sending its text; its finish reason (None: cancelled) and logprobs."""
+        llm, gen = self.llm, job.generation
         stops = StopMatcher(gen.stop)
         finish = None
-        pieces = llm.stream_text(gen.prompt_ids, gen.max_tokens, gen.sampler)
+        pieces = llm.stream_text(gen.prompt_ids, gen.max_tokens, sampler)
         try:
             for piece in pieces:
                 if job.cancelled:
                     break
                 text, stopped = stops.feed(piece)
                 if text:
-                    job._send("text", text)
+                    job._send("text", (index, text))
                 if stopped:
                     finish = "stop"
                     break
             else:
                 tail = stops.flush()
                 if tail:
-                    job._send("text", tail)
+                    job._send("text", (index, tail))
                 finish = "stop" if llm.context.status == FINISHED else "length"
-        except Exception as err:  # the request fails; the server goes on serving the next one
-            log.exception("%s: generation failed", job.id)
-            self._count("failed")
-            llm.reset()  # start the next request from a clean engine
-            job._send("error", err)
-            return
         finally:
             pieces.close()
-        outcome = self._outcome(job, finish, started, cached)
-        self._count("served" if finish else "cancelled")
-        _log_outcome(job.id, outcome)
-        job._send("done", outcome)
-
-    def _outcome(self, job: Job, finish: str | None, started: float, cached: int) -> Outcome:
-        ctx = self.llm.context
-        return Outcome(finish_reason=finish, prompt_tokens=len(job.generation.prompt_ids), cached_tokens=cached,
-                       completion_tokens=ctx.gen_seq_len, waited_s=started - job.created,
-                       prefill_s=ctx.prefill_us / 1e6, decode_s=ctx.decode_us / 1e6)
+        logprobs = None
+        if isinstance(sampler, GuidedSampler) and sampler.top_logprobs is not None:
+            logprobs = [lp for lp in sampler.logprobs if not llm.tokenizer.is_stop(lp.token)]
+        return finish, logprobs
 
 
 def _log_outcome(job_id: str, o: Outcome) -> None:

@@ -31,6 +31,38 @@ class SpeculativeGeneration(Strategy):
         self.proposed = 0  # guessed tokens verified so far
         self.accepted = 0  # of them, the ones the model agreed with
         self.verify_steps = 0
+        self.constraint = None  # a ConstraintState (constraint.py): tokens are the best *allowed* ones
+
+    def pick(self, row: np.ndarray) -> int:
+        """The greedy token of a row of logits: the best one, or the best the constraint allows."""
+        if self.constraint is None:
+            return int(np.argmax(row))
+        row = np.array(row, dtype=np.float32).reshape(-1)
+        self.constraint.mask(row)
+        return int(np.argmax(row))
+
+    def take(self, token: int) -> None:
+        """`token` is the reply's next one: the constraint follows it."""
+        if self.constraint is not None:
+            self.constraint.consume(token)
+
+    def _accept_chain(self, rows: np.ndarray, draft: list[int]) -> tuple[int, int]:
+        """How many guesses of a chain stay, and the token after them. Under a constraint each row is
+        judged by the mask after the guesses before it (which the constraint then follows)."""
+        if self.constraint is None:
+            predictions = rows.argmax(axis=-1)
+            accepted = 0
+            while accepted < len(draft) and predictions[accepted] == draft[accepted]:
+                accepted += 1
+            return accepted, int(predictions[accepted])
+        accepted = 0
+        while accepted < len(draft):
+            chosen = self.pick(rows[accepted])
+            if chosen != draft[accepted]:
+                return accepted, chosen
+            self.take(chosen)
+            accepted += 1
+        return accepted, self.pick(rows[accepted])
 
     @property
     def acceptance(self) -> float:
@@ -59,7 +91,8 @@ class SpeculativeGeneration(Strategy):
         target, ctx = self.target, self.target.context
         cfg, conversation = target.config, target.conversation
         self.start(new_ids)
-        token = int(np.argmax(logits))
+        token = self.pick(logits)
+        self.take(token)
         while True:
             yield [token]
             start = time.perf_counter()
@@ -71,13 +104,11 @@ class SpeculativeGeneration(Strategy):
                 predictions = rows.reshape(len(tokens), -1).argmax(axis=-1)
                 kept = draft.accepted_rows(predictions)
                 conversation.keep_rows(tokens, kept)
+                following = int(predictions[kept[-1]])
             else:
                 tokens = [token] + draft
                 rows = target.forward(tokens, all_logits=bool(draft)).reshape(len(tokens), -1)
-                predictions = rows.argmax(axis=-1)
-                accepted = 0
-                while accepted < len(draft) and predictions[accepted] == draft[accepted]:
-                    accepted += 1
+                accepted, following = self._accept_chain(rows, draft)
                 kept = list(range(accepted + 1))
                 conversation.rewind(len(conversation) - (len(draft) - accepted))
             accepted = len(kept) - 1
@@ -88,7 +119,8 @@ class SpeculativeGeneration(Strategy):
             self.verified(tokens, accepted, kept)
             ctx.decode_us += int((time.perf_counter() - start) * 1e6)
             yield [tokens[row] for row in kept[1:]]
-            token = int(predictions[kept[-1]])
+            token = following
+            self.take(token)
 
     def ended_within(self, unsent: int) -> None:
         """The model has seen the accepted guesses after the last one emitted: they leave the history."""
