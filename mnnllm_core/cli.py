@@ -16,6 +16,7 @@ import traceback
 from typing import Callable, Sequence
 
 from . import __version__
+from .cli_flags import add_config_aliases, add_global_options, alias_updates, parse_command_line
 from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin
 
 log = logging.getLogger("mnnllm")
@@ -111,6 +112,9 @@ def _load_llm(args, embedding_model: bool = False):
     llm = create(_config_path(args.config), embedding_model)
     updates = _parse_set(args.set)
     _check_keys(updates, LlmConfig.key_names() | set(llm.config.to_dict()))
+    for key, (value, flag) in alias_updates(args).items():
+        if key not in updates:
+            llm.set_config({key: value}, source=flag)
     if updates:
         llm.set_config(updates, source="--set")
     if args.backend:
@@ -133,8 +137,9 @@ def _image_tags(llm, paths: Sequence[str], option: str) -> str:
 
 
 def cmd_run(args) -> int:
+    prompts = (args.prompt or []) + _file_prompts(args.file)
     llm = _load_llm(args)
-    prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    prompts = prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         raise ConfigError("no prompt: pass -p PROMPT, or prompts as lines on stdin", field="--prompt")
     images = _image_tags(llm, args.image, "--image")
@@ -157,8 +162,25 @@ def cmd_run(args) -> int:
             for piece in llm.response(prompt, stream=True, max_new_tokens=args.max_new_tokens):
                 print(piece, end="", flush=True)
             print()
-        _note_context_full(llm)
+            _summarize(llm, args.max_new_tokens)
     return 0
+
+
+def _file_prompts(paths: Sequence[str]) -> list[str]:
+    """-f FILE: each file's whole text is one prompt."""
+    from .files import CONFIG_LIMIT, read_bounded
+    prompts = []
+    for path in paths:
+        data = read_bounded(path, CONFIG_LIMIT, ConfigError, "prompt file", field="--file")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"the prompt file is not UTF-8 text (byte {err.start})", file=path,
+                              field="--file") from None
+        if not text.strip():
+            raise ConfigError("the prompt file is empty", file=path, field="--file")
+        prompts.append(text)
+    return prompts
 
 
 def cmd_embed(args) -> int:
@@ -181,12 +203,11 @@ def cmd_embed(args) -> int:
     return 0
 
 
-def _note_context_full(llm) -> None:
-    """A reply cut short by the end of the context says so: it would look like a whole answer."""
-    from .llm.context import CONTEXT_FULL
-    if llm.context.status == CONTEXT_FULL:
-        print(f"[the reply reached the end of the context (max_all_tokens {llm.config.max_all_tokens}); "
-              f"/reset or a shorter prompt makes room]", file=sys.stderr, flush=True)
+def _summarize(llm, max_new_tokens: int | None) -> None:
+    """The timing line after a reply (reply_summary.py), on stderr so stdout stays the answer."""
+    from .reply_summary import summary_line
+    budget = llm.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+    print(summary_line(llm.context, budget, llm.config.max_all_tokens), file=sys.stderr, flush=True)
 
 
 def cmd_chat(args) -> int:
@@ -237,7 +258,7 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
             answer.append(piece)
             print(piece, end="", flush=True)
         print()
-        _note_context_full(llm)
+        _summarize(llm, max_new_tokens)
         return True
     except KeyboardInterrupt:
         if pieces is not None:
@@ -400,8 +421,7 @@ def cmd_bench(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mnnllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mnnllm {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    add_global_options(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(p):
@@ -410,12 +430,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (value parsed as JSON when it parses); repeat for several")
-        p.add_argument("--max-new-tokens", type=_count(1), default=None, metavar="N",
-                       help="most tokens to generate per answer (default: the config's max_new_tokens)")
+        p.add_argument("-n", "--n-predict", "--max-new-tokens", dest="max_new_tokens", type=_count(1), default=None,
+                       metavar="N", help="most tokens to generate per answer (default: the config's max_new_tokens)")
+        add_config_aliases(p)
 
     run = sub.add_parser("run", help="answer prompts (from -p or stdin lines)")
     model_args(run)
     run.add_argument("-p", "--prompt", action="append", type=_prompt, help="a prompt; repeat for several")
+    run.add_argument("-f", "--file", action="append", default=[], metavar="FILE",
+                     help="a prompt read whole from FILE; repeat for several")
     run.add_argument("--json", action="store_true",
                      help="one JSON object per prompt: prompt, ids, generated ids, text, speeds")
     run.add_argument("--image", action="append", default=[], metavar="PATH",
@@ -434,6 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="interactive, streamed, multi-turn chat")
     model_args(chat)
+    chat.add_argument("-f", "--file", action="append", default=[], metavar="FILE",
+                      help="send FILE's text as the first message; repeat for several turns")
     chat.set_defaults(func=cmd_chat)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server and chat page for one model")
@@ -520,11 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
     bench.set_defaults(func=cmd_bench)
+    for verb in sub.choices.values():
+        add_global_options(verb, top_level=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
