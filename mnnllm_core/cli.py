@@ -7,7 +7,6 @@ the reply being streamed and returns to the prompt, where a second Ctrl-C quits.
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import logging
 import os
@@ -85,15 +84,6 @@ def _parse_set(items: Sequence[str]) -> dict:
     return updates
 
 
-def _check_keys(updates: dict, known: set[str]) -> None:
-    """An unknown --set key is a typo far more often than a new key: refuse it, suggesting the closest."""
-    for key in updates:
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise ConfigError(f"unknown config key {key!r}{hint}", file=Origin("--set"), field=key)
-
-
 def _config_path(path: str | None) -> str:
     """A config path as given (a folder stands for its config.json), else the default model's."""
     if path:
@@ -107,11 +97,11 @@ def _config_path(path: str | None) -> str:
 
 
 def _load_llm(args, embedding_model: bool = False):
-    from .llm.config import LlmConfig
+    from .llm.config_keys import check_keys
     from .llm.create import create
     llm = create(_config_path(args.config), embedding_model)
     updates = _parse_set(args.set)
-    _check_keys(updates, LlmConfig.key_names() | set(llm.config.to_dict()))
+    check_keys(updates, llm.config.to_dict(), "--set")
     for key, (value, flag) in alias_updates(args).items():
         if key not in updates:
             llm.set_config({key: value}, source=flag)
