@@ -201,42 +201,36 @@ def _summarize(llm, max_new_tokens: int | None) -> None:
 
 
 def cmd_chat(args) -> int:
-    """Multi-turn chat. Ctrl-C during a reply stops it: what was printed stays in the
-    conversation as the assistant's turn (a reply stopped before any text drops its question),
-    and the KV cache keeps every token that ran, so the next turn reuses it."""
+    """Multi-turn chat with slash commands (chat_commands.py). Ctrl-C during a reply stops it: what
+    was printed stays in the conversation as the assistant's turn (a reply stopped before any text
+    drops its question), and the KV cache keeps every token that ran, so the next turn reuses it."""
+    from .chat_commands import ChatSession
+    opening = _file_prompts(args.file)
     llm = _load_llm(args)
-    messages: list[dict] = []
-    images = ""  # <img> tags of /image commands, for the next message
-    vision = " /image PATH adds an image to the next message;" if llm.config.is_visual else ""
-    print(f"mnnllm chat: /reset starts over;{vision} /exit, Ctrl-D or Ctrl-C at the prompt quits; "
+    chat = ChatSession(llm, args.max_new_tokens, lambda path: _image_tags(llm, [path], "/image"))
+    print("mnnllm chat: /help lists the commands; /exit, Ctrl-D or Ctrl-C at the prompt quits; "
           "Ctrl-C during a reply stops it.", file=sys.stderr)
     while True:
-        try:
-            line = input("> ")
-        except (EOFError, KeyboardInterrupt):
-            print(file=sys.stderr)
-            return 0
-        if line.strip() in ("/exit", "/quit"):
-            return 0
-        if line.strip() == "/reset":
-            messages.clear()
-            llm.reset()
-            continue
-        if line.strip().startswith("/image"):
+        if opening:
+            line = opening.pop(0)
+        else:
             try:
-                images += _image_tags(llm, [line.strip()[len("/image"):].strip()], "/image")
-            except ConfigError as err:
-                print(f"mnnllm: {err}", file=sys.stderr)
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+        handled = chat.command(line)
+        if handled is False:
+            return 0
+        if handled or not line.strip():
             continue
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": images + line})
-        images = ""
+        chat.messages.append({"role": "user", "content": chat.images + chat.message(line)})
+        chat.images = ""
         answer: list[str] = []
-        if not _stream_reply(llm, messages, args.max_new_tokens, answer) and not answer:
-            messages.pop()
+        if not _stream_reply(llm, chat.messages, chat.max_new_tokens, answer) and not answer:
+            chat.messages.pop()
             continue
-        messages.append({"role": "assistant", "content": "".join(answer)})
+        chat.messages.append({"role": "assistant", "content": "".join(answer)})
 
 
 def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer: list[str]) -> bool:
