@@ -340,13 +340,27 @@ def cmd_test_backend(args) -> int:
     hints = _parse_set(args.hint)
     cases = select(args.op, args.perf, args.case)
     if not cases:
-        types = sorted({c.op_type for c in select(perf=args.perf)})
-        raise ConfigError(f"no case matches; op types: {', '.join(types)}", field="--op")
+        _no_case(args.op, args.case, args.perf, select)
     results = run_suite(args.name, precision=args.precision, hints=hints, thread_num=args.threads, cases=cases,
                         perf=args.perf, memory=args.memory)
     device = registry().get(args.name).devices()
     print(render(args.name, ", ".join(device) or "-", results, "json" if args.json else "md", args.perf))
     return 1 if any(r.status == "fail" for r in results) else 0
+
+
+def _no_case(op: str | None, case: str | None, perf: bool, select) -> None:
+    """No case matched: blame the option that emptied the selection (--op first), listing what it could be."""
+    of_op = select(op, perf)
+    if not of_op:
+        types = sorted({c.op_type for c in select(perf=perf)})
+        raise ConfigError(f"no op type {op!r}; op types: {', '.join(types)}", field="--op")
+    if not op:
+        raise ConfigError(f"no case name contains {case!r} (of {len(of_op)} cases); --op TYPE --case X lists the "
+                          f"case names of one op type", field="--case")
+    names = sorted({c.name for c in of_op})
+    shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+    raise ConfigError(f"no case name contains {case!r} among the {len(of_op)} cases of op {op}; names: {shown}",
+                      field="--case")
 
 
 def cmd_export(args) -> int:
@@ -434,8 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
     embed.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (value parsed as JSON when it parses); repeat for several")
-    embed.add_argument("-p", "--prompt", action="append", type=_prompt, metavar="TEXT",
-                       help="a text; repeat for several (default: lines on stdin)")
+    embed.add_argument("-p", "--prompt", action="append", metavar="TEXT",
+                       help="a text, any the API's txt_embedding takes (whitespace too); repeat for several "
+                            "(default: lines on stdin, blank lines skipped)")
     embed.add_argument("--json", action="store_true", help="one JSON object per text: text, ids, dim, embedding")
     embed.set_defaults(func=cmd_embed)
 
@@ -567,8 +582,10 @@ def _report(err: BaseException, debug: bool) -> None:
     else:
         line = f"unexpected {type(err).__name__}: {err} (--debug shows where)"
     line = " ".join(line.split())  # one line, whatever the message held
-    if len(line) > MAX_MESSAGE:  # keep the end too: it names the file and the field
-        line = f"{line[:MAX_MESSAGE - 100]} ... {line[-95:]}"
+    if len(line) > MAX_MESSAGE:  # keep the end too (it names the file and the field), cutting between words
+        head = line[:MAX_MESSAGE - 100].rsplit(" ", 1)[0]
+        tail = line[-95:].split(" ", 1)[-1]
+        line = f"{head} ... {tail}"
     print(f"error: {line}", file=sys.stderr)
 
 
