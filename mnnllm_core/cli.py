@@ -253,12 +253,14 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
 
 
 def cmd_serve(args) -> int:
+    from .serve.listen import bind
     from .serve.server import prepare, run
     prepare()
-    args.config = _config_path(args.config)
-    log.info("loading %s", args.config)
-    return run(_load_llm(args), host=args.host, port=args.port, api_key=args.api_key,
-               queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
+    with bind(args.host, args.port) as sock:
+        args.config = _config_path(args.config)
+        log.info("loading %s", args.config)
+        return run(_load_llm(args), sock, host=args.host, port=args.port, api_key=args.api_key,
+                   queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
 
 
 def cmd_inspect(args) -> int:
@@ -417,6 +419,7 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .serve.listen import port_number
     parser = _Parser(prog="mnnllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mnnllm {__version__}")
     add_global_options(parser, top_level=True)
@@ -463,7 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server and chat page for one model")
     model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    serve.add_argument("--port", type=port_number, default=8080, help="port (0: any free one)")
     serve.add_argument("--api-key", default=os.environ.get("MNNLLM_API_KEY"),
                        help="require Authorization: Bearer KEY on /v1/ (default: $MNNLLM_API_KEY)")
     serve.add_argument("--queue-size", type=_count(1), default=8, help="requests that may wait; more get 503")
