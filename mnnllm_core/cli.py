@@ -7,6 +7,7 @@ the reply being streamed and returns to the prompt, where a second Ctrl-C quits.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -16,7 +17,7 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .cli_flags import add_config_aliases, add_global_options, alias_updates, parse_command_line
-from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin
+from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin, cut_at_clause
 
 log = logging.getLogger("mnnllm")
 
@@ -386,30 +387,44 @@ def _default_gguf() -> str:
 
 def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
-    from .bench.runner import run_bench
+    from .bench.runner import BenchStopped, run_bench
+    from .llm.config import LlmConfig
+    from .llm.llm import check_model_files
     from .bench.bench_tests import plan
     from .plugins.manager import registry
     backends = [b.strip() for b in args.a.split(",") if b.strip()]
     if not backends:
         raise BackendError("no backend named", field="-a")
-    for name in backends:
+    for name in backends:  # every backend and model is checked before the first run
         try:
-            registry().get(name)
+            available, reason = registry().get(name).is_available()
         except BackendError as err:
             raise BackendError(err.reason, field="-a") from None
+        if not available:
+            raise BackendError(f"backend {name!r} is not available: "
+                               f"{cut_at_clause(reason, 160, '`mnnllm backends` shows it whole')}", field="-a")
     memory = [m.strip() for m in args.memory.split(",") if m.strip()] if args.memory else None
     for mode in memory or []:
         if mode not in MEMORY_MODES:
             raise ConfigError(f"memory mode {mode!r} is not one of {', '.join(MEMORY_MODES)}", field="--memory")
     models = [_config_path(m) for m in args.model.split(",") if m.strip()] if args.model else [_config_path(None)]
+    for model in models:
+        check_model_files(LlmConfig.from_file(model))
     tests = [(t.prompt, t.gen) for t in plan(args.p, args.n, args.pg or [])]
     if not tests:
         raise ConfigError("nothing to measure: -p and -n are all 0 and no -pg is given", field="-p")
+    if args.vs_mnn and importlib.util.find_spec("MNN") is None:
+        raise ConfigError("--vs-mnn runs MNN's own runtime, which is not installed: pip install MNN==3.6.1",
+                          field="--vs-mnn")
     gguf = _default_gguf() if args.vs_llama == "default" else args.vs_llama
     if gguf and not os.path.isfile(gguf):
         raise ConfigError("no such GGUF file", file=gguf, field="--vs-llama")
-    results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile, args.vs_mnn,
-                                    memory=memory, vs_llama=gguf)
+    try:
+        results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile,
+                                        args.vs_mnn, memory=memory, vs_llama=gguf)
+    except BenchStopped as stopped:  # the rows that finished, then the error
+        print(render(stopped.results + stopped.references, args.o, extra=args.extra), flush=True)
+        raise stopped.error from None
     if references:
         attach_ratios(results, references)
     print(render(results + references, args.o, extra=args.extra))

@@ -9,52 +9,11 @@ from pathlib import Path
 import pytest
 
 import mnnllm_core
-from mnn_oracle import run_script
 from mnnllm_core.errors import ArgumentError, ConfigError
 from mnnllm_core.llm.context import LlmContext, LlmStatus
 from mnnllm_core.llm.llm import Llm
-from mnnllm_core.llm.pymnn_compat import DIFFERENT, markdown_table
+from mnnllm_core.llm.pymnn_compat import DIFFERENT, documented, markdown_table, pymnn_names
 from paths import CONFIG, REFERENCE
-
-PYMNN_NAMES = r"""
-import inspect, json, sys, enum
-import MNN.llm as m
-import _mnncengine.llm as F
-names = {}
-def sig(obj):
-    try:
-        return [[p.name, repr(p.default) if p.default is not p.empty else None]
-                for p in inspect.signature(obj).parameters.values() if p.name != "self"]
-    except (TypeError, ValueError):
-        return None
-for name in dir(m):
-    if name.startswith("_"):
-        continue
-    obj = getattr(m, name)
-    names[name] = sig(obj) if callable(obj) and not isinstance(obj, type) else None
-    if isinstance(obj, enum.EnumMeta) and obj is not enum.IntEnum:
-        names.update({f"{name}.{member.name}": member.value for member in obj})
-    elif isinstance(obj, type) and obj is not enum.IntEnum:
-        for attr, member in vars(obj).items():
-            if not attr.startswith("_"):
-                names[f"{name}.{attr}"] = sig(member) if callable(member) else None
-for name in dir(F):
-    if name.startswith("_"):
-        continue
-    obj = getattr(F, name)
-    names.setdefault(name, None)
-    if isinstance(obj, type):
-        for attr in dir(obj):
-            if not attr.startswith("_"):
-                names[f"{name}.{attr}"] = None
-print("@@RESULT@@" + json.dumps(names))
-"""
-
-def documented(name: str) -> bool:
-    """In DIFFERENT: itself, its class (a class not provided covers its members), or, for a member of
-    the C extension's LLM, the same member of pymnn's Python Llm."""
-    owner, _, member = name.partition(".")
-    return name in DIFFERENT or (member and owner in DIFFERENT) or (owner == "LLM" and f"Llm.{member}" in DIFFERENT)
 
 
 def unloaded() -> Llm:
@@ -65,9 +24,10 @@ OURS = {"Llm": unloaded, "LLM": unloaded, "Context": LlmContext, "LlmStatus": la
         "create": lambda: mnnllm_core.create}
 
 
-@pytest.fixture(scope="module")
-def pymnn_names() -> dict:
-    return run_script(PYMNN_NAMES, {}, timeout=120)
+@pytest.fixture(scope="module", name="pymnn_names")
+def installed_pymnn_names() -> dict:
+    pytest.importorskip("MNN", reason="PyPI MNN (pymnn) is not installed")
+    return pymnn_names()
 
 
 def ours(name: str):

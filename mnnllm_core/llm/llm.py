@@ -144,13 +144,7 @@ class Llm(PymnnMethods):
         return Llm(config, base=self).load()
 
     def _check_model_files(self) -> None:
-        """A file the config names that is not there: the key and the config file at fault."""
-        for key in ("llm_model", "tokenizer_file"):
-            path = getattr(self.config, key)
-            if not os.path.isfile(path):
-                problem = "is not a regular file" if os.path.exists(path) else "does not exist"
-                raise ConfigError(f"{key} names a file that {problem}: {path}",
-                                  file=self.config.origin(key) or self.config.source, field=key)
+        check_model_files(self.config)
 
     def _init_sampler(self) -> None:
         try:
@@ -465,6 +459,17 @@ class Llm(PymnnMethods):
         arguments.require_loaded(self, "placement")
         modules = self.pool.modules() or [self.module]
         return modules[-1].placement()
+
+
+def check_model_files(config: LlmConfig) -> None:
+    """A file the config names that is not there: the key and the config file at fault (before a
+    load, and before `mnnllm bench` starts its first run)."""
+    for key in ("llm_model", "tokenizer_file"):
+        path = getattr(config, key)
+        if not os.path.isfile(path):
+            problem = "is not a regular file" if os.path.exists(path) else "does not exist"
+            raise ConfigError(f"{key} names a file that {problem}: {path}", file=config.origin(key) or config.source,
+                              field=key)
 
 
 def _keys_of(config: Mapping[str, Any] | str) -> Mapping[str, Any]:

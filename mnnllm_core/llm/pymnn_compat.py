@@ -1,11 +1,13 @@
 """pymnn's `MNN.llm` (3.6.1) as a contract: the methods of its Llm that mnnllm's Llm lacked, and the
 list of its public names that differ here, each with the reason. tests/test_pymnn_compat.py reads
-pymnn's names from the installed MNN and checks each against ours or this list; the README's table
-is `markdown_table()`."""
+pymnn's names from the installed MNN (`pymnn_names`) and checks each against ours or this list;
+`python -m mnnllm_core.llm.pymnn_compat` prints the README's table."""
 from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 
 from ..errors import ArgumentError, UnsupportedError
 from . import arguments
@@ -19,8 +21,7 @@ DIFFERENT: dict[str, str] = {
     "IntEnum": "not API: pymnn's module imports enum.IntEnum at top level; ours has LlmStatus, an IntEnum",
     "Llm.response": "stream=True returns an iterator of text pieces (print them as they come) where pymnn "
                     "prints to stdout and returns the whole string; stream=False returns the string as pymnn",
-    "Llm.forward": "returns the logits as a numpy array ([vocab]) where pymnn returns an MNN Var; the tokens "
-                   "stay in the KV cache (pymnn resets after forward)",
+    "Llm.forward": "returns the logits as a numpy array ([vocab]) where pymnn returns an MNN Var",
     "Llm.txt_embedding": "on an embedding model (create(..., embedding_model=True)) returns a numpy array "
                          "[1, dim] where pymnn returns an MNN Var; on a plain Llm it is absent (pymnn returns None)",
     "Llm.apply_lora": "not provided: pymnn 3.6.1's wrapper calls a method its C extension lacks (AttributeError); "
@@ -116,10 +117,64 @@ def _index(value, field: str) -> int:
     return value
 
 
+# Run in a fresh interpreter (MNN allows one runtime per process): every public name of MNN.llm and of
+# its C extension, as {name: [[parameter, repr(default) or None], ...] where a signature is readable,
+# an LlmStatus member's value, or None}.
+_INTROSPECT = r"""
+import enum, inspect, json
+import MNN.llm as m
+import _mnncengine.llm as F
+names = {}
+def sig(obj):
+    try:
+        return [[p.name, repr(p.default) if p.default is not p.empty else None]
+                for p in inspect.signature(obj).parameters.values() if p.name != "self"]
+    except (TypeError, ValueError):
+        return None
+for name in dir(m):
+    obj = getattr(m, name)
+    if name.startswith("_"):
+        continue
+    names[name] = sig(obj) if callable(obj) and not isinstance(obj, type) else None
+    if isinstance(obj, enum.EnumMeta) and obj is not enum.IntEnum:
+        names.update({f"{name}.{member.name}": member.value for member in obj})
+    elif isinstance(obj, type) and obj is not enum.IntEnum:
+        names.update({f"{name}.{attr}": sig(member) if callable(member) else None
+                      for attr, member in vars(obj).items() if not attr.startswith("_")})
+for name in dir(F):
+    obj = getattr(F, name)
+    if name.startswith("_"):
+        continue
+    names.setdefault(name, None)
+    if isinstance(obj, type):
+        names.update({f"{name}.{attr}": None for attr in dir(obj) if not attr.startswith("_")})
+print("@@NAMES@@" + json.dumps(names))
+"""
+
+
+def pymnn_names(timeout: float = 120) -> dict:
+    """The public names of the installed pymnn's MNN.llm (see _INTROSPECT); RuntimeError without MNN."""
+    done = subprocess.run([sys.executable, "-c", _INTROSPECT], capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0 or "@@NAMES@@" not in done.stdout:
+        raise RuntimeError(f"cannot read pymnn's names (is PyPI MNN installed?): {done.stderr[-500:]}")
+    return json.loads(done.stdout.split("@@NAMES@@", 1)[1])
+
+
+def documented(name: str) -> bool:
+    """In DIFFERENT: itself, its class (a class not provided covers its members), or, for a member of
+    the C extension's LLM, the same member of pymnn's Python Llm."""
+    owner, _, member = name.partition(".")
+    return name in DIFFERENT or bool(member and owner in DIFFERENT) or (owner == "LLM" and f"Llm.{member}" in DIFFERENT)
+
+
 def markdown_table(same: list[str]) -> str:
     """The README's table: every pymnn name, `same` or how it differs."""
     rows = [(name, "same") for name in same] + list(DIFFERENT.items())
     lines = ["| pymnn `MNN.llm` | mnnllm |", "|---|---|"]
     lines += [f"| `{name}` | {text} |" for name, text in sorted(rows)]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table([name for name in pymnn_names() if not documented(name)]))
 
