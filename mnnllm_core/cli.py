@@ -7,7 +7,7 @@ the reply being streamed and returns to the prompt, where a second Ctrl-C quits.
 from __future__ import annotations
 
 import argparse
-import difflib
+import importlib.util
 import json
 import logging
 import os
@@ -16,7 +16,8 @@ import traceback
 from typing import Callable, Sequence
 
 from . import __version__
-from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin
+from .cli_flags import add_config_aliases, add_global_options, alias_updates, parse_command_line
+from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin, cut_at_clause
 
 log = logging.getLogger("mnnllm")
 
@@ -84,15 +85,6 @@ def _parse_set(items: Sequence[str]) -> dict:
     return updates
 
 
-def _check_keys(updates: dict, known: set[str]) -> None:
-    """An unknown --set key is a typo far more often than a new key: refuse it, suggesting the closest."""
-    for key in updates:
-        if key not in known:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"; did you mean {close[0]}?" if close else ""
-            raise ConfigError(f"unknown config key {key!r}{hint}", file=Origin("--set"), field=key)
-
-
 def _config_path(path: str | None) -> str:
     """A config path as given (a folder stands for its config.json), else the default model's."""
     if path:
@@ -106,11 +98,14 @@ def _config_path(path: str | None) -> str:
 
 
 def _load_llm(args, embedding_model: bool = False):
-    from .llm.config import LlmConfig
+    from .llm.config_keys import check_keys
     from .llm.create import create
     llm = create(_config_path(args.config), embedding_model)
     updates = _parse_set(args.set)
-    _check_keys(updates, LlmConfig.key_names() | set(llm.config.to_dict()))
+    check_keys(updates, llm.config.to_dict(), "--set")
+    for key, (value, flag) in alias_updates(args).items():
+        if key not in updates:
+            llm.set_config({key: value}, source=flag)
     if updates:
         llm.set_config(updates, source="--set")
     if args.backend:
@@ -133,8 +128,9 @@ def _image_tags(llm, paths: Sequence[str], option: str) -> str:
 
 
 def cmd_run(args) -> int:
+    prompts = (args.prompt or []) + _file_prompts(args.file)
     llm = _load_llm(args)
-    prompts = args.prompt or [line.rstrip("\n") for line in sys.stdin if line.strip()]
+    prompts = prompts or [line.rstrip("\n") for line in sys.stdin if line.strip()]
     if not prompts:
         raise ConfigError("no prompt: pass -p PROMPT, or prompts as lines on stdin", field="--prompt")
     images = _image_tags(llm, args.image, "--image")
@@ -157,8 +153,25 @@ def cmd_run(args) -> int:
             for piece in llm.response(prompt, stream=True, max_new_tokens=args.max_new_tokens):
                 print(piece, end="", flush=True)
             print()
-        _note_context_full(llm)
+            _summarize(llm, args.max_new_tokens)
     return 0
+
+
+def _file_prompts(paths: Sequence[str]) -> list[str]:
+    """-f FILE: each file's whole text is one prompt."""
+    from .files import CONFIG_LIMIT, read_bounded
+    prompts = []
+    for path in paths:
+        data = read_bounded(path, CONFIG_LIMIT, ConfigError, "prompt file", field="--file")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(f"the prompt file is not UTF-8 text (byte {err.start})", file=path,
+                              field="--file") from None
+        if not text.strip():
+            raise ConfigError("the prompt file is empty", file=path, field="--file")
+        prompts.append(text)
+    return prompts
 
 
 def cmd_embed(args) -> int:
@@ -181,51 +194,44 @@ def cmd_embed(args) -> int:
     return 0
 
 
-def _note_context_full(llm) -> None:
-    """A reply cut short by the end of the context says so: it would look like a whole answer."""
-    from .llm.context import CONTEXT_FULL
-    if llm.context.status == CONTEXT_FULL:
-        print(f"[the reply reached the end of the context (max_all_tokens {llm.config.max_all_tokens}); "
-              f"/reset or a shorter prompt makes room]", file=sys.stderr, flush=True)
+def _summarize(llm, max_new_tokens: int | None) -> None:
+    """The timing line after a reply (reply_summary.py), on stderr so stdout stays the answer."""
+    from .reply_summary import summary_line
+    budget = llm.config.max_new_tokens if max_new_tokens is None else max_new_tokens
+    print(summary_line(llm.context, budget, llm.config.max_all_tokens), file=sys.stderr, flush=True)
 
 
 def cmd_chat(args) -> int:
-    """Multi-turn chat. Ctrl-C during a reply stops it: what was printed stays in the
-    conversation as the assistant's turn (a reply stopped before any text drops its question),
-    and the KV cache keeps every token that ran, so the next turn reuses it."""
+    """Multi-turn chat with slash commands (chat_commands.py). Ctrl-C during a reply stops it: what
+    was printed stays in the conversation as the assistant's turn (a reply stopped before any text
+    drops its question), and the KV cache keeps every token that ran, so the next turn reuses it."""
+    from .chat_commands import ChatSession
+    opening = _file_prompts(args.file)
     llm = _load_llm(args)
-    messages: list[dict] = []
-    images = ""  # <img> tags of /image commands, for the next message
-    vision = " /image PATH adds an image to the next message;" if llm.config.is_visual else ""
-    print(f"mnnllm chat: /reset starts over;{vision} /exit, Ctrl-D or Ctrl-C at the prompt quits; "
+    chat = ChatSession(llm, args.max_new_tokens, lambda path: _image_tags(llm, [path], "/image"))
+    print("mnnllm chat: /help lists the commands; /exit, Ctrl-D or Ctrl-C at the prompt quits; "
           "Ctrl-C during a reply stops it.", file=sys.stderr)
     while True:
-        try:
-            line = input("> ")
-        except (EOFError, KeyboardInterrupt):
-            print(file=sys.stderr)
-            return 0
-        if line.strip() in ("/exit", "/quit"):
-            return 0
-        if line.strip() == "/reset":
-            messages.clear()
-            llm.reset()
-            continue
-        if line.strip().startswith("/image"):
+        if opening:
+            line = opening.pop(0)
+        else:
             try:
-                images += _image_tags(llm, [line.strip()[len("/image"):].strip()], "/image")
-            except ConfigError as err:
-                print(f"mnnllm: {err}", file=sys.stderr)
+                line = input("> ")
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+        handled = chat.command(line)
+        if handled is False:
+            return 0
+        if handled or not line.strip():
             continue
-        if not line.strip():
-            continue
-        messages.append({"role": "user", "content": images + line})
-        images = ""
+        chat.messages.append({"role": "user", "content": chat.images + chat.message(line)})
+        chat.images = ""
         answer: list[str] = []
-        if not _stream_reply(llm, messages, args.max_new_tokens, answer) and not answer:
-            messages.pop()
+        if not _stream_reply(llm, chat.messages, chat.max_new_tokens, answer) and not answer:
+            chat.messages.pop()
             continue
-        messages.append({"role": "assistant", "content": "".join(answer)})
+        chat.messages.append({"role": "assistant", "content": "".join(answer)})
 
 
 def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer: list[str]) -> bool:
@@ -237,7 +243,7 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
             answer.append(piece)
             print(piece, end="", flush=True)
         print()
-        _note_context_full(llm)
+        _summarize(llm, max_new_tokens)
         return True
     except KeyboardInterrupt:
         if pieces is not None:
@@ -248,12 +254,14 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
 
 
 def cmd_serve(args) -> int:
+    from .serve.listen import bind
     from .serve.server import prepare, run
     prepare()
-    args.config = _config_path(args.config)
-    log.info("loading %s", args.config)
-    return run(_load_llm(args), host=args.host, port=args.port, api_key=args.api_key,
-               queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
+    with bind(args.host, args.port) as sock:
+        args.config = _config_path(args.config)
+        log.info("loading %s", args.config)
+        return run(_load_llm(args), sock, host=args.host, port=args.port, api_key=args.api_key,
+                   queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
 
 
 def cmd_inspect(args) -> int:
@@ -335,13 +343,27 @@ def cmd_test_backend(args) -> int:
     hints = _parse_set(args.hint)
     cases = select(args.op, args.perf, args.case)
     if not cases:
-        types = sorted({c.op_type for c in select(perf=args.perf)})
-        raise ConfigError(f"no case matches; op types: {', '.join(types)}", field="--op")
+        _no_case(args.op, args.case, args.perf, select)
     results = run_suite(args.name, precision=args.precision, hints=hints, thread_num=args.threads, cases=cases,
                         perf=args.perf, memory=args.memory)
     device = registry().get(args.name).devices()
     print(render(args.name, ", ".join(device) or "-", results, "json" if args.json else "md", args.perf))
     return 1 if any(r.status == "fail" for r in results) else 0
+
+
+def _no_case(op: str | None, case: str | None, perf: bool, select) -> None:
+    """No case matched: blame the option that emptied the selection (--op first), listing what it could be."""
+    of_op = select(op, perf)
+    if not of_op:
+        types = sorted({c.op_type for c in select(perf=perf)})
+        raise ConfigError(f"no op type {op!r}; op types: {', '.join(types)}", field="--op")
+    if not op:
+        raise ConfigError(f"no case name contains {case!r} (of {len(of_op)} cases); --op TYPE --case X lists the "
+                          f"case names of one op type", field="--case")
+    names = sorted({c.name for c in of_op})
+    shown = ", ".join(names[:12]) + (f", ... ({len(names)} in all)" if len(names) > 12 else "")
+    raise ConfigError(f"no case name contains {case!r} among the {len(of_op)} cases of op {op}; names: {shown}",
+                      field="--case")
 
 
 def cmd_export(args) -> int:
@@ -365,30 +387,44 @@ def _default_gguf() -> str:
 
 def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
-    from .bench.runner import run_bench
+    from .bench.runner import BenchStopped, run_bench
+    from .llm.config import LlmConfig
+    from .llm.llm import check_model_files
     from .bench.bench_tests import plan
     from .plugins.manager import registry
     backends = [b.strip() for b in args.a.split(",") if b.strip()]
     if not backends:
         raise BackendError("no backend named", field="-a")
-    for name in backends:
+    for name in backends:  # every backend and model is checked before the first run
         try:
-            registry().get(name)
+            available, reason = registry().get(name).is_available()
         except BackendError as err:
             raise BackendError(err.reason, field="-a") from None
+        if not available:
+            raise BackendError(f"backend {name!r} is not available: "
+                               f"{cut_at_clause(reason, 160, '`mnnllm backends` shows it whole')}", field="-a")
     memory = [m.strip() for m in args.memory.split(",") if m.strip()] if args.memory else None
     for mode in memory or []:
         if mode not in MEMORY_MODES:
             raise ConfigError(f"memory mode {mode!r} is not one of {', '.join(MEMORY_MODES)}", field="--memory")
     models = [_config_path(m) for m in args.model.split(",") if m.strip()] if args.model else [_config_path(None)]
+    for model in models:
+        check_model_files(LlmConfig.from_file(model))
     tests = [(t.prompt, t.gen) for t in plan(args.p, args.n, args.pg or [])]
     if not tests:
         raise ConfigError("nothing to measure: -p and -n are all 0 and no -pg is given", field="-p")
+    if args.vs_mnn and importlib.util.find_spec("MNN") is None:
+        raise ConfigError("--vs-mnn runs MNN's own runtime, which is not installed: pip install MNN==3.6.1",
+                          field="--vs-mnn")
     gguf = _default_gguf() if args.vs_llama == "default" else args.vs_llama
     if gguf and not os.path.isfile(gguf):
         raise ConfigError("no such GGUF file", file=gguf, field="--vs-llama")
-    results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile, args.vs_mnn,
-                                    memory=memory, vs_llama=gguf)
+    try:
+        results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile,
+                                        args.vs_mnn, memory=memory, vs_llama=gguf)
+    except BenchStopped as stopped:  # the rows that finished, then the error
+        print(render(stopped.results + stopped.references, args.o, extra=args.extra), flush=True)
+        raise stopped.error from None
     if references:
         attach_ratios(results, references)
     print(render(results + references, args.o, extra=args.extra))
@@ -398,10 +434,10 @@ def cmd_bench(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .serve.listen import port_number
     parser = _Parser(prog="mnnllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"mnnllm {__version__}")
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
-    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    add_global_options(parser, top_level=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(p):
@@ -410,12 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (value parsed as JSON when it parses); repeat for several")
-        p.add_argument("--max-new-tokens", type=_count(1), default=None, metavar="N",
-                       help="most tokens to generate per answer (default: the config's max_new_tokens)")
+        p.add_argument("-n", "--n-predict", "--max-new-tokens", dest="max_new_tokens", type=_count(1), default=None,
+                       metavar="N", help="most tokens to generate per answer (default: the config's max_new_tokens)")
+        add_config_aliases(p)
 
     run = sub.add_parser("run", help="answer prompts (from -p or stdin lines)")
     model_args(run)
     run.add_argument("-p", "--prompt", action="append", type=_prompt, help="a prompt; repeat for several")
+    run.add_argument("-f", "--file", action="append", default=[], metavar="FILE",
+                     help="a prompt read whole from FILE; repeat for several")
     run.add_argument("--json", action="store_true",
                      help="one JSON object per prompt: prompt, ids, generated ids, text, speeds")
     run.add_argument("--image", action="append", default=[], metavar="PATH",
@@ -427,19 +466,22 @@ def build_parser() -> argparse.ArgumentParser:
     embed.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
     embed.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (value parsed as JSON when it parses); repeat for several")
-    embed.add_argument("-p", "--prompt", action="append", type=_prompt, metavar="TEXT",
-                       help="a text; repeat for several (default: lines on stdin)")
+    embed.add_argument("-p", "--prompt", action="append", metavar="TEXT",
+                       help="a text, any the API's txt_embedding takes (whitespace too); repeat for several "
+                            "(default: lines on stdin, blank lines skipped)")
     embed.add_argument("--json", action="store_true", help="one JSON object per text: text, ids, dim, embedding")
     embed.set_defaults(func=cmd_embed)
 
     chat = sub.add_parser("chat", help="interactive, streamed, multi-turn chat")
     model_args(chat)
+    chat.add_argument("-f", "--file", action="append", default=[], metavar="FILE",
+                      help="send FILE's text as the first message; repeat for several turns")
     chat.set_defaults(func=cmd_chat)
 
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server and chat page for one model")
     model_args(serve)
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8080, help="port (0: any free one)")
+    serve.add_argument("--port", type=port_number, default=8080, help="port (0: any free one)")
     serve.add_argument("--api-key", default=os.environ.get("MNNLLM_API_KEY"),
                        help="require Authorization: Bearer KEY on /v1/ (default: $MNNLLM_API_KEY)")
     serve.add_argument("--queue-size", type=_count(1), default=8, help="requests that may wait; more get 503")
@@ -520,11 +562,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
     bench.set_defaults(func=cmd_bench)
+    for verb in sub.choices.values():
+        add_global_options(verb, top_level=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(build_parser(), argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -556,8 +600,10 @@ def _report(err: BaseException, debug: bool) -> None:
     else:
         line = f"unexpected {type(err).__name__}: {err} (--debug shows where)"
     line = " ".join(line.split())  # one line, whatever the message held
-    if len(line) > MAX_MESSAGE:  # keep the end too: it names the file and the field
-        line = f"{line[:MAX_MESSAGE - 100]} ... {line[-95:]}"
+    if len(line) > MAX_MESSAGE:  # keep the end too (it names the file and the field), cutting between words
+        head = line[:MAX_MESSAGE - 100].rsplit(" ", 1)[0]
+        tail = line[-95:].split(" ", 1)[-1]
+        line = f"{head} ... {tail}"
     print(f"error: {line}", file=sys.stderr)
 
 

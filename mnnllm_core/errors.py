@@ -16,6 +16,21 @@ def shorten(text: str, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
+def cut_at_clause(text: str, limit: int, whole: str = "") -> str:
+    """`text` of at most about `limit` characters, cut after its last whole clause (". ", "; ", ": ",
+    ", ") that fits, never inside a word; `whole` says where the uncut text is."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    head = text[:limit]
+    ends = [head.rfind(mark) for mark in (". ", "; ", ": ", ", ")]
+    end = max(ends)
+    if end < limit // 3:
+        end = head.rfind(" ")
+    end = end if end > 0 else limit
+    return f"{text[:end].rstrip(' .;:,')} (cut{'; ' + whole if whole else ''})"
+
+
 class MnnllmError(Exception):
     """Base of every error mnnllm raises on purpose.
 

@@ -98,15 +98,22 @@ VALID = {  # parameter name -> (a valid value, what the parameter takes)
     "constraint": (None, _optional(lambda v: isinstance(v, (Constraint, Mapping)))),
     "logits_processor": (None, _optional(lambda v: callable(v) or (_is_list(v) and all(callable(f) for f in v)))),
     "logprobs": (None, _optional(lambda v: _is_int(v) and 0 <= v <= 20)),
+    "config": ({}, lambda v: isinstance(v, (Mapping, str))),
+    "token": (IDS, _is_ids),
+    "begin": (0, lambda v: _is_int(v) and v >= 0),
+    "end": (0, lambda v: _is_int(v) and v >= 0),
+    "end_with": (None, _optional(lambda v: isinstance(v, str))),
 }
-TAKES = {("tokenizer_decode", "ids"): lambda v: _is_int(v) or _is_ids(v)}  # one id, or a list
+TAKES = {("tokenizer_decode", "token"): lambda v: _is_int(v) or _is_ids(v),  # one id, or a list
+         ("generate_init", "stream"): lambda v: v is None or v is False}  # pymnn's: no stream object here
 
 HOSTILE = [None, 7, -3, 2.5, float("nan"), True, "x", "", b"ids", {1: 2}, {"role": "user", "content": "hi"},
            [None], [[1, 2]], ["x"], [1.5], [True], [{"role": 1, "content": "x"}], [{"content": "x"}],
            [{"role": "user"}], [{"role": "user", "content": None}], [{"role": "user", "content": [5]}],
            [("user",)], [1, 2], {1, 2}, np.zeros((2, 2), np.int32), np.array([1.5]), object()]
 
-NEEDS_NO_MODEL = {"load", "reset", "set_config", "dim", "cached_prefix", "make_sampler"}  # the config is enough
+NEEDS_NO_MODEL = {"load", "reset", "set_config", "dim", "cached_prefix", "make_sampler", "dump_config", "get_log",
+                  "generate_init"}  # the config is enough
 
 
 def _public_methods(cls) -> list[str]:

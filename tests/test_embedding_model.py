@@ -125,6 +125,11 @@ def embed(folder: Path, backend: str = "cpu", **settings) -> tuple[np.ndarray, o
     return np.concatenate([model.txt_embedding(t) for t in TEXTS]), model
 
 
+def embed_text(folder: Path, text: str) -> np.ndarray:
+    model = mnnllm_core.create(folder, embedding_model=True)
+    return model.load().txt_embedding(text)
+
+
 def copy_files(src: Path, dst: Path) -> Path:
     """The files (not folders) of `src` in a new folder `dst`, to break one of them."""
     dst.mkdir()
@@ -353,6 +358,11 @@ def test_cli_embed(models):
     plain = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "embed", str(dst)], input="hello\n",
                            capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert plain.returncode == 0 and len(plain.stdout.split()) == 64
+    blank = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "embed", str(dst), "-p", " ", "--json"],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert blank.returncode == 0, blank.stderr  # the CLI embeds what the API embeds
+    api = embed_text(dst, " ")
+    assert np.allclose(json.loads(blank.stdout)["embedding"], api[0], atol=1e-6)
     long = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "embed", str(dst), "-p", "hello " * 60],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert long.returncode == 2 and "max_all_tokens" in long.stderr and "Traceback" not in long.stderr

@@ -99,7 +99,30 @@ def test_the_stop_button_cancels_the_answer_on_the_server(page, server):
     stop.click()
     _wait(page, lambda: answer.get_attribute("data-done"))
     assert stop.text == "Send" and answer.text
+    assert "stopped" in answer.get_attribute("class").split() and _stats(page)[-1].startswith("stopped · ")
+    marker = page.execute_script("return getComputedStyle(arguments[0], '::after').content", answer)
+    assert "stopped" in marker
     deadline = time.monotonic() + 120
     while (health := _health(server))["cancelled"] == before or health["busy"]:
         assert time.monotonic() < deadline, "the server never cancelled the answer"
         time.sleep(0.05)
+
+
+def test_the_empty_page_has_a_hint_and_a_cut_reply_says_so(page):
+    from selenium.webdriver.common.by import By
+
+    hint = page.execute_script("return getComputedStyle(document.getElementById('messages'), '::before').content")
+    assert "Enter sends" in hint
+    page.find_element(By.ID, "max-tokens").send_keys("3")
+    answer = _ask(page, PROMPTS[0]["prompt"])
+    _wait(page, lambda: answer.get_attribute("data-done"))
+    assert _stats(page)[-1].endswith("3 tokens in " + _stats(page)[-1].split("tokens in ")[1].split(" s")[0]
+                                     + " s · cut at max tokens")
+    assert page.execute_script("return getComputedStyle(document.getElementById('messages'), '::before').content") \
+        in ("none", "normal")  # the hint leaves with the first message
+
+
+def test_the_favicon_is_served(server):
+    with urllib.request.urlopen(server.url + "/favicon.ico", timeout=30) as response:
+        assert response.status == 200 and response.headers["content-type"].startswith("image/svg+xml")
+        assert response.read().startswith(b"<svg")

@@ -177,7 +177,7 @@ class OpenCLRuntimeCreator(RuntimeCreator):
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs a tiny kernel on the device $MNNLLM_OPENCL_DEVICE names (else the
         default one); never raises."""
-        return self.probe_device_module(device_module, "pyopencl")
+        return self.probe_device_module(device_module, "pyopencl", install="pip install 'mnnllm[opencl]'")
 
     def create(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None) -> OpenCLRuntime:
         return OpenCLRuntime(config, hints)

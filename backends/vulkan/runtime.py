@@ -152,7 +152,8 @@ class VulkanRuntimeCreator(RuntimeCreator):
         """Builds and runs the probe shader on the selected device; never raises."""
         return self.probe_device_module(device_module, "the vulkan package",
                                         "no Vulkan driver (ICD) or device the loader can use; "
-                                        "on a machine without a GPU install mesa-vulkan-drivers (lavapipe)")
+                                        "on a machine without a GPU install mesa-vulkan-drivers (lavapipe)",
+                                        install="pip install 'mnnllm[vulkan]'")
 
     def create(self, config: ScheduleConfig, hints: RuntimeHints | dict[str, Any] | None = None) -> VulkanRuntime:
         return VulkanRuntime(config, hints)

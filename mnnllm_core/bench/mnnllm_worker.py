@@ -84,6 +84,14 @@ def _packed_bytes(llm) -> int:
     return sum(e.packed_bytes for _, e in module.static_module.session.pipeline.executions.values())
 
 
+def _progress(line: str) -> None:
+    """A progress line: redrawn in place on a terminal, one line each when stderr is a pipe or a file."""
+    if sys.stderr.isatty():
+        print(f"\r{line}", end="", file=sys.stderr, flush=True)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
 def run(job: dict) -> dict:
     from mnnllm_core import __version__
     from mnnllm_core.llm.create import create
@@ -104,19 +112,21 @@ def run(job: dict) -> dict:
         cold_s = _run_once(llm, test, ids)  # warm-up: resizes, kernel compiles and tuning, page faults
         samples = []
         for rep in range(job["reps"]):
-            print(f"\r  {job['backend']} t{job['threads']} {test.name} {rep + 1}/{job['reps']}",
-                  end="", file=sys.stderr, flush=True)
+            _progress(f"  {job['backend']} t{job['threads']} {test.name} {rep + 1}/{job['reps']}")
             samples.append(test.tokens / _run_once(llm, test, ids))
         rows.append({"test": test.name, "n_prompt": prompt, "n_gen": gen, "samples_ts": samples,
                      "avg_ts": statistics.fmean(samples), "cold_ts": test.tokens / cold_s,
                      "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
     if getattr(llm, "vision", None) is not None:
         rows.append(_vision_row(llm.vision, job["reps"]))
-    print("\r", end="", file=sys.stderr)
+    if sys.stderr.isatty():
+        print("\r", end="", file=sys.stderr)
+    honours = registry().get(job["backend"]).settings
     result = {
         "model": job["config"], "model_size": _model_size(llm.config),
         "backend": f"{job['backend']}({job['memory']})" if job.get("memory") else job["backend"],
-        "threads": job["threads"], "precision": PRECISIONS[job["precision"]], "load_s": load_s,
+        "threads": job["threads"], "precision": PRECISIONS[job["precision"]] if "precision" in honours else "-",
+        "honours": sorted(honours), "load_s": load_s,
         "device": llm.runtime_manager.runtime.device_name(), "placement": llm.placement(),
         "decode_weight_bytes": _packed_bytes(llm),
         "versions": {"mnnllm": __version__, "numpy": np.__version__, "python": platform.python_version(),

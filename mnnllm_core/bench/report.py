@@ -21,6 +21,7 @@ def flatten(results: list[dict]) -> list[dict]:
                 "avg_ts": row["avg_ts"], "stddev_ts": row["stddev_ts"], "load_s": result["load_s"],
                 "peak_rss_mb": result["peak_rss_mb"], "device": result["device"],
                 "placement": result.get("placement"), "versions": result["versions"],
+                **({"honours": result["honours"]} if "honours" in result else {}),
                 **({"vs_mnn": row["vs_mnn"]} if "vs_mnn" in row else {}),
                 **({"cold_ts": row["cold_ts"]} if "cold_ts" in row else {}),
                 **({"mp_s": row["mp_s"]} if "mp_s" in row else {}),
@@ -38,6 +39,12 @@ def attach_ratios(results: list[dict], references: list[dict]) -> None:
             base = reference.get((result["model"], result["threads"], row["test"]))
             if base:
                 row["vs_mnn"] = row["avg_ts"] / base
+
+
+def _threads(row: dict) -> str:
+    """The thread count, or "-" for a backend that does not honour thread_num (a GPU schedules its own)."""
+    honours = row.get("honours")
+    return "-" if honours is not None and "thread_num" not in honours else str(row["threads"])
 
 
 def _size(n: int | None) -> str:
@@ -58,7 +65,7 @@ def markdown(results: list[dict], extra: bool) -> str:
                                                                  for c in columns) + "|"]
     for r in rows:
         cells = [os.path.basename(os.path.dirname(r["model"])) or r["model"], _size(r["model_size"]), r["backend"],
-                 str(r["threads"]), r["precision"], r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"]
+                 _threads(r), r["precision"], r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"]
         if "vs MNN" in columns:
             cells.append(f"{r['vs_mnn']:.2f}x" if "vs_mnn" in r else "")
         if "cold(tok/s)" in columns:

@@ -4,16 +4,39 @@ from __future__ import annotations
 import sys
 from itertools import product
 
+from ..errors import MnnllmError
 from . import llama_worker
 from .worker_protocol import call_worker
+
+
+class BenchStopped(MnnllmError):
+    """A run failed after others finished: `error` is its error; `results` and `references` hold the
+    rows measured before it, which the caller prints before reporting the error."""
+
+    def __init__(self, error: MnnllmError, results: list, references: list):
+        super().__init__(error.reason, file=error.file, field=error.field)
+        self.error, self.results, self.references = error, results, references
 
 
 def run_bench(models: list[str], backends: list[str], threads: list[int], tests: list[tuple[int, int]],
               reps: int, precision: int, profile: bool, vs_mnn: bool, timeout: float = 3600,
               memory: list[str | None] | None = None, vs_llama: str | None = None) -> tuple[list, list]:
     """Our rows, then the reference rows: MNN's (vs_mnn) and llama.cpp's on the GGUF `vs_llama`.
-    `memory` lists the memory modes to run (None: the model's own setting)."""
+    `memory` lists the memory modes to run (None: the model's own setting). A run that fails after
+    others finished raises BenchStopped with their rows."""
     results, references = [], []
+    try:
+        _run_all(results, references, models, backends, threads, tests, reps, precision, profile, vs_mnn, timeout,
+                 memory, vs_llama)
+    except MnnllmError as err:
+        if results or references:
+            raise BenchStopped(err, results, references) from err
+        raise
+    return results, references
+
+
+def _run_all(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,
+             timeout, memory, vs_llama) -> None:
     combos = list(product(models, backends, memory or [None], threads))
     for i, (model, backend, mode, thread) in enumerate(combos, 1):
         print(f"[{i}/{len(combos)}] {model} on {backend}{f' (memory {mode})' if mode else ''}, {thread} threads",
@@ -36,4 +59,3 @@ def run_bench(models: list[str], backends: list[str], threads: list[int], tests:
             job = {"config": model, "gguf": vs_llama, "backend": "llama.cpp", "threads": thread, "tests": tests,
                    "reps": reps}
             references.append(call_worker("mnnllm_core.bench.llama_worker", job, timeout))
-    return results, references

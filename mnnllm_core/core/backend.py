@@ -289,14 +289,17 @@ class RuntimeCreator:
     def list_devices(self) -> list[str]:
         return []
 
-    def probe_device_module(self, load: Callable[[], Any], package: str, silent: str = "") -> tuple[bool, str]:
+    def probe_device_module(self, load: Callable[[], Any], package: str, silent: str = "",
+                            install: str = "") -> tuple[bool, str]:
         """is_available of a backend whose device layer is a module importing the driver's package:
-        `load()` imports it (a failure means unavailable), then its `probe(spec)` runs once on the
-        selection `device_spec(None)` gives (the environment's, else the default device)."""
+        `load()` imports it (a failure means unavailable, with `install`, the command that installs it,
+        first), then its `probe(spec)` runs once on the selection `device_spec(None)` gives (the
+        environment's, else the default device)."""
         try:
             device = load()
         except Exception as err:  # the package missing, or its native library not loadable
-            return False, f"{package} cannot be imported: {type(err).__name__}: {err}"
+            hint = f"{install}; " if install else ""
+            return False, f"{package} cannot be imported ({hint}{type(err).__name__}: {err})"
         spec = device.device_spec(None)
         return self.probe_once(spec, lambda: device.probe(spec), silent)
 

@@ -53,12 +53,24 @@ def remove_orphaned_staging(target: Path) -> None:
 @contextlib.contextmanager
 def staging_folder(target: Path) -> Iterator[Path]:
     """A new empty sibling of `target` to write into (its name holds this process's id, see
-    `orphaned_staging`); removed on exit unless renamed away."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-{os.getpid()}-", dir=target.parent))
+    `orphaned_staging`); removed on exit unless renamed away. A file-system error names `target`,
+    the folder the user asked for, not the hidden sibling."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-{os.getpid()}-", dir=target.parent))
+    except OSError as err:
+        raise ConfigError(f"cannot create the export destination: {err.strerror or err}", file=str(target),
+                          field="dst") from None
     os.chmod(tmp, 0o755)  # mkdtemp makes it private to this user; a model folder is not
     try:
         yield tmp
+    except OSError as err:
+        inside = err.filename and Path(os.fsdecode(err.filename)).is_relative_to(tmp)
+        if not inside:
+            raise
+        name = Path(os.fsdecode(err.filename)).relative_to(tmp)
+        raise ConfigError(f"cannot write {name} of the export destination: {err.strerror or err}",
+                          file=str(target), field="dst") from err
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

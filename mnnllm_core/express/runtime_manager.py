@@ -13,7 +13,7 @@ from typing import Any
 from ..core.backend import SETTINGS, Backend, Runtime, RuntimeCreator, ScheduleConfig
 from ..core.kv_meta import KVMeta
 from ..core.runtime_hints import RuntimeHints, check_hints
-from ..errors import BackendError
+from ..errors import BackendError, cut_at_clause
 from ..plugins.manager import registry
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ def _create_runtime(creator: RuntimeCreator, config: ScheduleConfig, hints: dict
     available, reason = creator.is_available()
     if not available:
         others = [n for n in registry().runtime_creators() if n != creator.name]
+        reason = cut_at_clause(reason, 160, "`mnnllm backends` shows it whole")
         raise BackendError(f"backend {creator.name!r} is not available: {reason}; other registered backends: "
                            f"{', '.join(sorted(others)) or 'none'}", field="backend_type")
     runtime = creator.create(config, hints)

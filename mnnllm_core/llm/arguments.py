@@ -97,14 +97,29 @@ def messages(value: Any, field: str = "prompt") -> str | list:
     chat = list(value)
     for i, message in enumerate(chat):
         _message(message, f"{field}[{i}]")
-    return chat
+    return [_as_system(message) for message in chat]
+
+
+def _as_system(message: Any) -> Any:
+    """"developer" is OpenAI's new name for "system": the template sees "system", as the server does."""
+    if isinstance(message, tuple):
+        return ("system", message[1]) if message[0] == "developer" else message
+    return {**message, "role": "system"} if message["role"] == "developer" else message
+
+
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")  # the server's too (serve/schemas.py)
+
+
+def _role(value: Any, field: str) -> None:
+    if text(value, field) not in CHAT_ROLES:
+        raise ArgumentError(f"{field} must be one of {', '.join(CHAT_ROLES)}, got {value[:40]!r}", field=field)
 
 
 def _message(message: Any, field: str) -> None:
     if isinstance(message, tuple):
         if len(message) != 2:
             raise ArgumentError(f"{field} must be a (role, content) pair, got {len(message)} items", field=field)
-        text(message[0], f"{field}[0]")
+        _role(message[0], f"{field}[0]")
         text(message[1], f"{field}[1]")
         return
     if not isinstance(message, Mapping):
@@ -113,7 +128,7 @@ def _message(message: Any, field: str) -> None:
         if key not in message:
             raise ArgumentError(f"{field} has no '{key}': a message is {{'role': str, 'content': ...}}",
                                 field=f"{field}.{key}")
-    text(message["role"], f"{field}.role")
+    _role(message["role"], f"{field}.role")
     content = message["content"]
     if isinstance(content, str):
         return

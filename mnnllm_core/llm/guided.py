@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import ArgumentError, UnsupportedError
 from .constraint import Constraint, ConstraintState
-from .context import CONTEXT_FULL, FINISHED, MAX_TOKENS
+from .context import CONSTRAINT_UNFINISHED, CONTEXT_FULL, FINISHED, MAX_TOKENS
 from .generation import create_generation
 from .generation.ar import ARGeneration
 from .generation.speculative import SpeculativeGeneration
@@ -25,11 +25,6 @@ from .sampler import Sampler
 log = logging.getLogger(__name__)
 
 LogitsProcessor = Callable[[np.ndarray, np.ndarray], np.ndarray]
-
-CONSTRAINT_UNFINISHED = 6
-"""Status of a constrained reply that ended before its text was a complete match: it reached
-max_new_tokens or the context's end, or llguidance gave up on the grammar (a resource limit, e.g.
-a rule that only ever recurses); the output is a prefix of a valid one, not a valid one."""
 
 MAX_TOP_LOGPROBS = 20
 

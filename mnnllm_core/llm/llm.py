@@ -8,6 +8,7 @@ Names follow pymnn's `MNN.llm` so an MNN user finds their way: `create`, `load`,
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import threading
@@ -26,6 +27,7 @@ from ..express.static_module import Config
 from . import arguments
 from .attention_mask import check_attention_type, check_mask_input, step_mask, tree_depths, tree_mask
 from .config import LlmConfig
+from .config_keys import check_keys
 from .context import STOPPED, LlmContext
 from .conversation import Conversation
 from .disk_embedding import DiskEmbedding
@@ -37,6 +39,7 @@ from .per_layer_embedding import INPUT_NAME as PLE_INPUT
 from .per_layer_embedding import PerLayerEmbedding, has_per_layer_embedding
 from .prefix_cache import PrefixCache, model_caches
 from .prompt import Prompt
+from .pymnn_compat import PymnnMethods
 from .runtime import backend_choices, init_runtime, schedule_config
 from .sampler import Sampler, SamplerConfig
 from .tokenizer import create_tokenizer
@@ -48,7 +51,7 @@ INPUT_NAMES = ["input_ids", "attention_mask", "position_ids", "logits_index"]
 Messages = str | Sequence[dict[str, str]] | Sequence[tuple[str, str]]
 
 
-class Llm:
+class Llm(PymnnMethods):
     """One conversation on one model. Its state (the history and the KV cache that mirrors it)
     has one user at a time: a call made while another thread is inside a step, or a stream
     resumed after something else moved the conversation on, raises ConcurrentUseError and
@@ -143,13 +146,7 @@ class Llm:
         return Llm(config, base=self).load()
 
     def _check_model_files(self) -> None:
-        """A file the config names that is not there: the key and the config file at fault."""
-        for key in ("llm_model", "tokenizer_file"):
-            path = getattr(self.config, key)
-            if not os.path.isfile(path):
-                problem = "is not a regular file" if os.path.exists(path) else "does not exist"
-                raise ConfigError(f"{key} names a file that {problem}: {path}",
-                                  file=self.config.origin(key) or self.config.source, field=key)
+        check_model_files(self.config)
 
     def _init_sampler(self) -> None:
         try:
@@ -159,12 +156,14 @@ class Llm:
                               field=err.field) from None
         self.sampler = Sampler(sampler_config)
 
-    def set_config(self, content: dict[str, Any] | str, source: str = "set_config") -> None:
-        """Merge keys as MNN's set_config does; sampler keys take effect at once.
-        `source` names where they came from in later errors (e.g. "--set")."""
-        content = arguments.instance(content, (Mapping, str), "content", optional=False)
+    def set_config(self, config: dict[str, Any] | str, source: str = "set_config") -> None:
+        """Merge keys as MNN's set_config does; sampler keys take effect at once. An unknown key is
+        refused as the CLI's --set refuses it (config_keys.py). `source` names where the keys came
+        from in later errors (e.g. "--set")."""
+        config = arguments.instance(config, (Mapping, str), "config", optional=False)
         source = arguments.text(source, "source")
-        self.config.set_config(content, source)
+        check_keys(_keys_of(config), self.config.to_dict(), source)
+        self.config.set_config(config, source)
         if self.sampler is not None:
             self._init_sampler()
             self.generation = create_generation(self)
@@ -189,24 +188,25 @@ class Llm:
             self._busy.release()
 
     # -- text ------------------------------------------------------------------------
-    def tokenizer_encode(self, text: str) -> list[int]:
-        text = arguments.text(text, "text")
+    def tokenizer_encode(self, prompt: str) -> list[int]:
+        prompt = arguments.text(prompt, "prompt")
         arguments.require_loaded(self, "tokenizer_encode")
-        return self.tokenizer.encode(text)
+        return self.tokenizer.encode(prompt)
 
-    def tokenizer_decode(self, ids: int | Sequence[int]) -> str:
-        ids = arguments.token_id_or_ids(ids, "ids")
+    def tokenizer_decode(self, token: int | Sequence[int]) -> str:
+        """One token id (pymnn's form) or a list of them."""
+        token = arguments.token_id_or_ids(token, "token")
         arguments.require_loaded(self, "tokenizer_decode")
-        if isinstance(ids, int):
-            return self.tokenizer.decode_id(ids)
-        return self.tokenizer.decode(ids)
+        if isinstance(token, int):
+            return self.tokenizer.decode_id(token)
+        return self.tokenizer.decode(token)
 
-    def apply_chat_template(self, messages: Messages, tools: Sequence[dict] | None = None) -> str:
+    def apply_chat_template(self, prompt: Messages, tools: Sequence[dict] | None = None) -> str:
         """The prompt text; `tools` (OpenAI tool objects) reach the template's `tools` variable."""
-        messages = arguments.messages(messages, "messages")
+        prompt = arguments.messages(prompt, "prompt")
         tools = arguments.optional_mappings(tools, "tools")
         arguments.require_loaded(self, "apply_chat_template")
-        return self.prompt.apply_chat_template(messages, tools=tools)
+        return self.prompt.apply_chat_template(prompt, tools=tools)
 
     # -- forward ---------------------------------------------------------------------
     def _attention_mask(self, seq_len: int) -> np.ndarray:
@@ -483,6 +483,28 @@ class Llm:
         arguments.require_loaded(self, "placement")
         modules = self.pool.modules() or [self.module]
         return modules[-1].placement()
+
+
+def check_model_files(config: LlmConfig) -> None:
+    """A file the config names that is not there: the key and the config file at fault (before a
+    load, and before `mnnllm bench` starts its first run)."""
+    for key in ("llm_model", "tokenizer_file"):
+        path = getattr(config, key)
+        if not os.path.isfile(path):
+            problem = "is not a regular file" if os.path.exists(path) else "does not exist"
+            raise ConfigError(f"{key} names a file that {problem}: {path}", file=config.origin(key) or config.source,
+                              field=key)
+
+
+def _keys_of(config: Mapping[str, Any] | str) -> Mapping[str, Any]:
+    """The top-level keys of set_config's argument (JSON text that does not parse to an object is
+    the config's own error to report)."""
+    if isinstance(config, str):
+        try:
+            config = json.loads(config)
+        except ValueError:
+            return {}
+    return config if isinstance(config, Mapping) else {}
 
 
 def _refuse_text_encoder(graph: str, err: UnsupportedError) -> None:

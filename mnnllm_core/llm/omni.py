@@ -64,13 +64,13 @@ class Omni(Llm):
         return init_runtime(self.config, mllm=True) if self.config.get("mllm") else self.runtime_manager
 
     # -- prompts -----------------------------------------------------------------
-    def tokenizer_encode(self, text: str, images: Mapping[str, Any] | None = None) -> list[int]:
-        """MNN's Omni::tokenizer_encode: the ids of `text` with its <img> tags encoded (images named
+    def tokenizer_encode(self, prompt: str, images: Mapping[str, Any] | None = None) -> list[int]:
+        """MNN's Omni::tokenizer_encode: the ids of `prompt` with its <img> tags encoded (images named
         in the tags are paths or keys of `images`); the next generate() from these ids uses them."""
-        text = arguments.text(text, "text")
+        prompt = arguments.text(prompt, "prompt")
         images = arguments.optional_mapping(images, "images")
         arguments.require_loaded(self, "tokenizer_encode")
-        plan = self._encode_plan(text, {**self._images, **(images or {})})
+        plan = self._encode_plan(prompt, {**self._images, **(images or {})})
         self._pending = plan
         return list(plan.ids)
 

@@ -367,6 +367,9 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
 
+    async def favicon(request: Request) -> Response:  # browsers ask for /favicon.ico whatever the page says
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         worker.start()
@@ -376,7 +379,7 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
             worker.stop()
 
     app = Starlette(
-        routes=[Route("/", page), Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        routes=[Route("/", page), Route("/favicon.ico", favicon), Mount("/static", StaticFiles(directory=STATIC), name="static"),
                 Route("/health", health), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
                 Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/completions", completions, methods=["POST"])],

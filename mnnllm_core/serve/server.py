@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import os
+import socket
 
 from ..errors import MnnllmError
 from ..llm.llm import Llm
@@ -34,9 +34,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def run(llm: Llm, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
+def run(llm: Llm, sock: socket.socket, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
         queue_size: int = 8, default_max_tokens: int | None = None) -> int:
-    """Serve a loaded model until interrupted (Ctrl-C)."""
+    """Serve a loaded model on `sock` (listen.bind(host, port), bound before the load) until
+    interrupted (Ctrl-C)."""
     import uvicorn
 
     from .app import create_app
@@ -46,5 +47,22 @@ def run(llm: Llm, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | N
     app = create_app(llm, api_key=api_key, queue_size=queue_size, default_max_tokens=default_max_tokens)
     log.info("serving %s on backend %s (queue size %d): the chat page at /, the API under /v1/",
              app.state.service.model_id, llm.runtime_manager.config.backend_type, queue_size)
-    uvicorn.run(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=3)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=3)
+    try:
+        _server_on(uvicorn.Server, sock)(config).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it handled: the server stopped as asked
+        pass
     return 0
+
+
+def _server_on(base: type, sock: socket.socket) -> type:
+    """uvicorn's Server, saying where it listens once started, as it does when it binds the socket
+    itself (scripts wait for that line)."""
+    class Server(base):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                host, port = sock.getsockname()[:2]
+                where = f"[{host}]" if ":" in host else host
+                log.info("Uvicorn running on http://%s:%d (Press CTRL+C to quit)", where, port)
+    return Server

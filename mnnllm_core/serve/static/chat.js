@@ -59,12 +59,20 @@ async function* events(response) {
   }
 }
 
-function showStats(usage, seconds) {
-  const cached = usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
+// The line under a reply: the server's usage when the reply ended by itself ("cut at max tokens" when the
+// limit ended it); when Stop ended it, the reply is marked (class "stopped") and the line says what came.
+function showStats(usage, finish, stopped, chunks, seconds) {
   const node = document.createElement("div");
   node.className = "stats";
-  node.textContent = `${usage.prompt_tokens} prompt tokens (${cached} cached) · ${usage.completion_tokens} ` +
-                     `tokens in ${seconds.toFixed(1)} s`;
+  if (usage) {
+    const cached = usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
+    node.textContent = `${usage.prompt_tokens} prompt tokens (${cached} cached) · ${usage.completion_tokens} ` +
+                       `tokens in ${seconds.toFixed(1)} s` + (finish === "length" ? " · cut at max tokens" : "");
+  } else if (stopped) {
+    node.textContent = `stopped · ${chunks} chunks in ${seconds.toFixed(1)} s`;
+  } else {
+    return;
+  }
   $("messages").appendChild(node);
 }
 
@@ -76,7 +84,7 @@ async function send(text) {
   controller = new AbortController();
   $("send").textContent = "Stop";
   const started = performance.now();
-  let usage = null, failed = false;
+  let usage = null, failed = false, stopped = false, finish = null;
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST", headers: headers(), body: JSON.stringify(requestBody()), signal: controller.signal});
@@ -84,7 +92,9 @@ async function send(text) {
     for await (const chunk of events(response)) {
       if (chunk.error) throw new Error(chunk.error.message);
       if (chunk.usage) usage = chunk.usage;
-      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      const choice = chunk.choices && chunk.choices[0];
+      if (choice && choice.finish_reason) finish = choice.finish_reason;
+      const delta = choice && choice.delta;
       if (delta && delta.content) {
         answer.textContent += delta.content;
         answer.dataset.chunks = String(Number(answer.dataset.chunks) + 1);
@@ -92,7 +102,8 @@ async function send(text) {
       }
     }
   } catch (err) {
-    failed = err.name !== "AbortError";
+    stopped = err.name === "AbortError";
+    failed = !stopped;
     if (failed) bubble("error", String(err.message || err));
   } finally {
     controller = null;
@@ -103,8 +114,9 @@ async function send(text) {
     } else {
       conversation.push({role: "assistant", content: answer.textContent});
     }
+    if (stopped) answer.classList.add("stopped");
     answer.dataset.done = "true";
-    if (usage) showStats(usage, (performance.now() - started) / 1000);
+    showStats(usage, finish, stopped, Number(answer.dataset.chunks), (performance.now() - started) / 1000);
   }
 }
 
