@@ -127,6 +127,8 @@ def open_source(path: str | os.PathLike) -> Source:
         return HFSource(p)
     if p.is_file() and p.suffix == ".gguf":
         return GGUFSource(p)
+    if not p.exists():
+        raise ConfigError("not found: no such file or folder", file=str(p))
     raise ConfigError("export source must be a HuggingFace model folder or a .gguf file", file=str(p))
 
 
