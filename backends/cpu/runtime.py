@@ -12,11 +12,13 @@ from typing import Any
 import numpy as np
 
 from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, ScheduleConfig,
-                                     file_backed_zeros)
+                                     announce, file_backed_zeros)
 
 from .ops import CREATORS
 
 log = logging.getLogger(__name__)
+
+COMPILE_SECONDS = 50  # numba compiling every low-memory kernel, measured on the 2-core reference machine
 
 
 class CPUBackend(HostBackend):
@@ -72,6 +74,9 @@ class CPURuntime(Runtime):
                 self._kernels = kernels
                 self.apply_threads()
                 from .kernels.warmup import warm_up
+                if not kernels.compiled_before():
+                    announce(f"compiling the cpu kernels once (about {COMPILE_SECONDS} s on 2 cores; "
+                             f"later runs load them from {kernels.numba.config.CACHE_DIR} in a second)")
                 warm_up(self.thread_num)
         return bool(self._kernels)
 
