@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .export.default_model import DEFAULT_MODEL_NAME, DEFAULT_SOURCE
 from .export.model_cache import damage_of, models_folder, read_manifest
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ def _exported(cache_dir: str | None) -> list[CachedModel]:
             continue  # staging folders of an export at work
         manifest = read_manifest(path) or {}
         damage = damage_of(path, manifest.get("identity", ""))
-        found.append(CachedModel(path.name, _size(path), manifest.get("source") or "unknown", str(path),
-                                 "ready" if damage is None else damage))
+        source = manifest.get("source") or (DEFAULT_SOURCE if path.name == DEFAULT_MODEL_NAME
+                                            else "unknown (exported by an earlier mnnllm)")
+        found.append(CachedModel(path.name, _size(path), source, str(path), "ready" if damage is None else damage))
     return found
 
 

@@ -5,6 +5,7 @@ of `run`, `chat`, `serve`, `bench`, `inspect` (and `create()` callers who want t
 - a `.gguf` file, or a HuggingFace folder (config.json + *.safetensors + tokenizer.json): exported
   once into the cache (model_cache.py), 4-bit blocks of 64 and greedy sampling as the default
   model, and reused while the source is unchanged;
+- the NAME of a model in the cache, as `mnnllm list` shows it;
 - a hub id `org/name` (optionally `org/name@revision`): downloaded with huggingface_hub (hub.py);
   an MNN-format repository is used from huggingface_hub's cache, a HuggingFace-format one is then
   exported as a local folder would be.
@@ -46,6 +47,9 @@ def resolve_model(spec: str, cache_dir: str | None = None) -> str:
             return export_once(path, "gguf", cache_dir)
         from .llm.config import resolve_config_path
         return resolve_config_path(path)
+    cached = models_folder(cache_dir) / spec
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec) and (cached / "config.json").is_file():
+        return str(cached / "config.json")  # a NAME `mnnllm list` shows
     if HUB_ID.fullmatch(spec) and not spec.startswith((".", "/")):
         from .hub import download
         folder = download(spec)

@@ -75,6 +75,7 @@ def test_a_gguf_is_exported_once_as_export_would_and_reused(tmp_path, cache, tin
     config = Path(resolve_model(str(tiny_gguf), str(cache)))
     assert config.parent.parent == cache / "models" and config.parent.name.startswith("tiny-llama.q8-")
     assert resolve_model(str(tiny_gguf), str(cache)) == str(config) and len(runs) == 1
+    assert resolve_model(config.parent.name, str(cache)) == str(config)  # the NAME `mnnllm list` shows
     reference = export_model(str(tiny_gguf), str(tmp_path / "by-export"))
     _same_model(config.parent, Path(reference.dst))
     settings = json.loads(config.read_text())
@@ -205,6 +206,7 @@ def test_list_shows_both_caches_and_rm_removes_only_inside_them(tmp_path, hub_en
     exported = next(n for n in models if n.startswith("tiny-llama.q8-"))
     assert models[exported]["source"] == str(tiny_gguf.resolve()) and models[exported]["size"] > 0
     assert models["taobao-mnn/tiny-gemma3-MNN"]["source"].startswith("hub")
+    assert models[exported]["state"] == models["taobao-mnn/tiny-gemma3-MNN"]["state"] == "ready"
     table = _cli(["list"], hub_env).stdout
     assert exported in table and ("MiB" in table or "KiB" in table)
     outside = tmp_path / "precious"

