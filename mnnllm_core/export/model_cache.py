@@ -28,9 +28,9 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "mnnllm-manifest.json"
 COMPLETE = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight", "tokenizer.mtok")
-EXPORT_SECONDS_PER_M_PARAMS = 0.25  # measured: SmolLM2-135M (GGUF Q4_1 -> 4-bit) in ~35 s on 2 cores
-"""Exports write ~4 M parameters a second on the 2-core reference machine (an estimate for the
-line announcing an export; the progress bar then counts the real work)."""
+EXPORT_SECONDS_PER_M_PARAMS = 0.07
+"""Measured on the 2-core reference machine (shared): SmolLM2-135M from its Q4_1 GGUF in 6-14 s, from an fp32
+HF folder in 3.2 s (an estimate for the line announcing an export; the bar then counts the work)."""
 
 Export = Callable[[Path], None]
 """Writes a complete model into the (empty, existing) folder it is given."""
@@ -52,7 +52,7 @@ def ensure_exported(target: Path, export: Export, *, source: str, identity: str 
         return str(target / "config.json")
     if target.exists():
         logger.warning("the cached model at %s is %s: exporting it again", target, damage)
-    estimate = f", about {max(5, round(size_hint / 1e6 * EXPORT_SECONDS_PER_M_PARAMS))} s" if size_hint else ""
+    estimate = f", about {max(2, round(size_hint / 1e6 * EXPORT_SECONDS_PER_M_PARAMS))} s" if size_hint else ""
     announce(f"exporting {source} into {target} (once{estimate})")
     with staging_folder(target) as tmp:
         export(tmp)
