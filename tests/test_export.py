@@ -473,8 +473,11 @@ def test_missing_tensor_and_bad_arguments_are_clear(tmp_path, llama_dir):
     assert err.value.field == "embed_bit"
     with pytest.raises(ConfigError, match="quant block"):
         export_model(str(llama_dir), str(tmp_path / "out"), quant_block=48)
-    with pytest.raises(ConfigError, match="folder or a .gguf"):
+    with pytest.raises(ConfigError, match="not found: no such file or folder"):
         export_model(str(tmp_path / "nothing"), str(tmp_path / "out"))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="folder or a .gguf"):
+        export_model(str(tmp_path / "weights.bin"), str(tmp_path / "out"))
 
 
 @pytest.mark.parametrize("field,value", [("intermediate_size", None), ("hidden_size", "64"), ("num_hidden_layers", 0)])
