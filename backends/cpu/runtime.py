@@ -7,6 +7,7 @@ import logging
 import os
 import platform
 import tempfile
+import time
 from typing import Any
 
 import numpy as np
@@ -74,10 +75,14 @@ class CPURuntime(Runtime):
                 self._kernels = kernels
                 self.apply_threads()
                 from .kernels.warmup import warm_up
-                if not kernels.compiled_before():
+                cold = not kernels.compiled_before()
+                if cold:
                     announce(f"compiling the cpu kernels once (about {COMPILE_SECONDS} s on 2 cores; "
                              f"later runs load them from {kernels.numba.config.CACHE_DIR} in a second)")
+                start = time.perf_counter()
                 warm_up(self.thread_num)
+                if cold:
+                    announce(f"compiled the cpu kernels in {time.perf_counter() - start:.0f} s")
         return bool(self._kernels)
 
     def apply_threads(self) -> None:
