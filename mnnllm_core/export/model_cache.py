@@ -28,9 +28,6 @@ logger = logging.getLogger(__name__)
 
 MANIFEST = "mnnllm-manifest.json"
 COMPLETE = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight", "tokenizer.mtok")
-EXPORT_SECONDS_PER_M_PARAMS = 0.07
-"""Measured on the 2-core reference machine (shared): SmolLM2-135M from its Q4_1 GGUF in 6-14 s, from an fp32
-HF folder in 3.2 s (an estimate for the line announcing an export; the bar then counts the work)."""
 
 Export = Callable[[Path], None]
 """Writes a complete model into the (empty, existing) folder it is given."""
@@ -42,18 +39,19 @@ def models_folder(cache_dir: str | Path | None = None) -> Path:
 
 
 def ensure_exported(target: Path, export: Export, *, source: str, identity: str = "",
-                    size_hint: int = 0) -> str:
+                    estimate: Callable[[], float] | None = None) -> str:
     """The config.json path of the model at `target`, exported first by `export` when the cache
     lacks it, holds it damaged (a file cut short or changed since the export) or holds another
-    source's export (`identity` differs). `size_hint`: the source's parameters, for the estimate."""
+    source's export (`identity` differs). `estimate()`: the seconds the export should take, asked
+    only when it runs and said before it (the progress bar then counts the work)."""
     remove_orphaned_staging(target)
     damage = damage_of(target, identity)
     if damage is None:
         return str(target / "config.json")
     if target.exists():
         logger.warning("the cached model at %s is %s: exporting it again", target, damage)
-    estimate = f", about {max(2, round(size_hint / 1e6 * EXPORT_SECONDS_PER_M_PARAMS))} s" if size_hint else ""
-    announce(f"exporting {source} into {target} (once{estimate})")
+    expected = f", about {max(2, round(estimate()))} s" if estimate is not None else ""
+    announce(f"exporting {source} into {target} (once{expected})")
     with staging_folder(target) as tmp:
         export(tmp)
         write_manifest(tmp, source=source, identity=identity)

@@ -119,6 +119,10 @@ class Source:
     def tokenizer(self) -> TokenizerSpec:
         raise NotImplementedError
 
+    def elements(self) -> int:
+        """Values in all its tensors: what an export reads (for an estimate of its time)."""
+        raise NotImplementedError
+
 
 def open_source(path: str | os.PathLike) -> Source:
     """A HF folder or a .gguf file; anything else is a ConfigError naming the path."""
@@ -157,6 +161,9 @@ class HFSource(Source):
 
     def has(self, name: str) -> bool:
         return name in self._tensors
+
+    def elements(self) -> int:
+        return sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._tensors.values())
 
     def tensor(self, name: str) -> LazyTensor:
         try:
@@ -383,6 +390,9 @@ class GGUFSource(Source):
 
     def has(self, name: str) -> bool:
         return name in self._tensors
+
+    def elements(self) -> int:
+        return sum(int(t.n_elements) for t in self._tensors.values())
 
     def tensor(self, name: str) -> LazyTensor:
         from gguf.quants import dequantize
