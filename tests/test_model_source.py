@@ -19,7 +19,7 @@ from mnnllm_core.export import export_model, model_cache
 from mnnllm_core.model_list import cached_models, remove_model
 from mnnllm_core.model_source import resolve_model
 from paths import MODEL_DIR, SHARED, smollm2_gguf
-from test_export import random_weights, write_gguf, write_hf_folder
+from test_export import hf_folder_from_gguf, random_weights, write_gguf, write_hf_folder
 
 TINY_MNN = SHARED / "models" / "arch" / "tiny-gemma3_text-mnn-q4"
 MODEL_FILES = ("llm.mnn", "llm.mnn.weight", "tokenizer.mtok", "llm_config.json")
@@ -244,6 +244,15 @@ def test_run_answers_from_the_smollm2_gguf_and_exports_it_only_once(tmp_path):
     assert "exporting" in first.stderr and "once, about" in first.stderr
     second = _cli(question, env)
     assert second.returncode == 0 and "Paris" in second.stdout and "exporting" not in second.stderr
+
+
+@pytest.mark.slow
+def test_run_answers_from_a_huggingface_folder_of_the_same_weights(tmp_path):
+    folder = tmp_path / "SmolLM2-135M-Instruct"
+    hf_folder_from_gguf(smollm2_gguf(), folder)  # fp32 safetensors, tokenizer.json, chat template
+    done = _cli(["run", str(folder), "-p", "What is the capital of France?"], _numba_env(tmp_path / "cache"))
+    assert done.returncode == 0 and "Paris" in done.stdout, done.stderr
+    assert f"exporting {folder}" in done.stderr
 
 
 @pytest.mark.slow
