@@ -1,4 +1,4 @@
-"""The `mnnllm` command: run, embed, chat, serve, inspect, backends, test-backend, export, bench.
+"""The `mnnllm` command: run, embed, chat, serve, inspect, backends, test-backend, export, bench, list, rm.
 
 Every error is one line on stderr naming the file (or option) and the field at fault, exit
 status 2; `--debug` adds the traceback. Ctrl-C ends `run` with status 130; in `chat` it stops
@@ -405,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(p):
-        p.add_argument("config", nargs="?", metavar="MODEL", help=MODEL_HELP)
+        p.add_argument("config", nargs="?", metavar="MODEL", help=MODEL_HELP + "; default: the default model")
         p.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (value parsed as JSON when it parses); repeat for several")

@@ -7,7 +7,7 @@ import json
 from .model_list import cached_models, remove_model
 
 MODEL_HELP = ("the model: an MNN model folder or its config.json, a .gguf file, a HuggingFace folder, or a hub id "
-              "org/name (GGUF and HuggingFace models are exported once into the cache; default: the default model)")
+              "org/name (GGUF and HuggingFace models are exported once into the cache), or a NAME `mnnllm list` shows")
 
 
 def add_model_commands(sub: argparse._SubParsersAction) -> None:
