@@ -1,7 +1,8 @@
 """A one-line progress bar on stderr for long work (export, packing a large model's weights).
 
 Drawn only on a terminal, and only once the work has taken `delay` seconds, so quick jobs
-and logs piped to files stay clean.
+and logs piped to files stay clean. Until the work is done it says how long is left, at the
+rate so far.
 """
 from __future__ import annotations
 
@@ -36,7 +37,9 @@ class Progress:
         bar = "#" * int(frac * self.width)
         amount = f"{self.done / self.scale:.1f}/{self.total / self.scale:.1f}{self.unit}" if self.scale != 1 \
             else f"{self.done}/{self.total}{self.unit}"
-        self.stream.write(f"\r{self.label} {frac:4.0%} |{bar:<{self.width}}| {amount} {now - self.start:.1f}s")
+        elapsed = now - self.start
+        left = f", ~{elapsed * (self.total - self.done) / self.done:.0f}s left" if 0 < self.done < self.total else ""
+        self.stream.write(f"\r{self.label} {frac:4.0%} |{bar:<{self.width}}| {amount} {elapsed:.1f}s{left}   ")
         self.stream.flush()
         self.drawn = True
 
