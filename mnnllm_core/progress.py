@@ -2,7 +2,8 @@
 
 Drawn only on a terminal, and only once the work has taken `delay` seconds, so quick jobs
 and logs piped to files stay clean. Until the work is done it says how long is left, at the
-rate so far.
+rate since its previous draw (a first step that was slow, such as compiling kernels, does not
+stretch the estimate).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Progress:
         self.delay = delay
         self.last = 0.0
         self.drawn = False
+        self.drawn_at, self.drawn_done = 0.0, 0  # when the last draw was, and how much was done then
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -38,7 +40,11 @@ class Progress:
         amount = f"{self.done / self.scale:.1f}/{self.total / self.scale:.1f}{self.unit}" if self.scale != 1 \
             else f"{self.done}/{self.total}{self.unit}"
         elapsed = now - self.start
-        left = f", ~{elapsed * (self.total - self.done) / self.done:.0f}s left" if 0 < self.done < self.total else ""
+        left = ""
+        if self.drawn and self.drawn_done < self.done < self.total:  # the rate since the last draw
+            seconds = (now - self.drawn_at) / (self.done - self.drawn_done) * (self.total - self.done)
+            left = f", ~{seconds:.0f}s left"
+        self.drawn_at, self.drawn_done = now, self.done
         self.stream.write(f"\r{self.label} {frac:4.0%} |{bar:<{self.width}}| {amount} {elapsed:.1f}s{left}   ")
         self.stream.flush()
         self.drawn = True
