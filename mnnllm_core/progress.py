@@ -23,15 +23,14 @@ class Progress:
         self.width = width
         self.start = time.perf_counter()
         self.delay = delay
-        self.last = 0.0
+        self.last = 0.0  # when the bar was last drawn
         self.drawn = False
-        self.drawn_at, self.drawn_done = 0.0, 0  # when the last draw was, and how much was done then
+        self.drawn_done = 0  # how much was done then
 
     def update(self, n: int = 1) -> None:
         self.done += n
         now = time.perf_counter()
         if self.enabled and now - self.start >= self.delay and (now - self.last >= 0.1 or self.done >= self.total):
-            self.last = now
             self._draw(now)
 
     def _draw(self, now: float) -> None:
@@ -42,9 +41,9 @@ class Progress:
         elapsed = now - self.start
         left = ""
         if self.drawn and self.drawn_done < self.done < self.total:  # the rate since the last draw
-            seconds = (now - self.drawn_at) / (self.done - self.drawn_done) * (self.total - self.done)
+            seconds = (now - self.last) / (self.done - self.drawn_done) * (self.total - self.done)
             left = f", ~{seconds:.0f}s left"
-        self.drawn_at, self.drawn_done = now, self.done
+        self.last, self.drawn_done = now, self.done
         self.stream.write(f"\r{self.label} {frac:4.0%} |{bar:<{self.width}}| {amount} {elapsed:.1f}s{left}   ")
         self.stream.flush()
         self.drawn = True
