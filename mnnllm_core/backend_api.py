@@ -35,7 +35,9 @@ device cache of token-major rows), `runtime.weight_cache` (a `WeightCache`, with
 the weights a backend packs at load, written once and memory-mapped by later loads),
 `file_backed_zeros` (arrays paged to a file, for `kvcache_mmap`), `TuningCache` (kernel variants
 timed once per device on the real shapes and kept in a file, MNN's mnn_cachefile.bin; the
-runtime hint "gpu_tuning" turns it on), `broadcast_strides` and
+runtime hint "gpu_tuning" turns it on), `DeviceCache` (a device's compiled code kept on disk,
+e.g. vulkan's pipeline cache), `announce` (a line before a long step, with its expected
+duration), `broadcast_strides` and
 `walks_contiguously` (views device kernels walk), `norm_tables` / `layernorm_launch` /
 `head_norm_tables` (norm tables as device kernels take them), the weights' `scale_zero()`,
 `offset_codes()` and `dequantize()` (packing), `MoEExpert.program` (an `ExpertProgram`: the
@@ -53,6 +55,7 @@ from __future__ import annotations
 from .core.allocator import BufferPool
 from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
                            RuntimeCreator, ScheduleConfig)
+from .core.device_cache import DeviceCache
 from .core.creators import float_attention_creator, layernorm_weights, linear_creator, rope_norm_tables
 from .core.dtypes import FLOAT32, INT32
 from .core.expert_program import EXPERT_BINARY, EXPERT_UNARY, ExpertProgram, ExpertStep, step_name
@@ -77,6 +80,7 @@ from .core.weights.formats import (ConvolutionWeight, ConvolutionWeights, FloatW
                            WeightReader, linear_weights)
 from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
 from .plugins.hookspecs import hookimpl
+from .steps import announce
 
 __all__ = [
     # the contract
@@ -92,8 +96,8 @@ __all__ = [
     "MoEExpert", "ExpertProgram", "ExpertStep", "EXPERT_UNARY", "EXPERT_BINARY", "step_name",
     # the KV cache; packed weights kept on disk (use_mmap)
     "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
-    # kernel variants tuned once per device (gpu_tuning)
-    "TuningCache", "TUNING_HINT",
+    # kernel variants tuned once per device (gpu_tuning); compiled code kept per device; long steps said
+    "TuningCache", "TUNING_HINT", "DeviceCache", "announce",
     # shared machinery
     "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
     "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",

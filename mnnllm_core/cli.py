@@ -1,4 +1,4 @@
-"""The `mnnllm` command: run, embed, chat, serve, inspect, backends, test-backend, export, bench.
+"""The `mnnllm` command: run, embed, chat, serve, inspect, backends, test-backend, export, bench, list, rm.
 
 Every error is one line on stderr naming the file (or option) and the field at fault, exit
 status 2; `--debug` adds the traceback. Ctrl-C ends `run` with status 130; in `chat` it stops
@@ -17,7 +17,9 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .cli_flags import add_config_aliases, add_global_options, alias_updates, parse_command_line
+from .cli_models import MODEL_HELP, add_model_commands
 from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin, cut_at_clause
+from .steps import show_steps
 
 log = logging.getLogger("mnnllm")
 
@@ -86,14 +88,12 @@ def _parse_set(items: Sequence[str]) -> dict:
 
 
 def _config_path(path: str | None) -> str:
-    """A config path as given (a folder stands for its config.json), else the default model's."""
+    """The config.json of the model named (model_source.py: exported or fetched first when it
+    must be), else the default model's."""
     if path:
-        from .llm.config import resolve_config_path
-        return resolve_config_path(path)
-    from .export.default_model import default_model_folder, default_model_ready, ensure_default_model
-    if not default_model_ready():
-        print(f"mnnllm: exporting the default model (SmolLM2-135M-Instruct, 4-bit) into "
-              f"{default_model_folder()} once...", file=sys.stderr, flush=True)
+        from .model_source import resolve_model
+        return resolve_model(path)
+    from .export.default_model import ensure_default_model
     return ensure_default_model()
 
 
@@ -268,7 +268,7 @@ def cmd_inspect(args) -> int:
     from .inspect_model import inspect_graph
     path = args.path
     config = None
-    if os.path.isdir(path) or path.endswith(".json"):
+    if not path.endswith(".mnn"):
         from .llm.config import LlmConfig
         path = _config_path(path)
         config = LlmConfig.from_file(path)
@@ -441,8 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def model_args(p):
-        p.add_argument("config", nargs="?",
-                       help="a model's config.json or its folder (default: the default model, exported once)")
+        p.add_argument("config", nargs="?", metavar="MODEL", help=MODEL_HELP + "; default: the default model")
         p.add_argument("--backend", help="backend_type, e.g. cpu, opencl, or a list like opencl,cpu")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config key (value parsed as JSON when it parses); repeat for several")
@@ -487,8 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--queue-size", type=_count(1), default=8, help="requests that may wait; more get 503")
     serve.set_defaults(func=cmd_serve)
 
-    inspect = sub.add_parser("inspect", help="describe an llm.mnn (or a model's config.json or folder)")
-    inspect.add_argument("path", help="an llm.mnn, a config.json, or a model folder")
+    inspect = sub.add_parser("inspect", help="describe a model's llm.mnn (or any MODEL run takes)")
+    inspect.add_argument("path", metavar="MODEL", help="an llm.mnn, or " + MODEL_HELP)
     inspect.add_argument("--backend", help="also load on this backend and show the op placement")
     inspect.add_argument("--json", action="store_true", help="the report as JSON")
     inspect.set_defaults(func=cmd_inspect)
@@ -562,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
     bench.set_defaults(func=cmd_bench)
+    add_model_commands(sub)
     for verb in sub.choices.values():
         add_global_options(verb, top_level=False)
     return parser
@@ -571,6 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(build_parser(), argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    show_steps()
     try:
         return args.func(args)
     except KeyboardInterrupt:

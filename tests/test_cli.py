@@ -165,7 +165,7 @@ def test_every_option_of_every_command_has_help_text():
     missing = [f"{name} {action.dest}" for name, command in commands.items() for action in command._actions
                if not isinstance(action, argparse._SubParsersAction) and not action.help]
     assert set(subparsers.choices) == {"run", "embed", "chat", "serve", "inspect", "backends", "test-backend",
-                                       "export", "bench"}
+                                       "export", "bench", "list", "rm"}
     assert missing == []
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from mnnllm_core.errors import ConfigError, FormatError, UnsupportedError
 from mnnllm_core.export import ensure_default_model, export_model
-from mnnllm_core.export import default_model
+from mnnllm_core.export import default_model, model_cache
 from mnnllm_core.export.rope import RopeSpec
 from mnnllm_core.export.weights import block_size_for, quantize_rows, to_bf16
 from mnnllm_core.llm.tokenizer import create_tokenizer
@@ -473,8 +473,11 @@ def test_missing_tensor_and_bad_arguments_are_clear(tmp_path, llama_dir):
     assert err.value.field == "embed_bit"
     with pytest.raises(ConfigError, match="quant block"):
         export_model(str(llama_dir), str(tmp_path / "out"), quant_block=48)
-    with pytest.raises(ConfigError, match="folder or a .gguf"):
+    with pytest.raises(ConfigError, match="not found: no such file or folder"):
         export_model(str(tmp_path / "nothing"), str(tmp_path / "out"))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="folder or a .gguf"):
+        export_model(str(tmp_path / "weights.bin"), str(tmp_path / "out"))
 
 
 @pytest.mark.parametrize("field,value", [("intermediate_size", None), ("hidden_size", "64"), ("num_hidden_layers", 0)])
@@ -553,9 +556,9 @@ def test_a_default_export_finished_first_by_another_process_is_kept_not_deleted(
     def racing(src, dst, **kwargs):
         for folder, text in ((Path(dst), "ours"), (target, "theirs")):  # the other process renames first
             folder.mkdir(parents=True, exist_ok=True)
-            for name in default_model._COMPLETE:
+            for name in model_cache.COMPLETE:
                 (folder / name).write_text(text)
-        default_model.write_manifest(target)
+        model_cache.write_manifest(target)
 
     monkeypatch.setattr(default_model, "write_model", racing)
     config = Path(ensure_default_model(str(tmp_path / "cache")))
@@ -567,7 +570,7 @@ def test_the_default_model_folder_is_not_private_to_the_exporting_user(tmp_path,
     monkeypatch.setattr(default_model, "default_gguf", lambda: tmp_path / "tiny.gguf")
 
     def export(src, dst, **kwargs):
-        for name in default_model._COMPLETE:
+        for name in model_cache.COMPLETE:
             (Path(dst) / name).write_text("x")
 
     monkeypatch.setattr(default_model, "write_model", export)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mnnllm_core.errors import ConfigError
-from mnnllm_core.export import default_model, export_model
+from mnnllm_core.export import default_model, export_model, model_cache
 from mnnllm_core.export.folder import orphaned_staging
 from test_export import random_weights, write_hf_folder
 
@@ -23,7 +23,7 @@ def fake_export(tmp_path, monkeypatch):
 
     def export(src, dst, **kwargs):
         runs.append(dst)
-        for name in default_model._COMPLETE:
+        for name in model_cache.COMPLETE:
             (Path(dst) / name).write_bytes(name.encode() * 1000)
 
     monkeypatch.setattr(default_model, "default_gguf", lambda: tmp_path / "tiny.gguf")
@@ -53,7 +53,7 @@ def test_a_damaged_cache_is_exported_again(tmp_path, fake_export, damage):
     elif damage == "delete":
         weight.unlink()
     else:
-        (folder / default_model.MANIFEST).write_text("{")
+        (folder / model_cache.MANIFEST).write_text("{")
     assert not default_model.default_model_ready(str(tmp_path / "cache"))
     assert ensure(tmp_path) == folder and len(fake_export) == 2
     assert weight.read_bytes() == good and default_model.default_model_ready(str(tmp_path / "cache"))
@@ -96,7 +96,7 @@ def test_a_killed_export_leaves_no_model_and_the_next_run_cleans_up(tmp_path, mo
 
     def export(src, dst, **kwargs):
         runs.append(dst)
-        for name in default_model._COMPLETE:
+        for name in model_cache.COMPLETE:
             (Path(dst) / name).write_text("x")
 
     monkeypatch.setattr(default_model, "default_gguf", lambda: tmp_path / "tiny.gguf")

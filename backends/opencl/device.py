@@ -11,6 +11,7 @@ first device of any type.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -116,6 +117,16 @@ class Compiler:
     def build_file(self, name: str, options: str = "") -> cl.Program:
         """A kernel file of `mnnllm_backends.opencl.kernels`, after the shared `common.cl`."""
         return self.build(kernel_source(name), options)
+
+
+@lru_cache(maxsize=None)
+def kernel_digest() -> str:
+    """A digest of every kernel file: what a device's build of them holds for."""
+    digest = hashlib.sha256()
+    for path in sorted(resources.files("mnnllm_backends.opencl.kernels").iterdir(), key=lambda p: p.name):
+        if path.name.endswith(".cl"):
+            digest.update(path.name.encode() + path.read_bytes())
+    return digest.hexdigest()
 
 
 @lru_cache(maxsize=None)

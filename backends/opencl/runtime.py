@@ -32,17 +32,19 @@ write of the step's KV lengths, which every Attention reads).
 """
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator,
-                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache)
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, DeviceCache, Runtime, RuntimeCreator,
+                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache, announce)
 
 if TYPE_CHECKING:
     from .device import Program
 
+BUILD_SECONDS = 30  # every kernel of SmolLM2's load through pocl 3.1, measured on the 2-core reference machine
 LINEAR_SPLITS = (1, 4, 16, 64)  # the splits gpu_tuning times (those the device's work-groups hold)
 
 
@@ -128,6 +130,7 @@ class OpenCLRuntime(Runtime):
         self.queue = cl.CommandQueue(self.device.context)
         self.allocator = device.Allocator(self.device, self.queue)
         self.compiler = device.Compiler(self.device)
+        _announce_first_build(self.hints, self.device)
         split = self.hints.opencl_linear_split
         self.linear_split_forced = split is not None
         if split is None:
@@ -184,6 +187,17 @@ class OpenCLRuntimeCreator(RuntimeCreator):
 
     def list_devices(self) -> list[str]:
         return [f"{key} {d.name.strip()} on {d.platform.name.strip()}" for key, d in device_module().list_devices()]
+
+
+def _announce_first_build(hints: RuntimeHints, device) -> None:
+    """Say so when this device has not built these kernel sources before (the driver compiles
+    them then; pyopencl and pocl keep the binaries), and note at exit that it has."""
+    marker = DeviceCache.for_device(hints, "opencl", device.tuning_key, "built")
+    sources = device_module().kernel_digest().encode()
+    if marker.read() != sources:
+        announce(f"building the OpenCL kernels for {device.description} (first run on this device: about "
+                 f"{BUILD_SECONDS} s with pocl; the driver keeps them)")
+        atexit.register(marker.write, sources)
 
 
 def device_module():

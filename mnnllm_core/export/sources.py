@@ -119,6 +119,10 @@ class Source:
     def tokenizer(self) -> TokenizerSpec:
         raise NotImplementedError
 
+    def elements(self) -> int:
+        """Values in all its tensors: what an export reads (for an estimate of its time)."""
+        raise NotImplementedError
+
 
 def open_source(path: str | os.PathLike) -> Source:
     """A HF folder or a .gguf file; anything else is a ConfigError naming the path."""
@@ -127,6 +131,8 @@ def open_source(path: str | os.PathLike) -> Source:
         return HFSource(p)
     if p.is_file() and p.suffix == ".gguf":
         return GGUFSource(p)
+    if not p.exists():
+        raise ConfigError("not found: no such file or folder", file=str(p))
     raise ConfigError("export source must be a HuggingFace model folder or a .gguf file", file=str(p))
 
 
@@ -155,6 +161,9 @@ class HFSource(Source):
 
     def has(self, name: str) -> bool:
         return name in self._tensors
+
+    def elements(self) -> int:
+        return sum(int(np.prod(t.shape, dtype=np.int64)) for t in self._tensors.values())
 
     def tensor(self, name: str) -> LazyTensor:
         try:
@@ -381,6 +390,9 @@ class GGUFSource(Source):
 
     def has(self, name: str) -> bool:
         return name in self._tensors
+
+    def elements(self) -> int:
+        return sum(int(t.n_elements) for t in self._tensors.values())
 
     def tensor(self, name: str) -> LazyTensor:
         from gguf.quants import dequantize
