@@ -14,6 +14,8 @@ pytest.importorskip("numba")
 SCRIPT = """
 import logging, sys
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+from mnnllm_core.steps import show_steps
+show_steps()
 from mnnllm_backends.cpu import kernels
 from mnnllm_backends.cpu.kernels import warmup
 threads = int(sys.argv[1])
@@ -36,7 +38,8 @@ def _warm_up(cache, threads: int = 2) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 def test_the_first_compile_is_announced_parallel_and_cached_for_the_next_process(tmp_path):
     first = _warm_up(tmp_path)
-    assert "compiling the cpu kernels for this machine, once: about" in first.stderr
+    assert "mnnllm: compiling the cpu kernels for this machine, once: about" in first.stderr
+    assert "mnnllm: compiled the cpu kernels in " in first.stderr
     assert list(tmp_path.glob("warm-*-parallel"))
     if (os.cpu_count() or 1) > 1:  # the other processes compiled their parts, which this one loaded
         assert "loaded: 0" not in first.stdout

@@ -32,18 +32,19 @@ def test_show_steps_prints_announcements_on_stderr_once(capsys):
 
 
 def test_the_cpu_backend_says_it_compiles_its_kernels_when_their_cache_is_cold(monkeypatch, caplog):
-    from mnnllm_backends.cpu import kernels
+    from mnnllm_backends.cpu.kernels import numba, warmup
     from mnnllm_backends.cpu.runtime import CPURuntime
     from mnnllm_core.backend_api import ScheduleConfig
     caplog.set_level(logging.INFO, logger="mnnllm.steps")
-    monkeypatch.setattr(kernels, "compiled_before", lambda: False)
+    monkeypatch.setattr(warmup, "compiled_before", lambda threads: False)  # the compile loads from the cache
     CPURuntime(ScheduleConfig(thread_num=1)).low_memory_kernels()
     line, done = [r.getMessage() for r in caplog.records if r.name == "mnnllm.steps"]
-    assert line.startswith("compiling the cpu kernels once (about 60 s") and kernels.numba.config.CACHE_DIR in line
+    assert line.startswith("compiling the cpu kernels for this machine, once: about ") and numba.config.CACHE_DIR in line
     assert done.startswith("compiled the cpu kernels in ")
     caplog.clear()
-    monkeypatch.setattr(kernels, "compiled_before", lambda: True)
-    CPURuntime(ScheduleConfig(thread_num=1)).low_memory_kernels()
+    monkeypatch.undo()
+    caplog.set_level(logging.INFO, logger="mnnllm.steps")
+    CPURuntime(ScheduleConfig(thread_num=1)).low_memory_kernels()  # the marker the warm-up left
     assert not [r for r in caplog.records if r.name == "mnnllm.steps"]
 
 

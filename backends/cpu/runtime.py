@@ -7,19 +7,17 @@ import logging
 import os
 import platform
 import tempfile
-import time
 from typing import Any
 
 import numpy as np
 
 from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, ScheduleConfig,
-                                     announce, file_backed_zeros)
+                                     file_backed_zeros)
 
 from .ops import CREATORS
 
 log = logging.getLogger(__name__)
 
-COMPILE_SECONDS = 60  # numba compiling every low-memory kernel: 45-62 s measured on the 2-core reference machine
 
 
 class CPUBackend(HostBackend):
@@ -79,14 +77,7 @@ class CPURuntime(Runtime):
                 self._kernels = kernels
                 self.apply_threads()
                 from .kernels.warmup import warm_up
-                cold = not kernels.compiled_before()
-                if cold:
-                    announce(f"compiling the cpu kernels once (about {COMPILE_SECONDS} s on 2 cores; "
-                             f"later runs load them from {kernels.numba.config.CACHE_DIR} in a second)")
-                start = time.perf_counter()
-                warm_up(self.thread_num)
-                if cold:
-                    announce(f"compiled the cpu kernels in {time.perf_counter() - start:.0f} s")
+                warm_up(self.thread_num)  # compiles first (announced) on a machine's first run
         return bool(self._kernels)
 
     def apply_threads(self) -> None:

@@ -38,12 +38,6 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
 
-def compiled_before() -> bool:
-    """Whether numba's disk cache already holds these kernels (else loading them compiles them)."""
-    folder = Path(numba.config.CACHE_DIR)
-    return folder.is_dir() and any(folder.rglob("*.nbi"))
-
-
 def jit(parallel: bool = False, fastmath: bool = True):
     """numba.njit as every kernel here uses it: cached, GIL released, no bounds checks, and
     numpy's error model (x / 0 is inf, not a ZeroDivisionError branch that stops vectorization)."""

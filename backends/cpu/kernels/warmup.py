@@ -28,6 +28,8 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from mnnllm_core.backend_api import announce
+
 from . import SOURCE_DIGEST, activation, attention, delta_rule, linear, norm, rope, set_threads
 from .layout import PackedWeight, interleave_rows
 from .simd import GROUP_ROWS
@@ -120,16 +122,26 @@ PARTS: dict[str, tuple[Callable[[int], None], float]] = {
     "attention": (_attention, 2.9), "delta_rule": (_delta_rule, 2.8), "replay": (_replay, 17.0)}
 
 
+def compiled_before(threads: int) -> bool:
+    """Whether a complete warm-up for `threads` ran on this machine (its marker in the cache
+    folder): else loading the kernels compiles them."""
+    cache = Path(numba.config.CACHE_DIR)
+    return any(path.exists() for path in (_marker(threads), cache / f"warm-{SOURCE_DIGEST}-parallel"))
+
+
+def _marker(threads: int) -> Path:
+    """A parallel warm-up loads the serial kernels too, so its marker covers both."""
+    return Path(numba.config.CACHE_DIR) / f"warm-{SOURCE_DIGEST}-{'parallel' if threads > 1 else 'serial'}"
+
+
 def warm_up(threads: int) -> None:
     """Load the kernels for `threads` threads (fp16 alphas, int4 and int8 codes), compiling them
     first, in parallel processes, when this machine's cache lacks them."""
-    cache = Path(numba.config.CACHE_DIR)
-    marker = cache / f"warm-{SOURCE_DIGEST}-{'parallel' if threads > 1 else 'serial'}"
-    covering = [marker, cache / f"warm-{SOURCE_DIGEST}-parallel"]  # a parallel warm-up loads the serial kernels too
-    if not any(path.exists() for path in covering):
-        _compile(threads, cache)
+    if not compiled_before(threads):
+        _compile(threads)
     for run, _ in PARTS.values():
         run(threads)
+    marker = _marker(threads)
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
@@ -138,13 +150,14 @@ def warm_up(threads: int) -> None:
     release_compiler_pages()
 
 
-def _compile(threads: int, cache: Path) -> None:
-    """Compile every part into the disk cache, in up to one process per core (this one included)."""
+def _compile(threads: int) -> None:
+    """Compile every part into the disk cache, in up to one process per core (this one included),
+    announced before (with the expected time) and after (with the time it took)."""
     processes = max(1, min(len(PARTS), os.cpu_count() or 1))
     shares = _balanced(processes)
     expected = max(sum(PARTS[name][1] for name in share) for share in shares) + (2.0 if processes > 1 else 0.0)
-    log.warning("compiling the cpu kernels for this machine, once: about %.0f s in %d process%s (later runs "
-                "load them from %s)", expected, processes, "es" if processes > 1 else "", cache)
+    announce(f"compiling the cpu kernels for this machine, once: about {expected:.0f} s in {processes} "
+             f"process{'es' if processes > 1 else ''} (later runs load them from {numba.config.CACHE_DIR})")
     start = time.perf_counter()
     workers = []
     for share in shares[1:]:
@@ -161,7 +174,7 @@ def _compile(threads: int, cache: Path) -> None:
         if worker.returncode:  # what it did not compile, this process compiles when it loads
             log.warning("compiling kernels %s in a separate process failed (%s)", ", ".join(share),
                         errors.strip().splitlines()[-1:] or worker.returncode)
-    log.info("compiled the cpu kernels in %.1f s", time.perf_counter() - start)
+    announce(f"compiled the cpu kernels in {time.perf_counter() - start:.0f} s")
 
 
 def _balanced(count: int) -> list[list[str]]:
