@@ -184,9 +184,9 @@ def cmd_embed(args) -> int:
     if not texts:
         raise ConfigError("no text: pass -p TEXT, or texts as lines on stdin", field="--prompt")
     for text in texts:
-        vector = model.txt_embedding(text)[0]
+        ids = model.text_ids(text)
+        vector = model.ids_embedding(ids)[0]
         if args.json:
-            ids = model.tokenizer_encode(model.apply_chat_template(text))
             print(json.dumps({"text": text, "ids": ids, "dim": int(vector.size),
                               "embedding": [float(v) for v in vector]}, ensure_ascii=False), flush=True)
         else:
