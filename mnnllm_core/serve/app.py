@@ -1,6 +1,7 @@
 """The ASGI app: OpenAI's /v1/models, /v1/chat/completions and /v1/completions (or, for an
-embedding model, /v1/embeddings: embeddings.py), /health, and the chat page at /, on Starlette. Streaming answers are server-sent events; a client that
-disconnects (mid-stream, or while waiting for a whole answer) cancels its job."""
+embedding model, /v1/embeddings: embeddings.py), /health, and the chat page at /, on Starlette.
+Streaming answers are server-sent events; a client that disconnects (mid-stream, or while
+waiting for a whole answer) cancels its job."""
 from __future__ import annotations
 
 import asyncio
