@@ -184,9 +184,9 @@ def cmd_embed(args) -> int:
     if not texts:
         raise ConfigError("no text: pass -p TEXT, or texts as lines on stdin", field="--prompt")
     for text in texts:
-        vector = model.txt_embedding(text)[0]
+        ids = model.text_ids(text)
+        vector = model.ids_embedding(ids)[0]
         if args.json:
-            ids = model.tokenizer_encode(model.apply_chat_template(text))
             print(json.dumps({"text": text, "ids": ids, "dim": int(vector.size),
                               "embedding": [float(v) for v in vector]}, ensure_ascii=False), flush=True)
         else:
@@ -254,13 +254,15 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
 
 
 def cmd_serve(args) -> int:
+    from .llm.model_kind import is_embedding_model
     from .serve.listen import bind
     from .serve.server import prepare, run
     prepare()
     with bind(args.host, args.port) as sock:
         args.config = _config_path(args.config)
-        log.info("loading %s", args.config)
-        return run(_load_llm(args), sock, host=args.host, port=args.port, api_key=args.api_key,
+        embedding = args.embedding or is_embedding_model(args.config)
+        log.info("loading %s%s", args.config, " (an embedding model: /v1/embeddings)" if embedding else "")
+        return run(_load_llm(args, embedding_model=embedding), sock, host=args.host, port=args.port, api_key=args.api_key,
                    queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
 
 
@@ -484,6 +486,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("MNNLLM_API_KEY"),
                        help="require Authorization: Bearer KEY on /v1/ (default: $MNNLLM_API_KEY)")
     serve.add_argument("--queue-size", type=_count(1), default=8, help="requests that may wait; more get 503")
+    serve.add_argument("--embedding", action="store_true",
+                       help="serve an embedding model at /v1/embeddings (found from its graph without this flag)")
     serve.set_defaults(func=cmd_serve)
 
     inspect = sub.add_parser("inspect", help="describe a model's llm.mnn (or any MODEL run takes)")

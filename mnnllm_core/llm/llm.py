@@ -512,9 +512,8 @@ def _refuse_text_encoder(graph: str, err: UnsupportedError) -> None:
     `sentence_embeddings`): say how to load it instead."""
     if err.field != "inputs":
         return
-    from ..schema.reader import read_net_file
-    if "sentence_embeddings" in [name.decode() if isinstance(name, bytes) else name
-                                 for name in (read_net_file(graph).outputName or [])]:
+    from .model_kind import is_text_encoder
+    if is_text_encoder(graph):
         raise UnsupportedError("this is an embedding model (its graph outputs sentence_embeddings, not logits): "
                                "load it with create(config, embedding_model=True) or run `mnnllm embed`",
                                file=graph, field="inputs") from err

@@ -25,6 +25,7 @@ from . import arguments
 from .config import LlmConfig
 from .disk_embedding import DiskEmbedding
 from .llm import Llm, Messages
+from .model_kind import SENTENCE_EMBEDDINGS
 from .prompt import Prompt
 from .runtime import init_runtime
 from .tokenizer import create_tokenizer
@@ -32,7 +33,7 @@ from .tokenizer import create_tokenizer
 log = logging.getLogger(__name__)
 
 INPUT_NAMES = ["input_ids", "attention_mask", "position_ids"]
-OUTPUT_NAME = "sentence_embeddings"
+OUTPUT_NAME = SENTENCE_EMBEDDINGS
 
 
 class Embedding(Llm):
@@ -75,11 +76,18 @@ class Embedding(Llm):
         """The pooled, normalized embedding of `text`, [1, hidden]."""
         text = arguments.text(text, "text")
         arguments.require_loaded(self, "txt_embedding")
+        return self.ids_embedding(self.text_ids(text))
+
+    def text_ids(self, text: str) -> list[int]:
+        """The token ids txt_embedding embeds: the text in the chat template, encoded; a
+        ContextLengthError past max_all_tokens."""
+        text = arguments.text(text, "text")
+        arguments.require_loaded(self, "text_ids")
         prompt = self.prompt.apply_chat_template(text)
         limit = self.config.max_all_tokens
         if self.tokenizer.exceeds(prompt, limit):
             raise self._too_long(f"the text ({len(text)} characters) has more than {limit} tokens")
-        return self.ids_embedding(self.tokenizer.encode(prompt))
+        return self.tokenizer.encode(prompt)
 
     def ids_embedding(self, ids: Sequence[int]) -> np.ndarray:
         """The embedding of token ids as they are (no template), [1, hidden]."""

@@ -1,6 +1,7 @@
-"""The ASGI app: OpenAI's /v1/models, /v1/chat/completions and /v1/completions, /health, and
-the chat page at /, on Starlette. Streaming answers are server-sent events; a client that
-disconnects (mid-stream, or while waiting for a whole answer) cancels its job."""
+"""The ASGI app: OpenAI's /v1/models, /v1/chat/completions and /v1/completions (or, for an
+embedding model, /v1/embeddings: embeddings.py), /health, and the chat page at /, on Starlette.
+Streaming answers are server-sent events; a client that disconnects (mid-stream, or while
+waiting for a whole answer) cancels its job."""
 from __future__ import annotations
 
 import asyncio
@@ -12,7 +13,7 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, TypeVar
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -27,10 +28,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..errors import ConfigError
 from ..llm.llm import Llm
 from ..llm.sampler import Sampler
+from . import embeddings as embed
 from .errors import SERVER_ERROR, ApiError, error_body, refused_as_bad_request
 from .sampling import sampler_overrides
-from .schemas import (ChatCompletionRequest, ChatFormat, CompletionFormat, CompletionRequest, SamplingRequest,
-                      parse_json, usage, validate)
+from .schemas import (ChatCompletionRequest, ChatFormat, CompletionFormat, CompletionRequest, EmbeddingRequest,
+                      SamplingRequest, parse_json, usage, validate)
 from .structured import LogprobText, RequestPlan, openai_calls, plan_request, template_messages
 from .worker import ChoiceEnd, Generation, Job, Outcome, QueueFull, Worker
 
@@ -180,12 +182,7 @@ class EventStream(StreamingResponse):
 async def _answer(request: Request, service: ModelService, body: SamplingRequest, prompt_ids: list[int],
                   prompt_field: str, fmt_class: type[ChatFormat], plan: RequestPlan) -> Response:
     generation = service.generation(body, prompt_ids, prompt_field, plan)
-    job = Job(f"{fmt_class.id_prefix}{uuid.uuid4().hex[:24]}", generation)
-    try:
-        service.worker.submit(job)
-    except QueueFull as err:
-        raise ApiError(503, f"{err}; try again later.", code="queue_full", kind=SERVER_ERROR,
-                       headers={"Retry-After": "1"}) from None
+    job = _submit(service, Job(f"{fmt_class.id_prefix}{uuid.uuid4().hex[:24]}", generation))
     log.info("%s: queued (%d prompt tokens, up to %d new, stream %s)", job.id, len(prompt_ids),
              generation.max_tokens, body.stream)
     fmt = fmt_class(job.id, int(time.time()), service.model_id)
@@ -193,6 +190,15 @@ async def _answer(request: Request, service: ModelService, body: SamplingRequest
     if body.stream:
         return EventStream(job, _stream(job, answer, body.include_usage))
     return await _whole(request, job, answer)
+
+
+def _submit(service: ModelService, job: Job) -> Job:
+    try:
+        service.worker.submit(job)
+    except QueueFull as err:
+        raise ApiError(503, f"{err}; try again later.", code="queue_full", kind=SERVER_ERROR,
+                       headers={"Retry-After": "1"}) from None
+    return job
 
 
 class _Answer:
@@ -279,7 +285,20 @@ async def _stream(job: Job, answer: _Answer, include_usage: bool) -> AsyncIterat
 
 async def _whole(request: Request, job: Job, answer: _Answer) -> Response:
     """The whole answer; if the client disconnects first, the job is cancelled."""
-    collect = asyncio.ensure_future(_collect(job))
+    collected = await _unless_gone(request, job, _collect(job))
+    if collected is None:
+        return Response(status_code=499)  # nobody reads it: the client has gone
+    texts, outcome = collected
+    choices = [answer.whole(end.index, texts.get(end.index, ""), end) for end in outcome.choices]
+    return JSONResponse(answer.fmt.response(choices, _usage(outcome)))
+
+
+Result = TypeVar("Result")
+
+
+async def _unless_gone(request: Request, job: Job, result: Awaitable[Result]) -> Result | None:
+    """`result`, or None when the client disconnects first (the job is then cancelled)."""
+    collect = asyncio.ensure_future(result)
     gone = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -288,10 +307,8 @@ async def _whole(request: Request, job: Job, answer: _Answer) -> Response:
     if not collect.done():
         job.cancel()
         collect.cancel()
-        return Response(status_code=499)  # nobody reads it: the client has gone
-    texts, outcome = collect.result()
-    choices = [answer.whole(end.index, texts.get(end.index, ""), end) for end in outcome.choices]
-    return JSONResponse(answer.fmt.response(choices, _usage(outcome)))
+        return None
+    return collect.result()
 
 
 async def _collect(job: Job) -> tuple[dict[int, str], Outcome]:
@@ -340,17 +357,36 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
     worker = Worker(llm, queue_size)
     service = ModelService(llm, worker, model_id or Path(llm.config.llm_model).parent.name, default_max_tokens)
 
+    embedding = embed.is_embedding_model(llm)
+
+    def refuse_kind(request: Request, serves_embeddings: bool) -> None:
+        if embedding != serves_embeddings:
+            raise embed.not_served(request.url.path, service.model_id, embedding)
+
     async def chat_completions(request: Request) -> Response:
+        refuse_kind(request, False)
         body = validate(ChatCompletionRequest, await _read_json(request))
         plan = await run_in_threadpool(service.plan, body)  # compiling a grammar may take a moment
         prompt_ids = await run_in_threadpool(service.chat_prompt, body, plan)  # nor may a long prompt stall streams
         return await _answer(request, service, body, prompt_ids, "messages", ChatFormat, plan)
 
     async def completions(request: Request) -> Response:
+        refuse_kind(request, False)
         body = validate(CompletionRequest, await _read_json(request))
         plan = await run_in_threadpool(service.plan, body)
         prompt_ids = await run_in_threadpool(service.completion_prompt, body)
         return await _answer(request, service, body, prompt_ids, "prompt", CompletionFormat, plan)
+
+    async def embeddings(request: Request) -> Response:
+        refuse_kind(request, True)
+        body = validate(EmbeddingRequest, await _read_json(request))
+        embed.check_dimensions(llm, body)
+        ids = await run_in_threadpool(embed.input_ids, llm, body)  # tokenizing many texts takes a moment
+        job = _submit(service, Job(f"embd-{uuid.uuid4().hex[:24]}", embed.embedding_task(ids)))
+        collected = await _unless_gone(request, job, _collect(job))
+        if collected is None:
+            return Response(status_code=499)
+        return JSONResponse(embed.response(collected[1], ids, body.encoding_format, service.model_id))
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [service.model_card()]})
@@ -382,7 +418,8 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
         routes=[Route("/", page), Route("/favicon.ico", favicon), Mount("/static", StaticFiles(directory=STATIC), name="static"),
                 Route("/health", health), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
                 Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-                Route("/v1/completions", completions, methods=["POST"])],
+                Route("/v1/completions", completions, methods=["POST"]),
+                Route("/v1/embeddings", embeddings, methods=["POST"])],
         middleware=[Middleware(BearerAuth, api_key=api_key)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan)

@@ -147,10 +147,31 @@ class CompletionRequest(SamplingRequest):
         return value
 
 
-Request = TypeVar("Request", bound=SamplingRequest)
+class EmbeddingRequest(_Strict):
+    """/v1/embeddings: a text, texts, token ids, or lists of token ids (embeddings.py checks their
+    content against the model)."""
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+    user: str | None = None
+
+    @field_validator("input", mode="wrap")
+    @classmethod
+    def _input_shape(cls, value: Any, check: Any) -> str | list[str] | list[int] | list[list[int]]:
+        try:
+            return check(value)
+        except ValidationError:  # pydantic names only the union's first member; say what input may be
+            raise ValueError("input is a string, a list of strings, a list of token ids (integers) or a list of "
+                             "lists of token ids") from None
+
+
+Request = TypeVar("Request", bound=BaseModel)
 
 _FIELD_NAMES = frozenset(name for model in (ChatCompletionRequest, CompletionRequest, Message, TextPart,
-                                            StreamOptions) for name in model.model_fields) | FORMAT_FIELD_NAMES
+                                            StreamOptions, EmbeddingRequest)
+                         for name in model.model_fields) | FORMAT_FIELD_NAMES
 
 
 def parse_json(body: bytes) -> Any:

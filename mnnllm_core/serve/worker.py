@@ -45,6 +45,16 @@ class Generation:
 
 
 @dataclass(frozen=True)
+class Task:
+    """Work other than a generation (the embeddings of a request): `run(llm, cancelled)` on the
+    worker thread, in turn with the generations; what it returns (None: cancelled, as `cancelled()`
+    said) is the job's "done" value."""
+
+    run: Callable[[Llm, Callable[[], bool]], Any]
+    name: str = "task"
+
+
+@dataclass(frozen=True)
 class ChoiceEnd:
     """How one choice ended: its finish reason and, when asked for, its tokens' log-probabilities
     (the stop token left out)."""
@@ -70,7 +80,7 @@ class Job:
     """One generation and the way back to the request that asked for it (an asyncio queue
     of events on the server's loop, fed from the worker thread)."""
 
-    def __init__(self, job_id: str, generation: Generation):
+    def __init__(self, job_id: str, generation: Generation | Task):
         self.id = job_id
         self.generation = generation
         self.created = time.perf_counter()
@@ -91,7 +101,7 @@ class Job:
 
     async def events(self) -> AsyncIterator[tuple[str, Any]]:
         """("text", (choice index, str)) pieces and ("choice", ChoiceEnd) per choice, then ("done", Outcome)
-        or ("error", exception)."""
+        or ("error", exception); a Task's job: ("done", what it returned) or ("error", exception)."""
         while True:
             kind, value = await self._events.get()
             yield kind, value
@@ -180,6 +190,9 @@ class Worker:
         if job.cancelled:  # its client left between the queue and here
             self._count("cancelled")
             return
+        if isinstance(gen, Task):
+            self._run_task(job, gen)
+            return
         started = time.perf_counter()
         cached = llm.cached_prefix(gen.prompt_ids)
         ends, totals = [], [0, 0.0, 0.0]  # completion tokens, prefill s, decode s over the choices
@@ -207,6 +220,21 @@ class Worker:
         self._count("served" if finish else "cancelled")
         _log_outcome(job.id, outcome)
         job._send("done", outcome)
+
+    def _run_task(self, job: Job, task: Task) -> None:
+        started = time.perf_counter()
+        try:
+            result = task.run(self.llm, lambda: job.cancelled)
+        except Exception as err:  # the request fails; the server goes on serving the next one
+            log.exception("%s: %s failed", job.id, task.name)
+            self._count("failed")
+            job._send("error", err)
+            return
+        self._count("cancelled" if result is None else "served")
+        log.info("%s: %s %s in %.0f ms, waited %.0f ms", job.id, task.name,
+                 "cancelled (client gone)" if result is None else "done", (time.perf_counter() - started) * 1e3,
+                 (started - job.created) * 1e3)
+        job._send("done", result)
 
     def _choice(self, job: Job, index: int, sampler) -> tuple[str | None, list[TokenLogprob] | None]:
         """Run one choice, sending its text; its finish reason (None: cancelled) and logprobs."""
