@@ -152,7 +152,7 @@ def cmd_run(args) -> int:
         else:
             for piece in llm.response(prompt, stream=True, max_new_tokens=args.max_new_tokens):
                 print(piece, end="", flush=True)
-            print()
+            print(flush=True)  # the reply's line ends before the summary on stderr, piped or not
             _summarize(llm, args.max_new_tokens)
     return 0
 
@@ -242,7 +242,7 @@ def _stream_reply(llm, messages: list[dict], max_new_tokens: int | None, answer:
         for piece in pieces:
             answer.append(piece)
             print(piece, end="", flush=True)
-        print()
+        print(flush=True)
         _summarize(llm, max_new_tokens)
         return True
     except KeyboardInterrupt:

@@ -27,9 +27,10 @@ from .export.model_cache import ensure_exported, models_folder
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+(@[A-Za-z0-9._/-]+)?")
 _HF_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
              "chat_template.jinja")
-EXPORT_SECONDS_PER_M_VALUES = {"gguf": 0.11, "hf": 0.03}
-"""Measured on the 2-core reference machine: SmolLM2-135M from its Q4_1 GGUF in ~15 s (dequantizing
-with the gguf package), from an fp32 HuggingFace folder in ~4 s (for the line announcing an export)."""
+EXPORT_SECONDS_PER_M_VALUES = {"gguf": 0.04, "hf": 0.03}
+"""Measured on the 2-core reference machine, quiet: SmolLM2-135M from its Q4_1 GGUF in ~5 s
+(dequantizing with the gguf package; ~15 s with other work on the machine), from an fp32
+HuggingFace folder in ~4 s (for the line announcing an export)."""
 
 
 def resolve_model(spec: str, cache_dir: str | None = None) -> str:

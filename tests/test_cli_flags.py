@@ -1,5 +1,6 @@
 """The flags people know from llama.cpp as aliases of config keys, options after the verb, each
 verb's errors pointing to its own help, and the timing line after a reply."""
+import os
 import subprocess
 import sys
 
@@ -79,6 +80,14 @@ def test_run_with_familiar_flags_marks_a_cut_reply(tmp_path):
     assert done.stdout == "The capital of France is\n"
     assert done.stderr.startswith("[prompt 37 tok, ") and "| generated 5 tok, " in done.stderr
     assert done.stderr.rstrip().endswith("cut at max_new_tokens 5 (-n N raises it)]")
+
+
+def test_the_reply_line_ends_before_the_summary_when_both_go_to_one_pipe():
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}  # a user's buffering
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "run", str(CONFIG), "--temp", "0", "-n", "5",
+                           "-p", "What is the capital of France?"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0 and "The capital of France is\n[prompt 37 tok, " in done.stdout, done.stdout
 
 
 def test_a_bad_alias_value_names_the_flag():

@@ -66,4 +66,4 @@ def ensure_default_model(cache_dir: str | None = None) -> str:
         target, lambda out: write_model(str(gguf), out, quant_bit=4, quant_block=64,
                                         runtime_config=DEFAULT_RUNTIME_CONFIG),
         source=DEFAULT_SOURCE,
-        estimate=lambda: 15)  # measured on the 2-core reference machine (model_source.EXPORT_SECONDS_PER_M_VALUES)
+        estimate=lambda: 5)  # measured on the 2-core reference machine (model_source.EXPORT_SECONDS_PER_M_VALUES)
