@@ -557,7 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-n", type=_counts(0), default=[128], help="tokens to decode from a 1-token context (tgN; 0 skips)")
     bench.add_argument("-pg", action="append", type=_pair, metavar="PROMPT,GEN",
                        help="decode GEN tokens after a PROMPT-token prefill, reusing its KV cache")
-    bench.add_argument("-d", "--n-depth", dest="d", type=_counts(0), default=[0],
+    bench.add_argument("-d", "--n-depth", dest="d", type=_counts(0), default=[0], metavar="N[,N]",
                        help="KV depths, e.g. 0,1024: each test runs after that many tokens prefilled untimed "
                             "(llama-bench's -d; rows read tg128 @ d1024)")
     bench.add_argument("-rep", type=_count(1), default=5, help="repetitions (after one warm-up run)")
