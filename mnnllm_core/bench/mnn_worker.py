@@ -7,7 +7,9 @@ option, so this follows llama-bench's meaning with what pymnn 3.6.1 exposes: `re
 forward or generate continues from them, as the context's all_seq_len shows), then the timed
 part, afresh for every run. A prefill test is `forward(prompt)`, timed here; a decode test is
 `generate(1 token, N + 1)` timed by MNN's own decode_us, so it decodes at depth + 1 onwards,
-as our decode test does (llama-bench decodes at depth onwards)."""
+as our decode test does (llama-bench decodes at depth onwards). After the depth MNN counts the
+context as decoding (gen_seq_len > 0), so a timed prompt runs through the module clone MNN keeps
+for its length, as a later chat turn on a kept cache does, not through its prefill module."""
 from __future__ import annotations
 
 import json
