@@ -389,7 +389,7 @@ def _default_gguf() -> str:
 
 def cmd_bench(args) -> int:
     from .bench.report import attach_ratios, profile_text, render
-    from .bench.runner import BenchStopped, run_bench
+    from .bench.runner import BenchStopped, check_context, run_bench
     from .llm.config import LlmConfig
     from .llm.llm import check_model_files
     from .bench.bench_tests import plan
@@ -410,11 +410,14 @@ def cmd_bench(args) -> int:
         if mode not in MEMORY_MODES:
             raise ConfigError(f"memory mode {mode!r} is not one of {', '.join(MEMORY_MODES)}", field="--memory")
     models = [_config_path(m) for m in args.model.split(",") if m.strip()] if args.model else [_config_path(None)]
-    for model in models:
-        check_model_files(LlmConfig.from_file(model))
-    tests = [(t.prompt, t.gen) for t in plan(args.p, args.n, args.pg or [])]
-    if not tests:
+    planned = plan(args.p, args.n, args.pg or [], args.d)
+    if not planned:
         raise ConfigError("nothing to measure: -p and -n are all 0 and no -pg is given", field="-p")
+    for model in models:
+        config = LlmConfig.from_file(model)
+        check_model_files(config)
+        check_context(config, planned)
+    tests = [(t.prompt, t.gen, t.depth) for t in planned]
     if args.vs_mnn and importlib.util.find_spec("MNN") is None:
         raise ConfigError("--vs-mnn runs MNN's own runtime, which is not installed: pip install MNN==3.6.1",
                           field="--vs-mnn")
@@ -554,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("-n", type=_counts(0), default=[128], help="tokens to decode from a 1-token context (tgN; 0 skips)")
     bench.add_argument("-pg", action="append", type=_pair, metavar="PROMPT,GEN",
                        help="decode GEN tokens after a PROMPT-token prefill, reusing its KV cache")
+    bench.add_argument("-d", "--n-depth", dest="d", type=_counts(0), default=[0], metavar="N[,N]",
+                       help="KV depths, e.g. 0,1024: each test runs after that many tokens prefilled untimed "
+                            "(llama-bench's -d; rows read tg128 @ d1024)")
     bench.add_argument("-rep", type=_count(1), default=5, help="repetitions (after one warm-up run)")
     bench.add_argument("-c", type=int, choices=(0, 1, 2), default=2, help="precision: 0 normal, 1 high, 2 low")
     bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md", help="output format")

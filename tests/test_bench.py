@@ -10,7 +10,8 @@ from mnnllm_core.bench.bench_tests import BenchTest, plan
 from paths import CONFIG
 
 ROW_KEYS = {"model", "backend", "threads", "test", "samples_ts", "avg_ts", "stddev_ts", "load_s", "peak_rss_mb",
-            "device", "placement", "versions", "precision", "n_prompt", "n_gen", "model_size", "cold_ts"}
+            "device", "placement", "versions", "precision", "n_prompt", "n_gen", "n_depth", "n_kv", "model_size",
+            "cold_ts"}
 
 
 def _bench_json(model, *args: str) -> tuple[list[dict], str]:

@@ -1,14 +1,17 @@
 """The same measurements with llama.cpp (PyPI `llama-cpp-python`, the optional `bench` extra)
-on a GGUF of the same model, for side-by-side figures. Runs in its own process."""
+on a GGUF of the same model, for side-by-side figures. Runs in its own process.
+
+Depth (`-d`) as llama-bench: `reset()` then `eval(depth ids)` untimed (eval appends to the KV
+cache from n_tokens on), then the timed part, afresh for every run (llama-bench restores a
+saved state instead; the timed part starts from the same cache either way)."""
 from __future__ import annotations
 
 import os
 import resource
-import statistics
 import time
 from importlib import metadata
 
-from .bench_tests import BenchTest, prompt_tokens
+from .bench_tests import BenchTest, depth_tokens, job_tests, prompt_tokens, row
 from .worker_protocol import worker_main
 
 
@@ -21,8 +24,10 @@ def available() -> tuple[bool, str]:
     return True, ""
 
 
-def _run_once(model, test: BenchTest, ids: list[int]) -> float:
+def _run_once(model, test: BenchTest, ids: list[int], depth_ids: list[int]) -> float:
     model.reset()
+    if test.depth:
+        model.eval(depth_ids[:test.depth])
     if test.prompt:
         start = time.perf_counter()
         model.eval(ids[:test.prompt])
@@ -37,20 +42,20 @@ def _run_once(model, test: BenchTest, ids: list[int]) -> float:
 def run(job: dict) -> dict:
     from llama_cpp import Llama
 
-    longest = max(t[0] + t[1] for t in job["tests"]) + 8
+    tests = job_tests(job)
+    longest = max(t.context for t in tests) + 8
+    batch = max(8, max(t.prompt for t in tests), min(max(t.depth for t in tests), 2048))  # llama-bench's -b 2048
     start = time.perf_counter()
     model = Llama(model_path=job["gguf"], n_threads=job["threads"], n_threads_batch=job["threads"], n_ctx=longest,
-                  n_batch=max(8, max(t[0] for t in job["tests"])), verbose=False)
+                  n_batch=batch, verbose=False)
     load_s = time.perf_counter() - start
     ids = prompt_tokens(longest, model.n_vocab())  # the ids our worker and MNN's use
+    depth_ids = depth_tokens(max(t.depth for t in tests), model.n_vocab())
     rows = []
-    for prompt, gen in job["tests"]:
-        test = BenchTest(prompt, gen)
-        _run_once(model, test, ids)  # warm-up
-        samples = [test.tokens / _run_once(model, test, ids) for _ in range(job["reps"])]
-        rows.append({"test": test.name, "n_prompt": prompt, "n_gen": gen, "samples_ts": samples,
-                     "avg_ts": statistics.fmean(samples),
-                     "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
+    for test in tests:
+        _run_once(model, test, ids, depth_ids)  # warm-up
+        samples = [test.tokens / _run_once(model, test, ids, depth_ids) for _ in range(job["reps"])]
+        rows.append(row(test, samples, n_kv=model.n_tokens))
     return {"model": job["config"], "model_size": os.path.getsize(job["gguf"]), "backend": "llama.cpp",
             "threads": job["threads"], "precision": os.path.basename(job["gguf"]), "load_s": load_s,
             "device": "llama.cpp cpu", "versions": {"llama-cpp-python": metadata.version("llama-cpp-python")},

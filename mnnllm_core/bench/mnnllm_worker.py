@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from .bench_tests import BenchTest, prompt_tokens
+from .bench_tests import BenchTest, depth_tokens, job_tests, label, prompt_tokens, row
 from .worker_protocol import PRECISIONS, worker_main
 
 
@@ -32,8 +32,13 @@ def _decode(llm, first: int, steps: int) -> None:
         token = _next(llm, llm.forward([token]))
 
 
-def _run_once(llm, test: BenchTest, ids: list[int]) -> float:
+def _run_once(llm, test: BenchTest, ids: list[int], depth_ids: list[int]) -> float:
+    """Seconds of the timed part of one run, from an empty conversation: the depth (llama-bench's
+    n_depth) is prefilled first, untimed, afresh for every run; a decode test runs one more
+    untimed token (a prompt of 1) before its timed decodes."""
     llm.reset()
+    if test.depth:
+        llm.forward(depth_ids[:test.depth])
     start = time.perf_counter()
     if test.prompt:
         logits = llm.forward(ids[:test.prompt])
@@ -97,26 +102,26 @@ def run(job: dict) -> dict:
     from mnnllm_core.llm.create import create
     from mnnllm_core.plugins.manager import registry
 
+    tests = job_tests(job)
     llm = create(job["config"])
     llm.set_config({"backend_type": job["backend"], "thread_num": job["threads"],
                     "precision": PRECISIONS[job["precision"]], "sampler_type": "greedy",
-                    "max_all_tokens": max(4096, max(t[0] + t[1] for t in job["tests"]) + 8),
+                    "max_all_tokens": max(4096, max(t.context for t in tests) + 8),
                     **({"memory": job["memory"]} if job.get("memory") else {})})
     start = time.perf_counter()
     llm.load()
     load_s = time.perf_counter() - start
-    ids = prompt_tokens(max(t[0] for t in job["tests"]) + 2, llm.tokenizer.vocab_size)
+    vocab = llm.tokenizer.vocab_size
+    ids = prompt_tokens(max(t.prompt for t in tests) + 2, vocab)
+    depth_ids = depth_tokens(max(t.depth for t in tests), vocab)
     rows = []
-    for prompt, gen in job["tests"]:
-        test = BenchTest(prompt, gen)
-        cold_s = _run_once(llm, test, ids)  # warm-up: resizes, kernel compiles and tuning, page faults
+    for test in tests:
+        cold_s = _run_once(llm, test, ids, depth_ids)  # warm-up: resizes, kernel compiles and tuning, page faults
         samples = []
         for rep in range(job["reps"]):
-            _progress(f"  {job['backend']} t{job['threads']} {test.name} {rep + 1}/{job['reps']}")
-            samples.append(test.tokens / _run_once(llm, test, ids))
-        rows.append({"test": test.name, "n_prompt": prompt, "n_gen": gen, "samples_ts": samples,
-                     "avg_ts": statistics.fmean(samples), "cold_ts": test.tokens / cold_s,
-                     "stddev_ts": statistics.stdev(samples) if len(samples) > 1 else 0.0})
+            _progress(f"  {job['backend']} t{job['threads']} {label(test.name, test.depth)} {rep + 1}/{job['reps']}")
+            samples.append(test.tokens / _run_once(llm, test, ids, depth_ids))
+        rows.append(row(test, samples, cold_ts=test.tokens / cold_s, n_kv=len(llm.conversation)))
     if getattr(llm, "vision", None) is not None:
         rows.append(_vision_row(llm.vision, job["reps"]))
     if sys.stderr.isatty():
@@ -134,7 +139,7 @@ def run(job: dict) -> dict:
         "rows": rows,
     }
     if job.get("profile"):
-        result["profile"] = _profile(llm, ids[:max(1, max(t[0] for t in job["tests"]) or 64)])
+        result["profile"] = _profile(llm, ids[:max(1, max(t.prompt for t in tests) or 64)])
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
 

@@ -6,6 +6,8 @@ import io
 import json
 import os
 
+from .bench_tests import label
+
 COLUMNS = ["model", "modelSize", "backend", "threads", "precision", "test", "speed(tok/s)"]
 
 
@@ -17,7 +19,8 @@ def flatten(results: list[dict]) -> list[dict]:
             rows.append({
                 "model": result["model"], "model_size": result.get("model_size"), "backend": result["backend"],
                 "threads": result["threads"], "precision": result["precision"], "test": row["test"],
-                "n_prompt": row["n_prompt"], "n_gen": row["n_gen"], "samples_ts": row["samples_ts"],
+                "n_prompt": row["n_prompt"], "n_gen": row["n_gen"], "n_depth": row.get("n_depth", 0),
+                "samples_ts": row["samples_ts"],
                 "avg_ts": row["avg_ts"], "stddev_ts": row["stddev_ts"], "load_s": result["load_s"],
                 "peak_rss_mb": result["peak_rss_mb"], "device": result["device"],
                 "placement": result.get("placement"), "versions": result["versions"],
@@ -25,18 +28,20 @@ def flatten(results: list[dict]) -> list[dict]:
                 **({"vs_mnn": row["vs_mnn"]} if "vs_mnn" in row else {}),
                 **({"cold_ts": row["cold_ts"]} if "cold_ts" in row else {}),
                 **({"mp_s": row["mp_s"]} if "mp_s" in row else {}),
+                **({"n_kv": row["n_kv"]} if "n_kv" in row else {}),
             })
     return rows
 
 
 def attach_ratios(results: list[dict], references: list[dict]) -> None:
     """Each row of `results` (and llama.cpp's among `references`) gets avg_ts / MNN's avg_ts for
-    the same model, threads and test."""
+    the same model, threads, test and depth."""
     mnn = [r for r in references if r["backend"].startswith("mnn")]
-    reference = {(r["model"], r["threads"], row["test"]): row["avg_ts"] for r in mnn for row in r["rows"]}
+    reference = {(r["model"], r["threads"], row["test"], row.get("n_depth", 0)): row["avg_ts"]
+                 for r in mnn for row in r["rows"]}
     for result in results + [r for r in references if r not in mnn]:
         for row in result["rows"]:
-            base = reference.get((result["model"], result["threads"], row["test"]))
+            base = reference.get((result["model"], result["threads"], row["test"], row.get("n_depth", 0)))
             if base:
                 row["vs_mnn"] = row["avg_ts"] / base
 
@@ -65,7 +70,8 @@ def markdown(results: list[dict], extra: bool) -> str:
                                                                  for c in columns) + "|"]
     for r in rows:
         cells = [os.path.basename(os.path.dirname(r["model"])) or r["model"], _size(r["model_size"]), r["backend"],
-                 _threads(r), r["precision"], r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"]
+                 _threads(r), r["precision"], label(r["test"], r["n_depth"]),
+                 f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}"]
         if "vs MNN" in columns:
             cells.append(f"{r['vs_mnn']:.2f}x" if "vs_mnn" in r else "")
         if "cold(tok/s)" in columns:
@@ -81,7 +87,8 @@ def _roofline(results: list[dict]) -> list[str]:
     lines = []
     for result in results:
         weight = result.get("decode_weight_bytes")
-        tg = [row for row in result["rows"] if row["n_prompt"] == 0]
+        tg = sorted((row for row in result["rows"] if row["n_prompt"] == 0 and row["n_gen"]),
+                    key=lambda row: row.get("n_depth", 0))  # the shallowest: weights, not the KV cache
         if weight and tg:
             speed = tg[0]["avg_ts"]
             lines.append(f"\ndecode roofline ({result['backend']}, t{result['threads']}): {weight / 2**20:.1f} MiB "

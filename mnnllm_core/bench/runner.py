@@ -4,8 +4,10 @@ from __future__ import annotations
 import sys
 from itertools import product
 
-from ..errors import MnnllmError
+from ..errors import ConfigError, MnnllmError
+from ..llm.config import LlmConfig
 from . import llama_worker
+from .bench_tests import BenchTest, label
 from .worker_protocol import call_worker
 
 
@@ -18,10 +20,25 @@ class BenchStopped(MnnllmError):
         self.error, self.results, self.references = error, results, references
 
 
-def run_bench(models: list[str], backends: list[str], threads: list[int], tests: list[tuple[int, int]],
+def check_context(config: LlmConfig, tests: list[BenchTest]) -> None:
+    """Refuse, before the first run, a test whose depth and tokens exceed the context the model's own
+    config sets (`max_all_tokens` in its config.json / llm_config.json). Without one the workers raise
+    max_all_tokens to what the longest test needs (a backend's KV buffers may still refuse at run time)."""
+    if config.origin("max_all_tokens") is None:
+        return
+    limit = config.max_all_tokens
+    for test in sorted(tests, key=lambda t: -t.context):
+        if test.context > limit:
+            option = "-d" if test.depth else "-pg" if test.prompt and test.gen else "-p" if test.prompt else "-n"
+            raise ConfigError(f"{label(test.name, test.depth)} needs {test.context} tokens of context; the model's "
+                              f"max_all_tokens is {limit}", file=config.origin("max_all_tokens"), field=option)
+
+
+def run_bench(models: list[str], backends: list[str], threads: list[int], tests: list[tuple[int, int, int]],
               reps: int, precision: int, profile: bool, vs_mnn: bool, timeout: float = 3600,
               memory: list[str | None] | None = None, vs_llama: str | None = None) -> tuple[list, list]:
     """Our rows, then the reference rows: MNN's (vs_mnn) and llama.cpp's on the GGUF `vs_llama`.
+    `tests` holds (prompt, gen, depth) each.
     `memory` lists the memory modes to run (None: the model's own setting). A run that fails after
     others finished raises BenchStopped with their rows."""
     results, references = [], []
