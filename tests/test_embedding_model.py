@@ -225,7 +225,7 @@ def test_mnn_module_on_our_export_equals_transformers(models, tmp_path):
     pytest.importorskip("MNN", reason="MNN's runtime")
     src, dst, pooling, bits = models["cls"]
     script = textwrap.dedent(f"""
-        import json, sys, numpy as np, MNN, MNN.nn as nn, MNN.expr as F
+        import json, os, sys, numpy as np, MNN, MNN.nn as nn, MNN.expr as F
         rt = nn.create_runtime_manager(({{"backend": 0, "precision": "high"}},))
         rt.set_external({str(dst / "llm.mnn.weight")!r})
         mod = nn.load_module_from_file({str(dst / "llm.mnn")!r}, ["input_ids", "attention_mask", "position_ids"],
@@ -239,7 +239,8 @@ def test_mnn_module_on_our_export_equals_transformers(models, tmp_path):
                      F.const([1.0] * n * n, [1, 1, n, n], F.NCHW, F.float),
                      F.const(list(range(n)), [1, n], F.NCHW, F.int)]
             out.append(np.array(mod.forward(feeds)[0].read()).reshape(-1).tolist())
-        print(json.dumps(out))
+        print(json.dumps(out), flush=True)
+        os._exit(0)  # MNN's buffered device info would follow our line at exit
     """)
     ids = [hf_ids(src, t) for t in TEXTS]
     done = subprocess.run([sys.executable, "-c", script, json.dumps(ids)], capture_output=True, text=True,
@@ -257,9 +258,11 @@ def test_mnn_runtime_txt_embedding_on_our_export_equals_transformers(models, nam
     pytest.importorskip("MNN", reason="MNN's runtime")
     src, dst, pooling, bits = models[name]
     script = textwrap.dedent(f"""
-        import json, sys, numpy as np, MNN.llm as llm
+        import json, os, sys, numpy as np, MNN.llm as llm
         model = llm.create({str(dst / "config.json")!r}, True)
-        print(json.dumps([np.array(model.txt_embedding(t).read()).reshape(-1).tolist() for t in json.loads(sys.argv[1])]))
+        print(json.dumps([np.array(model.txt_embedding(t).read()).reshape(-1).tolist() for t in json.loads(sys.argv[1])]),
+              flush=True)
+        os._exit(0)  # MNN's buffered device info would follow our line at exit
     """)
     done = subprocess.run([sys.executable, "-c", script, json.dumps(TEXTS)], capture_output=True, text=True,
                           timeout=120)

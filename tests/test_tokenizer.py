@@ -101,6 +101,8 @@ _ORACLE = textwrap.dedent("""
     texts = json.load(sys.stdin)
     sys.stdout.write("\\n@@IDS@@\\n")
     json.dump([list(model.tokenizer_encode(t)) for t in texts], sys.stdout)
+    sys.stdout.flush()
+    os._exit(0)  # MNN's buffered stdout would follow our JSON at exit
 """)
 
 

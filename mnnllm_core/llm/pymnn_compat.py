@@ -122,7 +122,7 @@ def _index(value, field: str) -> int:
 # its C extension, as {name: [[parameter, repr(default) or None], ...] where a signature is readable,
 # an LlmStatus member's value, or None}.
 _INTROSPECT = r"""
-import enum, inspect, json
+import enum, inspect, json, os
 import MNN.llm as m
 import _mnncengine.llm as F
 names = {}
@@ -149,7 +149,8 @@ for name in dir(F):
     names.setdefault(name, None)
     if isinstance(obj, type):
         names.update({f"{name}.{attr}": None for attr in dir(obj) if not attr.startswith("_")})
-print("@@NAMES@@" + json.dumps(names))
+print("@@NAMES@@" + json.dumps(names), flush=True)
+os._exit(0)  # before MNN's C stdio buffer (device info) is flushed after our line at exit
 """
 
 
