@@ -9,7 +9,7 @@ runs it as it is.
 """
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 from typing import Any, Callable
 
 import numpy as np
@@ -32,9 +32,13 @@ class StepProgram:
     def __init__(self) -> None:
         self.rows: list[list[int]] = []
         self.scalars: list[float] = []
-        self.floats, self.codes, self.reals, self.halves, self.ints = kernels.empty_lists()
-        self._staged: dict[int, tuple[Any, list[np.ndarray]]] = {}  # the arrays of the call being added
-        self._sizes: dict[int, int] = {}  # id of a typed list -> its length (a typed list's len() compiles)
+        # the program's arrays (flat views): float32 values, uint8 codes, float32 alphas, fp16-bit alphas, int64
+        self.floats: list[np.ndarray] = []
+        self.codes: list[np.ndarray] = []
+        self.reals: list[np.ndarray] = []
+        self.halves: list[np.ndarray] = []
+        self.ints: list[np.ndarray] = []
+        self._staged: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # the arrays of the call being added
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -50,7 +54,7 @@ class StepProgram:
         """The index `array` (flat) will have in `target` once its call is taken (`add`)."""
         staged = self._staged.setdefault(id(target), (target, []))[1]
         staged.append(self._flat(array, dtype))
-        return self._sizes.get(id(target), 0) + len(staged) - 1
+        return len(target) + len(staged) - 1
 
     def f32(self, array: Any) -> int:
         return self._entry(self.floats, array, np.float32)
@@ -75,10 +79,9 @@ class StepProgram:
             del self.scalars[scalars:]
             return False
         for target, staged in self._staged.values():
-            for array in staged:
-                kernels.append_array(target, array)
-            self._sizes[id(target)] = self._sizes.get(id(target), 0) + len(staged)
-        self.rows.append(row + [0] * (kernels.WIDTH - len(row)))
+            target.extend(staged)
+        kernel = _kernel_address(call.func, row.pop())
+        self.rows.append(row + [0] * (kernels.KERNEL - len(row)) + [kernel])
         return True
 
     def _from_gemv(self, bits, codes, alphas, outs, starts, x, n_blocks, block, threads=0) -> list[int]:
@@ -89,46 +92,56 @@ class StepProgram:
             alpha_rows, halves = [self._entry(self.reals, a, np.float32) for a in alphas], 0
         else:
             raise NotRecognised(f"alphas of {dtype}")
+        signature = f"gemv_{'half' if halves else 'real'}{'_parallel' if threads else ''}"
         return [kernels.GEMV, bits, halves, *[self._entry(self.codes, c, np.uint8) for c in codes], *alpha_rows,
                 *[self.f32(o) for o in outs], self._entry(self.ints, starts, np.int64), self.f32(x), n_blocks,
-                block, threads]
+                block, threads, signature]
 
     def _from_copy(self, dst, src, casting: str = "same_kind") -> list[int]:
         if dst.size != src.size:
             raise NotRecognised("copy between sizes")
-        return [kernels.COPY, self.f32(dst), self.f32(src)]
+        return [kernels.COPY, self.f32(dst), self.f32(src), ""]
 
     def _from_norm(self, x, n, gamma, beta, eps, rms, out) -> list[int]:
         return [kernels.NORM, self.f32(x), n, self.f32(gamma), self.f32(beta), self.scalar(eps), int(rms),
-                self.f32(out)]
+                self.f32(out), "norm"]
 
     def _from_add_norm(self, a, b, n, gamma, beta, eps, rms, total, out) -> list[int]:
         return [kernels.ADD_NORM, self.f32(a), self.f32(b), n, self.f32(gamma), self.f32(beta), self.scalar(eps),
-                int(rms), self.f32(total), self.f32(out)]
+                int(rms), self.f32(total), self.f32(out), "add_norm"]
 
     def _from_rope(self, q, k, heads, kv_heads, head_dim, rope_dim, cos, sin, q_norm, q_gamma, q_beta, q_eps, q_rms,
               k_norm, k_gamma, k_beta, k_eps, k_rms, q_out, k_out) -> list[int]:
         return [kernels.ROPE, self.f32(q), self.f32(k), heads, kv_heads, head_dim, rope_dim, self.f32(cos),
                 self.f32(sin), cos.shape[0], int(q_norm), self.f32(q_gamma), self.f32(q_beta), int(q_rms),
                 self.scalar(q_eps), int(k_norm), self.f32(k_gamma), self.f32(k_beta), int(k_rms), self.scalar(k_eps),
-                self.f32(q_out), self.f32(k_out)]
+                self.f32(q_out), self.f32(k_out), "rope"]
 
     def _from_mul_silu(self, a, b, out) -> list[int]:
-        return [kernels.MUL_SILU, self.f32(a), self.f32(b), self.f32(out)]
+        return [kernels.MUL_SILU, self.f32(a), self.f32(b), self.f32(out), "mul_silu"]
 
     def _from_attend(self, q, k, v, keys_t, values, past, scale, sinks, out) -> list[int]:
         tokens, heads, dim = q.shape
         kv_heads, _, capacity = keys_t.shape
         return [kernels.ATTEND, self.f32(q), self.f32(k), self.f32(v), self.f32(keys_t), self.f32(values),
                 self._entry(self.ints, past, np.int64), self.scalar(scale), self.f32(sinks), self.f32(out), tokens,
-                heads, kv_heads, dim, capacity]
+                heads, kv_heads, dim, capacity, "attend"]
 
     _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
                add_normalize_rows: _from_add_norm, rope_qk: _from_rope, mul_silu: _from_mul_silu,
                append_attend: _from_attend}
 
     def bound(self) -> Callable[[], Any]:
-        """The program as one call."""
+        """The program as one call (holding the arrays its tables point into)."""
         code = np.asarray(self.rows, np.int64).reshape(-1, kernels.WIDTH)
-        return partial(kernels.run_program, code, np.asarray(self.scalars, np.float64), self.floats, self.codes,
-                       self.reals, self.halves, self.ints)
+        arrays = (self.floats, self.codes, self.reals, self.halves, self.ints)
+        call = partial(kernels.run_program, code, np.asarray(self.scalars, np.float64),
+                       *[kernels.array_table(entries) for entries in arrays])
+        call.arrays = arrays  # type: ignore[attr-defined]
+        return call
+
+
+@cache
+def _kernel_address(kernel, signature: str) -> int:
+    """0 for an instruction that calls no kernel."""
+    return kernels.kernel_address(kernel, signature) if signature else 0
