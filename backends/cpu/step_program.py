@@ -80,7 +80,8 @@ class StepProgram:
             return False
         for target, staged in self._staged.values():
             target.extend(staged)
-        kernel = _kernel_address(call.func, row.pop())
+        signature = kernels.kernel_signature(row)
+        kernel = _kernel_address(call.func, signature) if signature else 0
         self.rows.append(row + [0] * (kernels.KERNEL - len(row)) + [kernel])
         return True
 
@@ -92,40 +93,39 @@ class StepProgram:
             alpha_rows, halves = [self._entry(self.reals, a, np.float32) for a in alphas], 0
         else:
             raise NotRecognised(f"alphas of {dtype}")
-        signature = f"gemv_{'half' if halves else 'real'}{'_parallel' if threads else ''}"
         return [kernels.GEMV, bits, halves, *[self._entry(self.codes, c, np.uint8) for c in codes], *alpha_rows,
                 *[self.f32(o) for o in outs], self._entry(self.ints, starts, np.int64), self.f32(x), n_blocks,
-                block, threads, signature]
+                block, threads]
 
     def _from_copy(self, dst, src, casting: str = "same_kind") -> list[int]:
         if dst.size != src.size:
             raise NotRecognised("copy between sizes")
-        return [kernels.COPY, self.f32(dst), self.f32(src), ""]
+        return [kernels.COPY, self.f32(dst), self.f32(src)]
 
     def _from_norm(self, x, n, gamma, beta, eps, rms, out) -> list[int]:
         return [kernels.NORM, self.f32(x), n, self.f32(gamma), self.f32(beta), self.scalar(eps), int(rms),
-                self.f32(out), "norm"]
+                self.f32(out)]
 
     def _from_add_norm(self, a, b, n, gamma, beta, eps, rms, total, out) -> list[int]:
         return [kernels.ADD_NORM, self.f32(a), self.f32(b), n, self.f32(gamma), self.f32(beta), self.scalar(eps),
-                int(rms), self.f32(total), self.f32(out), "add_norm"]
+                int(rms), self.f32(total), self.f32(out)]
 
     def _from_rope(self, q, k, heads, kv_heads, head_dim, rope_dim, cos, sin, q_norm, q_gamma, q_beta, q_eps, q_rms,
               k_norm, k_gamma, k_beta, k_eps, k_rms, q_out, k_out) -> list[int]:
         return [kernels.ROPE, self.f32(q), self.f32(k), heads, kv_heads, head_dim, rope_dim, self.f32(cos),
                 self.f32(sin), cos.shape[0], int(q_norm), self.f32(q_gamma), self.f32(q_beta), int(q_rms),
                 self.scalar(q_eps), int(k_norm), self.f32(k_gamma), self.f32(k_beta), int(k_rms), self.scalar(k_eps),
-                self.f32(q_out), self.f32(k_out), "rope"]
+                self.f32(q_out), self.f32(k_out)]
 
     def _from_mul_silu(self, a, b, out) -> list[int]:
-        return [kernels.MUL_SILU, self.f32(a), self.f32(b), self.f32(out), "mul_silu"]
+        return [kernels.MUL_SILU, self.f32(a), self.f32(b), self.f32(out)]
 
     def _from_attend(self, q, k, v, keys_t, values, past, scale, sinks, out) -> list[int]:
         tokens, heads, dim = q.shape
         kv_heads, _, capacity = keys_t.shape
         return [kernels.ATTEND, self.f32(q), self.f32(k), self.f32(v), self.f32(keys_t), self.f32(values),
                 self._entry(self.ints, past, np.int64), self.scalar(scale), self.f32(sinks), self.f32(out), tokens,
-                heads, kv_heads, dim, capacity, "attend"]
+                heads, kv_heads, dim, capacity]
 
     _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
                add_normalize_rows: _from_add_norm, rope_qk: _from_rope, mul_silu: _from_mul_silu,
@@ -143,5 +143,4 @@ class StepProgram:
 
 @cache
 def _kernel_address(kernel, signature: str) -> int:
-    """0 for an instruction that calls no kernel."""
-    return kernels.kernel_address(kernel, signature) if signature else 0
+    return kernels.kernel_address(kernel, signature)

@@ -55,6 +55,16 @@ SIGNATURES = {
 }
 
 
+_KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_silu", ATTEND: "attend"}
+
+
+def kernel_signature(instruction: list[int]) -> str | None:
+    """The SIGNATURES entry of the kernel an instruction calls (None: it calls none)."""
+    if instruction[0] == GEMV:  # fields 2 (fp16-bit alphas) and 16 (threads), see `_gemv_step`
+        return f"gemv_{'half' if instruction[2] else 'real'}{'_parallel' if instruction[16] else ''}"
+    return _KERNELS.get(instruction[0])
+
+
 def kernel_address(kernel: Dispatcher, signature: str) -> int:
     """The address of `kernel`'s compiled code for SIGNATURES[signature] (loaded from the disk
     cache, or compiled, when this process has not called it with those types yet)."""
