@@ -9,7 +9,7 @@ runs it as it is.
 """
 from __future__ import annotations
 
-from functools import partial
+from functools import cache, partial
 from typing import Any, Callable
 
 import numpy as np
@@ -32,9 +32,13 @@ class StepProgram:
     def __init__(self) -> None:
         self.rows: list[list[int]] = []
         self.scalars: list[float] = []
-        self.floats, self.codes, self.reals, self.halves, self.ints = kernels.empty_lists()
-        self._staged: dict[int, tuple[Any, list[np.ndarray]]] = {}  # the arrays of the call being added
-        self._sizes: dict[int, int] = {}  # id of a typed list -> its length (a typed list's len() compiles)
+        # the program's arrays (flat views): float32 values, uint8 codes, float32 alphas, fp16-bit alphas, int64
+        self.floats: list[np.ndarray] = []
+        self.codes: list[np.ndarray] = []
+        self.reals: list[np.ndarray] = []
+        self.halves: list[np.ndarray] = []
+        self.ints: list[np.ndarray] = []
+        self._staged: dict[int, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # the arrays of the call being added
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -50,7 +54,7 @@ class StepProgram:
         """The index `array` (flat) will have in `target` once its call is taken (`add`)."""
         staged = self._staged.setdefault(id(target), (target, []))[1]
         staged.append(self._flat(array, dtype))
-        return self._sizes.get(id(target), 0) + len(staged) - 1
+        return len(target) + len(staged) - 1
 
     def f32(self, array: Any) -> int:
         return self._entry(self.floats, array, np.float32)
@@ -75,10 +79,10 @@ class StepProgram:
             del self.scalars[scalars:]
             return False
         for target, staged in self._staged.values():
-            for array in staged:
-                kernels.append_array(target, array)
-            self._sizes[id(target)] = self._sizes.get(id(target), 0) + len(staged)
-        self.rows.append(row + [0] * (kernels.WIDTH - len(row)))
+            target.extend(staged)
+        signature = kernels.kernel_signature(row)
+        kernel = _kernel_address(call.func, signature) if signature else 0
+        self.rows.append(row + [0] * (kernels.KERNEL - len(row)) + [kernel])
         return True
 
     def _from_gemv(self, bits, codes, alphas, outs, starts, x, n_blocks, block, threads=0) -> list[int]:
@@ -128,7 +132,15 @@ class StepProgram:
                append_attend: _from_attend}
 
     def bound(self) -> Callable[[], Any]:
-        """The program as one call."""
+        """The program as one call (holding the arrays its tables point into)."""
         code = np.asarray(self.rows, np.int64).reshape(-1, kernels.WIDTH)
-        return partial(kernels.run_program, code, np.asarray(self.scalars, np.float64), self.floats, self.codes,
-                       self.reals, self.halves, self.ints)
+        arrays = (self.floats, self.codes, self.reals, self.halves, self.ints)
+        call = partial(kernels.run_program, code, np.asarray(self.scalars, np.float64),
+                       *[kernels.array_table(entries) for entries in arrays])
+        call.arrays = arrays  # type: ignore[attr-defined]
+        return call
+
+
+@cache
+def _kernel_address(kernel, signature: str) -> int:
+    return kernels.kernel_address(kernel, signature)

@@ -53,8 +53,8 @@ def _scan(q, k, v, decay, beta, state, out, out_from):
 
 @jit(parallel=True)
 def _scan_parallel(q, k, v, decay, beta, state, out, out_from):
-    for h in prange(k.shape[1]):
-        _scan_head(q, k, v, decay, beta, state, out, out_from, h)
+    for h in prange(k.shape[1]):  # prange counts unsigned: as int64 the serial kernel's `_scan_head` serves
+        _scan_head(q, k, v, decay, beta, state, out, out_from, np.int64(h))
 
 
 def delta_rule_scan(q, k, v, decay, beta, state, out, out_from) -> None:

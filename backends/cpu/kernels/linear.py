@@ -82,8 +82,9 @@ def _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, x_sum, n_blocks, 
 @jit()
 def _gemv(bits, codes, alphas, outs, starts, x, n_blocks, block):
     x_even, x_odd = _lanes(x)
-    _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, _block_sums(x, n_blocks, block), n_blocks, block, 0,
-          starts[MEMBERS])
+    # np.int64(0), not 0: a literal would compile `_rows` a second time, beside the parallel kernel's
+    _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, _block_sums(x, n_blocks, block), n_blocks, block,
+          np.int64(0), starts[MEMBERS])
 
 
 @jit(parallel=True)
@@ -217,8 +218,8 @@ def _few_rows(bits, tokens, codes, alphas, outs, starts, x_even, x_odd, x_stride
 @jit()
 def _few_gemv(bits, codes, alphas, outs, starts, x, n_blocks, block):
     x_even, x_odd, x_stride, x_sum = _few_inputs(bits, x, n_blocks, block)
-    _few_rows(bits, x.shape[0], codes, alphas, outs, starts, x_even, x_odd, x_stride, x_sum, n_blocks, block, 0,
-              starts[MEMBERS])
+    _few_rows(bits, x.shape[0], codes, alphas, outs, starts, x_even, x_odd, x_stride, x_sum, n_blocks, block,
+              np.int64(0), starts[MEMBERS])  # not a literal 0: see `_gemv`
 
 
 @jit(parallel=True)

@@ -1,51 +1,158 @@
-"""A replayed step's kernel calls as one compiled call (`run_program`), and the kernels only a
-replay calls, loaded at load like the rest (`warm_up_replay`, one of `warmup.PARTS`).
+"""A replayed step's kernel calls as one compiled call (`run_program`).
 
-A program is a table of instructions (int64 rows: an opcode, then indexes into typed lists of
-the arrays the kernels read and write, and sizes) plus those lists, made once at record time
-(`replay.py`). `run_program` walks the table calling the very kernels the per-op loop calls,
-with the same arguments, so a step's values are the loop's bit for bit, and a step costs one
-dispatch from Python instead of one per op. Parallel kernels (`_gemv_parallel`) still split
-their rows over the threads inside each call.
+A program is a table of instructions (int64 rows: an opcode, then indexes into tables of the
+arrays the kernels read and write, sizes, and the address of the kernel to call) plus those
+tables, made once at record time (`step_program.py`). An array table holds one row per array,
+its address and element count, so a program reads its arrays straight from memory; the
+instruction's owner keeps the arrays alive. `run_program` walks the instructions calling the very
+kernels the per-op loop calls, with the same arguments, so a step's values are the loop's bit for
+bit, and a step costs one dispatch from Python instead of one per op. Parallel kernels
+(`_gemv_parallel`) still split their rows over the threads inside each call.
+
+The kernels are called through their compiled entry points' addresses (`kernel_address`), not
+compiled into the program: numba would otherwise link every kernel's code into the program and
+optimize it all again (parfors included), ~17 s on a first run; so `run_program` compiles in
+about a second and calls the kernels the other warm-up parts compile and cache.
 """
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
-from numba import types
-from numba.core.errors import NumbaTypeSafetyWarning
-from numba.typed import List
+from llvmlite import ir
+from numba import carray, types
+from numba.core import cgutils
+from numba.core.dispatcher import Dispatcher
+from numba.extending import intrinsic
 
 from . import jit
-from .activation import mul_silu
-from .attention import append_attend
-from .linear import _gemv, _gemv_parallel
-from .norm import add_normalize_rows, normalize_rows
-from .rope import rope_qk
 
 GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND = range(7)
 WIDTH = 24  # int64 fields of one instruction
+KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
+
+_F32, _BYTES, _HALVES, _INTS = types.float32[::1], types.uint8[::1], types.uint16[::1], types.int64[::1]
+_TENSOR = types.Array(types.float32, 3, "C")
+
+
+def _gemv_signature(alphas: types.Type, parallel: bool) -> types.Signature:
+    """`_gemv` (or `_gemv_parallel`, with its thread count) for fp16-bit or float32 alphas."""
+    members = [types.UniTuple(t, 3) for t in (_BYTES, alphas, _F32)]
+    return types.none(types.int64, *members, _INTS, _F32, types.int64, types.int64,
+                      *([types.int64] if parallel else []))
+
+
+# the signature each instruction's kernel is compiled for (the types the per-op calls have)
+SIGNATURES = {
+    "gemv_half": _gemv_signature(_HALVES, False), "gemv_half_parallel": _gemv_signature(_HALVES, True),
+    "gemv_real": _gemv_signature(_F32, False), "gemv_real_parallel": _gemv_signature(_F32, True),
+    "norm": types.none(_F32, types.int64, _F32, _F32, types.float64, types.boolean, _F32),
+    "add_norm": types.none(_F32, _F32, types.int64, _F32, _F32, types.float64, types.boolean, _F32, _F32),
+    "rope": types.none(_F32, _F32, types.int64, types.int64, types.int64, types.int64,
+                       types.Array(types.float32, 2, "C"), types.Array(types.float32, 2, "C"), types.boolean, _F32,
+                       _F32, types.float64, types.boolean, types.boolean, _F32, _F32, types.float64, types.boolean,
+                       _F32, _F32),
+    "mul_silu": types.none(_F32, _F32, _F32),
+    "attend": types.none(_TENSOR, _TENSOR, _TENSOR, _TENSOR, _TENSOR, _INTS, types.float32, _F32, _TENSOR),
+}
+
+
+_KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_silu", ATTEND: "attend"}
+
+
+def kernel_signature(instruction: list[int]) -> str | None:
+    """The SIGNATURES entry of the kernel an instruction calls (None: it calls none)."""
+    if instruction[0] == GEMV:  # fields 2 (fp16-bit alphas) and 16 (threads), see `_gemv_step`
+        return f"gemv_{'half' if instruction[2] else 'real'}{'_parallel' if instruction[16] else ''}"
+    return _KERNELS.get(instruction[0])
+
+
+def kernel_address(kernel: Dispatcher, signature: str) -> int:
+    """The address of `kernel`'s compiled code for SIGNATURES[signature] (loaded from the disk
+    cache, or compiled, when this process has not called it with those types yet)."""
+    wanted = SIGNATURES[signature]
+    compiled = kernel.get_compile_result(wanted)
+    if compiled.signature != wanted:  # a call through the address would read its arguments wrongly
+        raise TypeError(f"{kernel.py_func.__name__} compiled as {compiled.signature}, not {wanted}")
+    return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+
+
+def _function_at(signature: str):
+    """An intrinsic turning an address from `kernel_address` into a callable of that signature
+    (numba's first-class function type, called by its numba calling convention)."""
+    function_type = types.FunctionType(SIGNATURES[signature])
+
+    @intrinsic
+    def function_at(typingctx, address):
+        def codegen(context, builder, sig, args):
+            function = cgutils.create_struct_proxy(function_type)(context, builder)
+            pointer = context.get_value_type(types.voidptr)
+            function.jit_addr = builder.inttoptr(args[0], pointer)
+            function.c_addr = function.py_addr = ir.Constant(pointer, None)
+            return function._getvalue()
+        return function_type(types.int64), codegen
+
+    return function_at
+
+
+_gemv_half, _gemv_half_parallel = _function_at("gemv_half"), _function_at("gemv_half_parallel")
+_gemv_real, _gemv_real_parallel = _function_at("gemv_real"), _function_at("gemv_real_parallel")
+_normalize_rows, _add_normalize_rows = _function_at("norm"), _function_at("add_norm")
+_rope_qk, _mul_silu, _append_attend = _function_at("rope"), _function_at("mul_silu"), _function_at("attend")
+
+
+@intrinsic
+def _pointer(typingctx, address):
+    """An int64 address as a void pointer (for numba.carray)."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+    return types.voidptr(types.int64), codegen
+
+
+@jit()
+def _floats(table, i):
+    return carray(_pointer(table[i, 0]), table[i, 1], np.float32)
+
+
+@jit()
+def _tensor(table, i, shape):
+    """Entry i as float32 [shape] (its element count is the product of shape)."""
+    return carray(_pointer(table[i, 0]), shape, np.float32)
+
+
+@jit()
+def _bytes(table, i):
+    return carray(_pointer(table[i, 0]), table[i, 1], np.uint8)
+
+
+@jit()
+def _halves(table, i):
+    return carray(_pointer(table[i, 0]), table[i, 1], np.uint16)
+
+
+@jit()
+def _ints(table, i):
+    return carray(_pointer(table[i, 0]), table[i, 1], np.int64)
 
 
 @jit()
 def _gemv_step(c, floats, codes, reals, halves, ints):
     """Fields: 1 bits, 2 alpha in `halves` (fp16 bits) else `reals`, 3-5 codes, 6-8 alphas,
     9-11 targets, 12 starts, 13 x, 14 blocks, 15 block size, 16 threads (0: on this thread)."""
-    code = (codes[c[3]], codes[c[4]], codes[c[5]])
-    outs = (floats[c[9]], floats[c[10]], floats[c[11]])
+    code = (_bytes(codes, c[3]), _bytes(codes, c[4]), _bytes(codes, c[5]))
+    outs = (_floats(floats, c[9]), _floats(floats, c[10]), _floats(floats, c[11]))
+    starts = _ints(ints, c[12])
+    x = _floats(floats, c[13])
     if c[2]:
-        alphas = (halves[c[6]], halves[c[7]], halves[c[8]])
+        alphas = (_halves(halves, c[6]), _halves(halves, c[7]), _halves(halves, c[8]))
         if c[16]:
-            _gemv_parallel(c[1], code, alphas, outs, ints[c[12]], floats[c[13]], c[14], c[15], c[16])
+            _gemv_half_parallel(c[KERNEL])(c[1], code, alphas, outs, starts, x, c[14], c[15], c[16])
         else:
-            _gemv(c[1], code, alphas, outs, ints[c[12]], floats[c[13]], c[14], c[15])
+            _gemv_half(c[KERNEL])(c[1], code, alphas, outs, starts, x, c[14], c[15])
     else:
-        real_alphas = (reals[c[6]], reals[c[7]], reals[c[8]])
+        real_alphas = (_floats(reals, c[6]), _floats(reals, c[7]), _floats(reals, c[8]))
         if c[16]:
-            _gemv_parallel(c[1], code, real_alphas, outs, ints[c[12]], floats[c[13]], c[14], c[15], c[16])
+            _gemv_real_parallel(c[KERNEL])(c[1], code, real_alphas, outs, starts, x, c[14], c[15], c[16])
         else:
-            _gemv(c[1], code, real_alphas, outs, ints[c[12]], floats[c[13]], c[14], c[15])
+            _gemv_real(c[KERNEL])(c[1], code, real_alphas, outs, starts, x, c[14], c[15])
 
 
 @jit()
@@ -53,10 +160,11 @@ def _attend_step(c, scalars, floats, ints):
     """Fields: 1-5 q, k, v, keys, values; 6 past (in `ints`); 7 scale (in `scalars`); 8 sinks;
     9 out; 10-14 tokens, heads, kv heads, head size, cache capacity."""
     tokens, heads, kv_heads, dim, capacity = c[10], c[11], c[12], c[13], c[14]
-    append_attend(floats[c[1]].reshape((tokens, heads, dim)), floats[c[2]].reshape((tokens, kv_heads, dim)),
-                  floats[c[3]].reshape((tokens, kv_heads, dim)), floats[c[4]].reshape((kv_heads, dim, capacity)),
-                  floats[c[5]].reshape((kv_heads, capacity, dim)), ints[c[6]], np.float32(scalars[c[7]]),
-                  floats[c[8]], floats[c[9]].reshape((tokens, heads, dim)))
+    _append_attend(c[KERNEL])(
+        _tensor(floats, c[1], (tokens, heads, dim)), _tensor(floats, c[2], (tokens, kv_heads, dim)),
+        _tensor(floats, c[3], (tokens, kv_heads, dim)), _tensor(floats, c[4], (kv_heads, dim, capacity)),
+        _tensor(floats, c[5], (kv_heads, capacity, dim)), _ints(ints, c[6]),
+        np.float32(scalars[c[7]]), _floats(floats, c[8]), _tensor(floats, c[9], (tokens, heads, dim)))
 
 
 @jit()
@@ -64,76 +172,52 @@ def _rope_step(c, scalars, floats):
     """Fields: 1 q, 2 k, 3-6 heads, kv heads, head size, rope size, 7 cos, 8 sin, 9 their rows,
     10-13 q norm (on, gamma, beta, rms), 14 its eps, 15-18 and 19 the k norm's, 20 q out, 21 k out."""
     rows = c[9]
-    cos, sin = floats[c[7]], floats[c[8]]
-    rope_qk(floats[c[1]], floats[c[2]], c[3], c[4], c[5], c[6], cos.reshape((rows, cos.size // rows)),
-            sin.reshape((rows, sin.size // rows)), c[10] != 0, floats[c[11]], floats[c[12]], scalars[c[14]],
-            c[13] != 0, c[15] != 0, floats[c[16]], floats[c[17]], scalars[c[19]], c[18] != 0, floats[c[20]],
-            floats[c[21]])
+    _rope_qk(c[KERNEL])(
+        _floats(floats, c[1]), _floats(floats, c[2]), c[3], c[4], c[5], c[6],
+        _tensor(floats, c[7], (rows, floats[c[7], 1] // rows)), _tensor(floats, c[8], (rows, floats[c[8], 1] // rows)),
+        c[10] != 0, _floats(floats, c[11]), _floats(floats, c[12]),
+        scalars[c[14]], c[13] != 0, c[15] != 0, _floats(floats, c[16]), _floats(floats, c[17]), scalars[c[19]],
+        c[18] != 0, _floats(floats, c[20]), _floats(floats, c[21]))
 
 
 @jit()
 def run_program(code, scalars, floats, codes, reals, halves, ints):
-    """Each instruction of `code` in order (see the step functions for the fields)."""
+    """Each instruction of `code` in order (see the step functions for the fields); the array
+    tables: float32 values, uint8 codes, float32 alphas, fp16-bit alphas, int64."""
     for i in range(code.shape[0]):
         c = code[i]
         op = c[0]
         if op == GEMV:
             _gemv_step(c, floats, codes, reals, halves, ints)
-        elif op == COPY:
-            floats[c[1]][:] = floats[c[2]]
+        elif op == COPY:  # a loop: a slice assignment compiles numba's shape-error formatting (seconds)
+            target, source = _floats(floats, c[1]), _floats(floats, c[2])
+            for j in range(target.size):
+                target[j] = source[j]
         elif op == NORM:
-            normalize_rows(floats[c[1]], c[2], floats[c[3]], floats[c[4]], scalars[c[5]], c[6] != 0, floats[c[7]])
+            _normalize_rows(c[KERNEL])(_floats(floats, c[1]), c[2], _floats(floats, c[3]), _floats(floats, c[4]),
+                                       scalars[c[5]], c[6] != 0, _floats(floats, c[7]))
         elif op == ADD_NORM:
-            add_normalize_rows(floats[c[1]], floats[c[2]], c[3], floats[c[4]], floats[c[5]], scalars[c[6]],
-                               c[7] != 0, floats[c[8]], floats[c[9]])
+            _add_normalize_rows(c[KERNEL])(_floats(floats, c[1]), _floats(floats, c[2]), c[3], _floats(floats, c[4]),
+                                           _floats(floats, c[5]), scalars[c[6]], c[7] != 0, _floats(floats, c[8]),
+                                           _floats(floats, c[9]))
         elif op == ROPE:
             _rope_step(c, scalars, floats)
         elif op == MUL_SILU:
-            mul_silu(floats[c[1]], floats[c[2]], floats[c[3]])
+            _mul_silu(c[KERNEL])(_floats(floats, c[1]), _floats(floats, c[2]), _floats(floats, c[3]))
         elif op == ATTEND:
             _attend_step(c, scalars, floats, ints)
 
 
-_REAL = types.float32[::1]
-
-
-@jit()
-def _new_lists():
-    return (List.empty_list(_REAL), List.empty_list(types.uint8[::1]), List.empty_list(_REAL),
-            List.empty_list(types.uint16[::1]), List.empty_list(types.int64[::1]))
-
-
-@jit()
-def _push(target, array):
-    target.append(array)
-
-
-def empty_lists() -> tuple[List, List, List, List, List]:
-    """The typed lists of a program: float32, uint8 codes, float32 alphas, fp16-bit alphas, int64
-    (made and filled by compiled functions: numba compiles a typed list's own Python-side
-    methods in every process, ~0.1-0.5 s each, where these load from the disk cache)."""
-    return _new_lists()
-
-
-def append_array(target: List, array: np.ndarray) -> None:
-    """target.append(array). A read-only array (weights mapped from a file) goes in through the
-    list's own append, as the list's writable type: safe, as the kernels only read such arrays."""
-    if array.flags.writeable:
-        _push(target, array)
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", NumbaTypeSafetyWarning)
-        target.append(array)
+def array_table(arrays: list[np.ndarray]) -> np.ndarray:
+    """int64 [len(arrays), 2]: each (C-contiguous) array's address and element count."""
+    table = np.zeros((len(arrays), 2), np.int64)
+    for row, array in zip(table, arrays):
+        row[:] = array.__array_interface__["data"][0], array.size
+    return table
 
 
 def warm_up_replay() -> None:
-    """Load the replay's kernels with tiny arrays of the real calls' types (a part of
-    `warmup.PARTS`, so that a first run compiles them beside the others)."""
-    q = np.zeros((1, 1, 16), np.float32)
-    keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
-    append_attend(q, q.copy(), q.copy(), keys_t, values, np.zeros(1, np.int64), np.float32(1.0),
-                  np.zeros(0, np.float32), q.copy())
-    lists = empty_lists()
-    for target, dtype in zip(lists, (np.float32, np.uint8, np.float32, np.uint16, np.int64)):
-        append_array(target, np.zeros(1, dtype))
-    run_program(np.zeros((0, WIDTH), np.int64), np.zeros(1), *lists)
+    """Load the program runner (a part of `warmup.PARTS`, so that a first run compiles it beside
+    the kernels it calls)."""
+    tables = [array_table([np.zeros(1, dtype)]) for dtype in (np.float32, np.uint8, np.float32, np.uint16, np.int64)]
+    run_program(np.zeros((0, WIDTH), np.int64), np.zeros(1), *tables)
