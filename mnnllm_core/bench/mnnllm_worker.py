@@ -98,7 +98,7 @@ def run(job: dict) -> dict:
     from mnnllm_core.plugins.manager import registry
 
     llm = create(job["config"])
-    llm.set_config({"backend_type": job["backend"], "thread_num": job["threads"],
+    llm.set_config({**job.get("settings", {}), "backend_type": job["backend"], "thread_num": job["threads"],
                     "precision": PRECISIONS[job["precision"]], "sampler_type": "greedy",
                     "max_all_tokens": max(4096, max(t[0] + t[1] for t in job["tests"]) + 8),
                     **({"memory": job["memory"]} if job.get("memory") else {})})
