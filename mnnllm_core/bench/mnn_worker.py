@@ -52,7 +52,7 @@ def run(job: dict) -> dict:
     tests = job_tests(job)
     folder = os.path.dirname(os.path.abspath(job["config"]))
     config = json.load(open(job["config"]))
-    config.update({"base_dir": folder + "/", "thread_num": job["threads"], "sampler_type": "greedy",
+    config.update({**job.get("settings", {}), "base_dir": folder + "/", "thread_num": job["threads"], "sampler_type": "greedy",
                    "precision": PRECISIONS[job["precision"]], "memory": job.get("mnn_memory", "low"),
                    "max_all_tokens": max(8192, max(t.context for t in tests) + 8)})
     path = os.path.join(tempfile.mkdtemp(), "config.json")

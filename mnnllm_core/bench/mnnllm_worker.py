@@ -104,7 +104,7 @@ def run(job: dict) -> dict:
 
     tests = job_tests(job)
     llm = create(job["config"])
-    llm.set_config({"backend_type": job["backend"], "thread_num": job["threads"],
+    llm.set_config({**job.get("settings", {}), "backend_type": job["backend"], "thread_num": job["threads"],
                     "precision": PRECISIONS[job["precision"]], "sampler_type": "greedy",
                     "max_all_tokens": max(4096, max(t.context for t in tests) + 8),
                     **({"memory": job["memory"]} if job.get("memory") else {})})

@@ -36,15 +36,17 @@ def check_context(config: LlmConfig, tests: list[BenchTest]) -> None:
 
 def run_bench(models: list[str], backends: list[str], threads: list[int], tests: list[tuple[int, int, int]],
               reps: int, precision: int, profile: bool, vs_mnn: bool, timeout: float = 3600,
-              memory: list[str | None] | None = None, vs_llama: str | None = None) -> tuple[list, list]:
+              memory: list[str | None] | None = None, vs_llama: str | None = None,
+              settings: dict | None = None) -> tuple[list, list]:
     """Our rows, then the reference rows: MNN's (vs_mnn) and llama.cpp's on the GGUF `vs_llama`.
     `tests` holds (prompt, gen, depth) each.
-    `memory` lists the memory modes to run (None: the model's own setting). A run that fails after
-    others finished raises BenchStopped with their rows."""
+    `memory` lists the memory modes to run (None: the model's own setting); `settings` are config
+    keys set in every run of ours and MNN's (`--set`). A run that fails after others finished raises
+    BenchStopped with their rows."""
     results, references = [], []
     try:
         _run_all(results, references, models, backends, threads, tests, reps, precision, profile, vs_mnn, timeout,
-                 memory, vs_llama)
+                 memory, vs_llama, settings or {})
     except MnnllmError as err:
         if results or references:
             raise BenchStopped(err, results, references) from err
@@ -53,19 +55,19 @@ def run_bench(models: list[str], backends: list[str], threads: list[int], tests:
 
 
 def _run_all(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,
-             timeout, memory, vs_llama) -> None:
+             timeout, memory, vs_llama, settings) -> None:
     combos = list(product(models, backends, memory or [None], threads))
     for i, (model, backend, mode, thread) in enumerate(combos, 1):
         print(f"[{i}/{len(combos)}] {model} on {backend}{f' (memory {mode})' if mode else ''}, {thread} threads",
               file=sys.stderr, flush=True)
         job = {"config": model, "backend": backend, "threads": thread, "tests": tests, "reps": reps,
-               "precision": precision, "profile": profile, "memory": mode}
+               "precision": precision, "profile": profile, "memory": mode, "settings": settings}
         results.append(call_worker("mnnllm_core.bench.mnnllm_worker", job, timeout))
     if vs_mnn:
         for model, thread in product(models, threads):
             print(f"[MNN] {model}, {thread} threads", file=sys.stderr, flush=True)
             job = {"config": model, "backend": "mnn", "threads": thread, "tests": tests, "reps": reps,
-                   "precision": precision}
+                   "precision": precision, "settings": settings}
             references.append(call_worker("mnnllm_core.bench.mnn_worker", job, timeout))
     if vs_llama:
         usable, reason = llama_worker.available()
