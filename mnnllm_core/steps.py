@@ -23,11 +23,28 @@ def announce(message: str) -> None:
 def show_steps(stream: TextIO | None = None) -> None:
     """Print announcements on `stream` (stderr) as `mnnllm: ...`, whatever the root logger's
     level; they are not passed on to the root logger too."""
-    if any(getattr(h, "mnnllm_steps", False) for h in STEPS.handlers):
+    if any(isinstance(h, _StepsHandler) for h in STEPS.handlers):
         return
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = _StepsHandler(stream)
     handler.setFormatter(logging.Formatter("mnnllm: %(message)s"))
-    handler.mnnllm_steps = True
     STEPS.addHandler(handler)
     STEPS.setLevel(logging.INFO)
     STEPS.propagate = False
+
+
+class _StepsHandler(logging.Handler):
+    """Writes to `stream`, else to whatever sys.stderr is when a line is written (not the one at
+    install time: a caller that swaps stderr, as pytest's capture or a host application does, still
+    gets the lines, and a closed old stream is never written to)."""
+
+    def __init__(self, stream: TextIO | None):
+        super().__init__()
+        self.stream = stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = self.stream or sys.stderr
+            stream.write(self.format(record) + "\n")
+            stream.flush()
+        except Exception:  # logging's own policy: a handler never raises into the caller
+            self.handleError(record)
