@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 from . import __version__
 from .cli_flags import add_config_aliases, add_global_options, alias_updates, parse_command_line
 from .cli_models import MODEL_HELP, add_model_commands
-from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin, cut_at_clause
+from .errors import MAX_MESSAGE, NOT_ERRORS, BackendError, ConfigError, MnnllmError, Origin
 from .steps import show_steps
 
 log = logging.getLogger("mnnllm")
@@ -393,6 +393,7 @@ def cmd_bench(args) -> int:
     from .llm.config import LlmConfig
     from .llm.llm import check_model_files
     from .bench.bench_tests import plan
+    from .express.runtime_manager import unavailable_message
     from .plugins.manager import registry
     backends = [b.strip() for b in args.a.split(",") if b.strip()]
     if not backends:
@@ -403,8 +404,7 @@ def cmd_bench(args) -> int:
         except BackendError as err:
             raise BackendError(err.reason, field="-a") from None
         if not available:
-            raise BackendError(f"backend {name!r} is not available: "
-                               f"{cut_at_clause(reason, 160, '`mnnllm backends` shows it whole')}", field="-a")
+            raise BackendError(unavailable_message(name, reason), field="-a")
     memory = [m.strip() for m in args.memory.split(",") if m.strip()] if args.memory else None
     for mode in memory or []:
         if mode not in MEMORY_MODES:

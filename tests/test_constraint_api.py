@@ -10,22 +10,19 @@ import jsonschema
 import numpy as np
 import pytest
 
-import mnnllm_core
 from constraint_cases import ARITHMETIC_GBNF, LIST_ACCEPTS, LIST_GBNF, SCHEMAS, arithmetic_accepts
 from mnnllm_core.errors import ArgumentError
 from mnnllm_core.llm.constraint import Constraint, ConstraintError
 from mnnllm_core.llm.context import FINISHED
 from mnnllm_core.llm.guided import CONSTRAINT_UNFINISHED, ConstrainedSpeculation
-from paths import CONFIG
+from paths import CONFIG, load_shared_greedy
 
 pytestmark = pytest.mark.skipif(not CONFIG.exists(), reason=f"{CONFIG} is not here")
 
 
 @pytest.fixture(scope="module")
 def llm():
-    model = mnnllm_core.create(CONFIG)
-    model.set_config({"sampler_type": "greedy", "thread_num": 2})
-    return model.load()
+    return load_shared_greedy()
 
 
 @pytest.mark.slow

@@ -17,20 +17,11 @@ import pytest
 
 import mnnllm_core
 from paths import CONFIG, REFERENCE, SHARED
+from test_replay import greedy_with_logits
 
 ARCH = SHARED / "models" / "arch"
 ARCH3 = SHARED / "models" / "arch3"
 STEPS = 6  # greedy tokens per prompt and mode (memory "normal" reads fp32 weights: slow)
-
-
-def _greedy(llm, prompt_ids: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
-    llm.reset()
-    logits = [llm.forward(prompt_ids)]
-    tokens = []
-    for _ in range(steps):
-        tokens.append(int(np.argmax(logits[-1])))
-        logits.append(llm.forward([tokens[-1]]))
-    return tokens, logits
 
 
 def replayed_and_looped(config, memory: str, threads: int, prompts: list[list[int]], recorded_once: bool = True) -> dict:
@@ -46,7 +37,7 @@ def replayed_and_looped(config, memory: str, threads: int, prompts: list[list[in
     for replay in (True, False):
         runtime.hints = dataclasses.replace(runtime.hints, replay=replay)
         llm.pool.clear()  # fresh clones read the hint; they share the weights and the KV caches
-        runs[replay] = [_greedy(llm, ids, STEPS) for ids in prompts]
+        runs[replay] = [greedy_with_logits(llm, ids, STEPS) for ids in prompts]
         decode = llm.pool.get(1, False).static_module.session.pipeline
         assert decode.replayed is replay and (decode.records == 1 if replay and recorded_once else
                                               bool(decode.records) is replay)

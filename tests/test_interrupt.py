@@ -12,11 +12,10 @@ import time
 import numpy as np
 import pytest
 
-import mnnllm_core
 from mnnllm_core.core.kv_meta import KVMeta
 from mnnllm_core.llm.context import STOPPED
 from mnnllm_backends.cpu.ops.attention import AttentionExecution
-from paths import CONFIG
+from paths import CONFIG, load_shared_greedy
 
 QUESTION = "What is the capital of France?"
 LAYERS = 30  # Attention ops of the shared SmolLM2 model
@@ -24,9 +23,7 @@ LAYERS = 30  # Attention ops of the shared SmolLM2 model
 
 @pytest.fixture(scope="module")
 def llm():
-    model = mnnllm_core.create(CONFIG)
-    model.set_config({"sampler_type": "greedy", "thread_num": 2})
-    return model.load()
+    return load_shared_greedy()
 
 
 def interrupt_on_call(monkeypatch, owner: type, names: tuple[str, ...], call: int) -> None:

@@ -7,12 +7,11 @@ import threading
 
 import pytest
 
-import mnnllm_core
 from mnnllm_core.core.kv_meta import KVMeta
 from mnnllm_core.errors import ConcurrentUseError, ContextLengthError, KVStateError
 from mnnllm_core.llm.context import CONTEXT_FULL, FINISHED, MAX_TOKENS
 from mnnllm_backends.cpu.ops.attention import AttentionExecution
-from paths import CONFIG
+from paths import load_shared_greedy
 
 QUESTION, ANSWER = "What is the capital of France?", "The capital of France is Paris."
 OTHER = "Tell me about cats."
@@ -20,9 +19,7 @@ OTHER = "Tell me about cats."
 
 @pytest.fixture(scope="module")
 def llm():
-    model = mnnllm_core.create(CONFIG)
-    model.set_config({"sampler_type": "greedy", "thread_num": 2})
-    return model.load()
+    return load_shared_greedy()
 
 
 def consistent(llm) -> bool:

@@ -9,16 +9,14 @@ import pytest
 import mnnllm_core
 from mnnllm_core.errors import BackendError, ConfigError, ContextLengthError, UnsupportedError
 from mnnllm_core.llm.omni import Omni
-from paths import CONFIG, REFERENCE
+from paths import CONFIG, REFERENCE, load_shared_greedy
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 
 
 @pytest.fixture(scope="module")
 def llm():
-    model = mnnllm_core.create(CONFIG)
-    model.set_config({"sampler_type": "greedy", "thread_num": 2})
-    return model.load()
+    return load_shared_greedy()
 
 
 @pytest.mark.slow

@@ -16,7 +16,7 @@ from mnnllm_core.llm.config import LlmConfig
 from mnnllm_core.llm.disk_embedding import DiskEmbedding
 from mnnllm_core.llm.tokenizer import create_tokenizer
 from mnnllm_core.llm.tokenizer.base import SpecialIds, Tokenizer
-from paths import CONFIG, MODEL_DIR
+from paths import MODEL_DIR, load_shared_greedy
 
 TOKENIZER = MODEL_DIR / "tokenizer.mtok"
 
@@ -28,9 +28,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def llm():
-    model = mnnllm_core.create(CONFIG)
-    model.set_config({"sampler_type": "greedy", "thread_num": 2})
-    return model.load()
+    return load_shared_greedy()
 
 
 def model_copy(tmp_path, llm_config: dict | None = None, config: dict | None = None, raw_config: str | None = None):

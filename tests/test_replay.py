@@ -71,7 +71,7 @@ def test_a_replay_hint_that_is_not_a_boolean_is_a_config_error(value) -> None:
         make_module(NormLinearReshape().info, new_runtime("cpu", hints={"replay": value}))
 
 
-def _greedy(llm, prompt_ids: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
+def greedy_with_logits(llm, prompt_ids: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
     llm.reset()
     logits = [llm.forward(prompt_ids)]
     tokens = []
@@ -94,7 +94,7 @@ def test_the_shared_model_gives_the_same_logits_and_reference_tokens_replayed_an
         for replay in (True, False):
             runtime.hints = dataclasses.replace(runtime.hints, replay=replay)
             llm.pool.clear()  # fresh clones read the hint; they share the packed weights and the KV cache
-            runs[replay] = _greedy(llm, prompt["prompt_ids"], steps)
+            runs[replay] = greedy_with_logits(llm, prompt["prompt_ids"], steps)
             decode = llm.pool.get(1, False).static_module.session.pipeline
             assert decode.replayed is replay and decode.records == int(replay)
             if replay:  # q+k and gate+up: one dispatch / kernel each (lavapipe's texel layers, pocl's GEMVs)

@@ -83,12 +83,17 @@ def report_ignored_settings(creator: RuntimeCreator, config: ScheduleConfig) -> 
     return ignored
 
 
+def unavailable_message(name: str, reason: str) -> str:
+    """Why backend `name` cannot be used, its probe's reason cut to a readable length (the CLI's
+    checks before a run say it as creating the runtime does)."""
+    return f"backend {name!r} is not available: {cut_at_clause(reason, 160, '`mnnllm backends` shows it whole')}"
+
+
 def _create_runtime(creator: RuntimeCreator, config: ScheduleConfig, hints: dict[str, Any] | None) -> Runtime:
     available, reason = creator.is_available()
     if not available:
         others = [n for n in registry().runtime_creators() if n != creator.name]
-        reason = cut_at_clause(reason, 160, "`mnnllm backends` shows it whole")
-        raise BackendError(f"backend {creator.name!r} is not available: {reason}; other registered backends: "
+        raise BackendError(f"{unavailable_message(creator.name, reason)}; other registered backends: "
                            f"{', '.join(sorted(others)) or 'none'}", field="backend_type")
     runtime = creator.create(config, hints)
     runtime.op_creators.update(registry().op_creators(creator.name))

@@ -18,7 +18,7 @@ import mnnllm_core  # noqa: E402
 from mnnllm_core.backend_api import ConfigError  # noqa: E402
 from mnnllm_core.testing import make_module, new_runtime  # noqa: E402
 from paths import CONFIG, REFERENCE  # noqa: E402
-from test_replay import _greedy, check_replay_against_loop  # noqa: E402
+from test_replay import check_replay_against_loop, greedy_with_logits  # noqa: E402
 from test_static_shapes import NormLinearReshape, feeds  # noqa: E402
 
 STEPS = 6  # greedy tokens per reference prompt
@@ -60,7 +60,7 @@ def _runs(llm, modes: tuple[str, ...], steps: int = STEPS):
         for mode in modes:
             runtime.replay_mode = mode
             llm.pool.clear()
-            tokens, logits = _greedy(llm, prompt["prompt_ids"], steps)
+            tokens, logits = greedy_with_logits(llm, prompt["prompt_ids"], steps)
             decode = llm.pool.get(1, False).static_module.session.pipeline
             assert decode.replayed is (mode != "off") and decode.records == int(mode != "off")
             runs[mode] = tokens, logits, decode
