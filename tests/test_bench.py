@@ -160,3 +160,19 @@ def test_set_refuses_unknown_keys_and_the_keys_the_bench_sets_itself():
                                "-n", "0", "--set", item], capture_output=True, text=True, timeout=300)
         assert done.returncode != 0 and message in done.stderr, done.stderr
         assert "[1/1]" not in done.stderr  # refused before any run
+
+
+def test_vs_llama_takes_one_gguf_or_one_per_model_and_says_so_before_any_run():
+    import pytest
+    from mnnllm_core.bench import runner
+    from mnnllm_core.errors import ConfigError
+    assert runner.llama_pairs(["a", "b"], "x.gguf") == [("a", "x.gguf"), ("b", "x.gguf")]
+    assert runner.llama_pairs(["a", "b"], "x.gguf,y.gguf") == [("a", "x.gguf"), ("b", "y.gguf")]
+    with pytest.raises(ConfigError, match="3 GGUF files for 2 models"):
+        runner.run_bench(["a", "b"], ["cpu"], [2], [(8, 0, 0)], 1, 2, False, False, vs_llama="x,y,z")
+
+
+def test_an_unknown_llama_kv_type_is_refused_by_name():
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "--vs-llama",
+                           "--llama-kv", "f16,q9"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "'q9'" in done.stderr and "--llama-kv" in done.stderr

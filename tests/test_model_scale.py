@@ -84,3 +84,47 @@ def test_a_shrunk_copy_exports_and_runs_as_in_mnns_runtime(shape, tmp_path, monk
         reference = np.asarray(reference, np.float32)
         assert mine.shape == reference.shape == (ms.SHAPES[shape]["vocab_size"],)
         assert np.abs(mine - reference).max() <= 1e-5 * np.abs(reference).max()
+
+
+@pytest.mark.parametrize("shape", ["135m", *NEW_SHAPES])
+def test_the_gguf_of_a_shape_holds_its_weights_for_llama_cpp(shape, tmp_path, monkeypatch):
+    """bench/shape_gguf.py: the same random values as the safetensors (Q4_1 / Q8_0 of them, within half a
+    quantization step), llama.cpp's tensor names and types, the tokenizer padded to the shape's vocab."""
+    import gguf
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from shape_gguf import gguf_name, write_shape_gguf
+    ms = model_scale()
+    config = config_of(shape, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32)
+    write_shape_gguf(tmp_path / "m.gguf", config, ms.random_tensors, str(smollm2_gguf()))
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    tensors = {t.name: t for t in reader.tensors}
+    expected = list(ms.random_tensors(config))
+    assert sorted(tensors) == sorted(gguf_name(name) for name, _, _ in expected)
+    for name, shape_, chunks in expected:
+        values = np.concatenate([(c.astype(np.uint32) << 16).view(np.float32) for c in chunks]).reshape(shape_)
+        stored = tensors[gguf_name(name)]
+        kind = stored.tensor_type
+        back = gguf.quants.dequantize(stored.data, kind).reshape(shape_)
+        if len(shape_) == 1:
+            assert kind == gguf.GGMLQuantizationType.F32 and np.array_equal(back, values)
+            continue
+        assert kind == (gguf.GGMLQuantizationType.Q8_0 if name == "model.embed_tokens.weight"
+                        else gguf.GGMLQuantizationType.Q4_1)
+        blocks = values.reshape(-1, 32)
+        step = (np.ptp(blocks, axis=1) / (15 if kind == gguf.GGMLQuantizationType.Q4_1 else 127)).reshape(-1, 1)
+        assert np.all(np.abs(back.reshape(-1, 32) - blocks) <= 0.51 * step + 1e-7), name
+    assert len(reader.fields["tokenizer.ggml.tokens"].data) == config["vocab_size"]
+
+
+def test_llama_cpp_decodes_a_shape_gguf(tmp_path, monkeypatch):
+    pytest.importorskip("llama_cpp")
+    from mnnllm_core.bench.llama_worker import run
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from shape_gguf import write_shape_gguf
+    config = config_of("qwen3-0.6b", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    write_shape_gguf(tmp_path / "m.gguf", config, model_scale().random_tensors, str(smollm2_gguf()))
+    result = run({"config": "shrunk", "gguf": str(tmp_path / "m.gguf"), "threads": 2, "tests": [[8, 0], [0, 4]],
+                  "reps": 1, "cache_type": "q8_0"})
+    assert [r["test"] for r in result["rows"]] == ["pp8", "tg4"] and all(r["avg_ts"] > 0 for r in result["rows"])

@@ -34,19 +34,30 @@ def check_context(config: LlmConfig, tests: list[BenchTest]) -> None:
                               f"max_all_tokens is {limit}", file=config.origin("max_all_tokens"), field=option)
 
 
+def llama_pairs(models: list[str], vs_llama: str | None) -> list[tuple[str, str]]:
+    """(model, GGUF) for llama.cpp: `vs_llama` names one GGUF for every model, or one per model."""
+    ggufs = vs_llama.split(",") if vs_llama else []
+    if len(ggufs) not in (0, 1, len(models)):
+        raise ConfigError(f"{len(ggufs)} GGUF files for {len(models)} models: give one, or one per model",
+                          field="--vs-llama")
+    return list(zip(models, ggufs if len(ggufs) > 1 else ggufs * len(models)))
+
+
 def run_bench(models: list[str], backends: list[str], threads: list[int], tests: list[tuple[int, int, int]],
               reps: int, precision: int, profile: bool, vs_mnn: bool, timeout: float = 3600,
               memory: list[str | None] | None = None, vs_llama: str | None = None,
-              settings: dict | None = None) -> tuple[list, list]:
+              settings: dict | None = None, llama_kv: list[str] | None = None) -> tuple[list, list]:
     """Our rows, then the reference rows: MNN's (vs_mnn) and llama.cpp's on the GGUF `vs_llama`.
     `tests` holds (prompt, gen, depth) each.
     `memory` lists the memory modes to run (None: the model's own setting); `settings` are config
-    keys set in every run of ours and MNN's (`--set`). A run that fails after others finished raises
+    keys set in every run of ours and MNN's (`--set`); `llama_kv` the KV cache types llama.cpp runs
+    with (f16 by default). A run that fails after others finished raises
     BenchStopped with their rows."""
     results, references = [], []
+    llama_pairs(models, vs_llama)  # a mismatch is an error before any run
     try:
         _run_all(results, references, models, backends, threads, tests, reps, precision, profile, vs_mnn, timeout,
-                 memory, vs_llama, settings or {})
+                 memory, vs_llama, settings or {}, llama_kv or ["f16"])
     except MnnllmError as err:
         if results or references:
             raise BenchStopped(err, results, references) from err
@@ -55,7 +66,7 @@ def run_bench(models: list[str], backends: list[str], threads: list[int], tests:
 
 
 def _run_all(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,
-             timeout, memory, vs_llama, settings) -> None:
+             timeout, memory, vs_llama, settings, llama_kv) -> None:
     combos = list(product(models, backends, memory or [None], threads))
     for i, (model, backend, mode, thread) in enumerate(combos, 1):
         print(f"[{i}/{len(combos)}] {model} on {backend}{f' (memory {mode})' if mode else ''}, {thread} threads",
@@ -73,8 +84,9 @@ def _run_all(results: list, references: list, models, backends, threads, tests, 
         usable, reason = llama_worker.available()
         if not usable:
             print(f"[llama.cpp] skipped: {reason}", file=sys.stderr, flush=True)
-        for model, thread in product(models, threads) if usable else ():
-            print(f"[llama.cpp] {vs_llama}, {thread} threads", file=sys.stderr, flush=True)
-            job = {"config": model, "gguf": vs_llama, "backend": "llama.cpp", "threads": thread, "tests": tests,
-                   "reps": reps}
+        for (model, gguf), thread, cache_type in product(llama_pairs(models, vs_llama), threads,
+                                                         llama_kv) if usable else ():
+            print(f"[llama.cpp] {gguf}, {thread} threads, {cache_type} KV", file=sys.stderr, flush=True)
+            job = {"config": model, "gguf": gguf, "backend": "llama.cpp", "threads": thread, "tests": tests,
+                   "reps": reps, "cache_type": cache_type}
             references.append(call_worker("mnnllm_core.bench.llama_worker", job, timeout))
