@@ -1,0 +1,1 @@
+"""The WGSL kernels (one file per kernel), read by device.Compiler."""
