@@ -116,17 +116,21 @@ def open_device(spec: str | None) -> WebGPUDevice:
 
 class Compiler:
     """WGSL file -> compute pipeline (entry point `main`, bind group 0 laid out by the shader),
-    compiled once per device."""
+    compiled once per device and set of `defines` (each `${KEY}` of the source replaced by its
+    value: WGSL sizes function-scope arrays with constants, which pipeline overrides are not)."""
 
     def __init__(self, device: WebGPUDevice):
         self.device = device
-        self.pipelines: dict[str, Any] = {}
+        self.pipelines: dict[tuple, Any] = {}
 
-    def pipeline(self, name: str):
-        found = self.pipelines.get(name)
+    def pipeline(self, name: str, defines: tuple[tuple[str, Any], ...] = ()):
+        found = self.pipelines.get((name, defines))
         if found is None:
-            module = self.device.device.create_shader_module(code=wgsl(name), label=name)
-            found = self.pipelines[name] = self.device.device.create_compute_pipeline(
+            source = wgsl(name)
+            for key, value in defines:
+                source = source.replace("${" + key + "}", str(value))
+            module = self.device.device.create_shader_module(code=source, label=name)
+            found = self.pipelines[(name, defines)] = self.device.device.create_compute_pipeline(
                 layout="auto", compute={"module": module, "entry_point": "main"}, label=name)
         return found
 
@@ -152,9 +156,9 @@ class Program:
     parameters (binding n), dispatched over `groups`; made once per resize, recorded per run."""
 
     def __init__(self, device: WebGPUDevice, shader: str, buffers: list, params: bytes | None,
-                 groups: tuple[int, int, int]):
+                 groups: tuple[int, int, int], defines: tuple[tuple[str, Any], ...] = ()):
         self.shader, self.groups = shader, tuple(int(g) for g in groups)
-        self.pipeline = device.compiler.pipeline(shader)
+        self.pipeline = device.compiler.pipeline(shader, defines)
         entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)]
         if params:
             self.uniform = device.device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)
