@@ -18,7 +18,7 @@ from paths import CONFIG, REFERENCE, SHARED
 
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # wgpu's Vulkan loader warns without it
 NEW_TOKENS = 24
-ON_WEBGPU = {"Convolution", "LayerNorm", "BinaryOp", "RoPE", "UnaryOp", "Raster", "Cast"}
+ON_WEBGPU = {"Convolution", "LayerNorm", "BinaryOp", "RoPE", "Attention", "UnaryOp", "Raster", "Cast"}
 
 
 def webgpu_status() -> tuple[bool, str]:

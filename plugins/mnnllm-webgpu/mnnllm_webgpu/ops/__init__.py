@@ -1,8 +1,8 @@
 """Op creators of the webgpu backend, one module per op family (kernels in shaders/*.wgsl):
-Raster, float BinaryOp / UnaryOp / Softmax, Cast int32 <-> float32, Convolution 1x1 as a linear layer (4/8-bit block-quantized or float weights), LayerNorm/RMSNorm, RoPE.
+Raster, float BinaryOp / UnaryOp / Softmax, Cast int32 <-> float32, Convolution 1x1 as a linear layer (4/8-bit block-quantized or float weights), LayerNorm/RMSNorm, RoPE and Attention with its KV cache on the device.
 Every creator refuses a tensor larger than one storage binding; every other op runs on cpu."""
-from . import elementwise, linear, norm, raster, rope
+from . import attention, elementwise, linear, norm, raster, rope
 
 CREATORS: dict = {}
-for _module in (raster, elementwise, linear, norm, rope):
+for _module in (raster, elementwise, linear, norm, rope, attention):
     CREATORS.update(_module.CREATORS)
