@@ -2,7 +2,10 @@
 copies, the per-run command encoder). wgpu is imported lazily (device.py), so importing this
 module never touches a driver.
 
-Runtime hint (optional): "webgpu_adapter": an adapter index or a power preference (device.py).
+Runtime hints (optional): "webgpu_adapter": an adapter index or a power preference (device.py);
+"webgpu_linear_lanes": invocations sharing an output row in the 4-bit linear kernel, 1 or 8
+(default: 1 on a CPU adapter such as lavapipe, which runs a work-group's invocations as SIMD
+lanes and pays for barriers; 8 on a GPU, summed through workgroup memory).
 
 A run encodes every dispatch of this backend into one command encoder (the Recorder), submitted
 at on_execute_end; any host access to a buffer in between (a copy to or from cpu around a
@@ -18,15 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, Runtime, RuntimeCreator, RuntimeHints, ScheduleConfig,
-                                     Tensor)
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator, RuntimeHints,
+                                     ScheduleConfig, Tensor)
+
+LINEAR_LANES = (1, 8)
 
 
 @dataclass(frozen=True)
 class WebGPUHints(RuntimeHints):
-    """"webgpu_adapter" (device.py); None: wgpu's high-performance adapter."""
+    """"webgpu_adapter" and "webgpu_linear_lanes" (the module docstring); None: the adapter decides."""
 
     webgpu_adapter: int | str | None = None
+    webgpu_linear_lanes: int | None = None
 
 
 class WebGPUBackend(Backend):
@@ -87,6 +93,10 @@ class WebGPURuntime(Runtime):
         self.device = device.open_device(device.device_spec(self.hints.webgpu_adapter))
         self.allocator = device.Allocator(self.device)
         self.recorder = device.Recorder(self.device)
+        self.linear_lanes = self.hints.webgpu_linear_lanes or (1 if self.device.is_cpu else 8)
+        if self.linear_lanes not in LINEAR_LANES:
+            raise ConfigError(f"webgpu_linear_lanes must be one of {LINEAR_LANES}, got {self.linear_lanes!r}",
+                              field="backend_hints.webgpu_linear_lanes")
         self.op_creators.update(CREATORS)
 
     def create_backend(self, config: BackendConfig) -> WebGPUBackend:

@@ -2,7 +2,9 @@
 (up to 4 bits with the linear map: 8 codes a word; other maps and 8 bits: 4 a word) and
 dequantized in the kernel, fp16/fp32 weights as fp32 words. Packed once at load into chunks of
 output rows, each within one storage binding (max_storage_buffer_binding_size); a larger weight
-is split, each chunk one dispatch writing its rows of the output."""
+is split, each chunk one dispatch writing its rows of the output. 4-bit codes of the linear map
+with ic and the block size multiples of 32 run linear_q4.wgsl (32 codes a load; one invocation per
+row on a CPU adapter, 8 lanes per row with a shared-memory sum on a GPU), the rest linear.wgsl."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,6 +46,11 @@ class PackedLinear:
     @property
     def nbytes(self) -> int:
         return sum(c.weight.size + c.scales.size + c.bias.size for c in self.chunks)
+
+    @property
+    def fast(self) -> bool:
+        """Whether linear_q4.wgsl takes it: 4-bit codes, 32 of them in each (scale, zero) block."""
+        return self.bits == 4 and self.block % 32 == 0 and self.ic % 32 == 0
 
     @property
     def aligned(self) -> bool:
@@ -100,14 +107,21 @@ class LinearExecution(StepsExecution):
         tokens = inputs[0].size // p.ic
         tile = 1 if tokens == 1 else PREFILL_TILE
         self.steps = []
+        lanes = self.backend.runtime.linear_lanes
         for chunk in p.chunks:
-            params = pack_params("7if5i", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.words, p.bits,
-                                 float(p.offset), p.block, max(1, p.ic // p.block), int(p.aligned),
-                                 int(p.has_bias), self.act)
-            groups = (-(-chunk.rows // ROWS_PER_GROUP), -(-tokens // tile), 1) if tokens else (0, 0, 0)
-            self.steps.append(Program(self.backend.device, "linear",
+            if p.fast:
+                shader, rows_per_group, defines = "linear_q4", 64 // lanes, (("TILE", tile), ("LANES", lanes))
+                params = pack_params("10if", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.ic // 32, p.block // 32,
+                                     p.ic // p.block, int(p.has_bias), self.act, float(p.offset))
+            else:
+                shader, rows_per_group, defines = "linear", ROWS_PER_GROUP, (("TILE", tile),)
+                params = pack_params("7if5i", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.words, p.bits,
+                                     float(p.offset), p.block, max(1, p.ic // p.block), int(p.aligned),
+                                     int(p.has_bias), self.act)
+            groups = (-(-chunk.rows // rows_per_group), -(-tokens // tile), 1) if tokens else (0, 0, 0)
+            self.steps.append(Program(self.backend.device, shader,
                                       [inputs[0].storage, chunk.weight, chunk.scales, chunk.bias,
-                                       outputs[0].storage], params, groups, (("TILE", tile),)))
+                                       outputs[0].storage], params, groups, defines))
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)

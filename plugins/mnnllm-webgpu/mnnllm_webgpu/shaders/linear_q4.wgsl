@@ -1,0 +1,78 @@
+// Linear layer on 4-bit codes with the linear map, the fast path of linear.wgsl (same outputs,
+// same chunks) for ic and the block size multiples of 32: a row's codes read 32 at a time as one
+// vec4<u32> (code 8k+n of word k in bits 4n), the inputs as vec4<f32>, one (scale, zero) per 32
+// codes. LANES invocations share an output row (1 on a CPU adapter, which runs a work-group's
+// invocations as SIMD lanes and pays for barriers; 8 on a GPU, added by a shared-memory tree);
+// TILE tokens per work-group (1: decode GEMV, 8: prefill tiled GEMM), each 32 codes decoded once.
+const TILE: i32 = ${TILE};
+const LANES: u32 = ${LANES}u;
+const ROWS: u32 = 64u / LANES;
+struct Params {
+    ic: i32, oc: i32, row0: i32, rows: i32, tokens: i32, vecs: i32, vecs_per_block: i32, blocks: i32,
+    has_bias: i32, act: i32, offset: f32,
+}
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> sz: array<vec2<f32>>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+var<workgroup> part: array<f32, 512>;  // [TILE][64]
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let lane = i32(li % LANES);
+    let o = i32(wg.x * ROWS + li / LANES);
+    let t0 = i32(wg.y) * TILE;
+    let orow = min(o, p.rows - 1);
+    var acc: array<f32, TILE>;
+    var xrow: array<i32, TILE>;
+    for (var t = 0; t < TILE; t++) {
+        acc[t] = 0.0;
+        xrow[t] = min(t0 + t, p.tokens - 1) * (p.ic / 4);
+    }
+    let shifts_lo = vec4<u32>(0u, 4u, 8u, 12u);
+    let shifts_hi = vec4<u32>(16u, 20u, 24u, 28u);
+    var codes: array<vec4<f32>, 8>;
+    for (var k = lane; k < p.vecs; k += i32(LANES)) {
+        let wv = w[orow * p.vecs + k];
+        let s = sz[orow * p.blocks + k / p.vecs_per_block];
+        for (var c = 0; c < 4; c++) {
+            codes[2 * c] = vec4<f32>((vec4<u32>(wv[c]) >> shifts_lo) & vec4<u32>(15u)) - p.offset;
+            codes[2 * c + 1] = vec4<f32>((vec4<u32>(wv[c]) >> shifts_hi) & vec4<u32>(15u)) - p.offset;
+        }
+        for (var t = 0; t < TILE; t++) {
+            var d = 0.0;
+            var xs = vec4<f32>(0.0);
+            let base = xrow[t] + k * 8;
+            for (var c = 0; c < 8; c++) {
+                let a = x[base + c];
+                d += dot(codes[c], a);
+                xs += a;
+            }
+            acc[t] += s.x * d + s.y * (xs.x + xs.y + xs.z + xs.w);
+        }
+    }
+    if (LANES > 1u) {
+        for (var t = 0; t < TILE; t++) { part[t * 64 + i32(li)] = acc[t]; }
+        workgroupBarrier();
+        for (var h = i32(LANES) / 2; h > 0; h >>= 1) {
+            if (lane < h) {
+                for (var t = 0; t < TILE; t++) { part[t * 64 + i32(li)] += part[t * 64 + i32(li) + h]; }
+            }
+            workgroupBarrier();
+        }
+        for (var t = 0; t < TILE; t++) { acc[t] = part[t * 64 + i32(li)]; }
+    }
+    if (lane == 0 && o < p.rows) {
+        var b = 0.0;
+        if (p.has_bias != 0) { b = bias[o]; }
+        for (var t = 0; t < TILE; t++) {
+            if (t0 + t >= p.tokens) { break; }
+            var r = acc[t] + b;
+            if (p.act == 1) { r = max(r, 0.0); } else if (p.act == 2) { r = clamp(r, 0.0, 6.0); }
+            y[(t0 + t) * p.oc + p.row0 + o] = r;
+        }
+    }
+}
