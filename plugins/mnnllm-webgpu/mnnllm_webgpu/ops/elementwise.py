@@ -1,5 +1,6 @@
 """Float BinaryOp (broadcasting up to 4 dims, fused relu/relu6, MUL_SILU = a * silu(b)), float
-UnaryOp (the ops in UNARY), Cast int32 <-> float32 and Softmax over one axis."""
+UnaryOp (the ops in UNARY) and the activation ops ReLU (no slope), TanH, Sigmoid, Cast int32 <->
+float32 and Softmax over one axis."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,7 +15,8 @@ BINARY = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3, "MUL_SILU": 4, "
           "MINIMUM": 6, "MIN_TEMP": 6}
 UNARY = {"ABS": 0, "NEG": 1, "FLOOR": 2, "CEIL": 3, "SQUARE": 4, "SQRT": 5, "RSQRT": 6, "EXP": 7, "LOG": 8,
          "SIN": 9, "COS": 10, "TAN": 11, "ATAN": 12, "RECIPROCAL": 13, "SIGN": 14, "SIGMOID": 15, "TANH": 16,
-         "HARDSWISH": 17, "SILU": 18, "GELU": 19, "GELU_STANDARD": 20, "ERF": 21}
+         "HARDSWISH": 17, "SILU": 18, "GELU": 19, "GELU_STANDARD": 20, "ERF": 21, "RELU": 22}
+ACTIVATION_OPS = {"TanH": "TANH", "Sigmoid": "SIGMOID", "ReLU": "RELU"}  # op types run as a UnaryOp
 CAST_MODES = {(FLOAT32, INT32): 0, (INT32, FLOAT32): 1, (FLOAT32, FLOAT32): 2}
 
 
@@ -102,6 +104,13 @@ def create_unary(backend, inputs, outputs, op):
     return refused if refused is not None else ElementwiseExecution(backend, "unary", code)
 
 
+def create_activation(backend, inputs, outputs, op):
+    if op.type == "ReLU" and op.param is not None and op.param.slope:
+        return Refused("a leaky ReLU")
+    refused = refusal(backend, inputs, outputs)
+    return refused if refused is not None else ElementwiseExecution(backend, "unary", UNARY[ACTIVATION_OPS[op.type]])
+
+
 def create_cast(backend, inputs, outputs, op):
     pair = (inputs[0].dtype, outputs[0].dtype)
     mode = CAST_MODES.get(pair)
@@ -116,4 +125,5 @@ def create_softmax(backend, inputs, outputs, op):
     return refused if refused is not None else SoftmaxExecution(backend, op.param.axis)
 
 
-CREATORS = {"BinaryOp": create_binary, "UnaryOp": create_unary, "Cast": create_cast, "Softmax": create_softmax}
+CREATORS = {"BinaryOp": create_binary, "UnaryOp": create_unary, "Cast": create_cast, "Softmax": create_softmax,
+            **{op_type: create_activation for op_type in ACTIVATION_OPS}}

@@ -44,7 +44,8 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         case 18: { r = v / (1.0 + exp(-v)); }
         case 19: { r = 0.5 * v * (1.0 + tanh_safe(0.7978845608 * (v + 0.044715 * v * v * v))); }
         case 20: { r = 0.5 * v * (1.0 + erf_approx(v * 0.70710678118)); }
-        default: { r = erf_approx(v); }
+        case 21: { r = erf_approx(v); }
+        default: { r = max(v, 0.0); }
     }
     y[i] = r;
 }
