@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 
@@ -25,7 +24,6 @@ from test_arch_models import DEVICE_CASES, FALLS_BACK
 from test_arch_models import REFERENCE as ARCH_REFERENCE
 from test_arch_models import expected, generate
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # wgpu's Vulkan loader warns without it
 NEW_TOKENS = 24
 ON_WEBGPU = {"Convolution", "LayerNorm", "BinaryOp", "RoPE", "Attention", "UnaryOp", "Raster", "Cast"}
 

@@ -18,7 +18,6 @@ groups and parameters made once) and encodes them again for every token, one sub
 """
 from __future__ import annotations
 
-import logging
 import os
 import struct
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ import numpy as np
 import wgpu
 
 from mnnllm_core.backend_api import Execution
-
-log = logging.getLogger(__name__)
 
 ENV_ADAPTER = "MNNLLM_WEBGPU_ADAPTER"
 MAX_GROUPS = 65535  # a dispatch over more groups along x is folded into y
@@ -159,7 +156,8 @@ class Program:
                  groups: tuple[int, int, int], defines: tuple[tuple[str, Any], ...] = ()):
         self.shader, self.groups = shader, tuple(int(g) for g in groups)
         self.pipeline = device.compiler.pipeline(shader, defines)
-        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(buffers)]
+        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
+                   for i, b in enumerate(buffers)]
         if params:
             self.uniform = device.device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)
             entries.append({"binding": len(buffers), "resource": {"buffer": self.uniform, "offset": 0,

@@ -2,8 +2,8 @@
 first), the channel axis of NC4HW4 tensors, and the fused residual form (two inputs, two outputs)."""
 from __future__ import annotations
 
-from mnnllm_core.backend_api import FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch, layernorm_weights, \
-    norm_tables
+from mnnllm_core.backend_api import (FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch,
+                                     layernorm_weights, norm_tables)
 
 from ..device import Program, StepsExecution, fold, pack_params
 
