@@ -3,9 +3,9 @@
 dequantized in the kernel, fp16/fp32 weights as fp32 words. Packed once at load into chunks of
 output rows, each within one storage binding (max_storage_buffer_binding_size); a larger weight
 is split, each chunk one dispatch writing its rows of the output. 4-bit codes of the linear map
-with ic and the block size multiples of 32 run linear_q4.wgsl (32 codes a load; on a CPU adapter one
-invocation per row, two rows in prefill; 8 lanes per row with a shared-memory sum on a GPU), the
-rest linear.wgsl."""
+with ic and the block size multiples of 32 run linear_q4.wgsl (32 codes a load; on a CPU adapter two
+rows per invocation in prefill and linear_q4_rows.wgsl, four, in decode; 8 lanes per row with a
+shared-memory sum on a GPU), the rest linear.wgsl."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -112,10 +112,13 @@ class LinearExecution(StepsExecution):
         rows = 2 if lanes == 1 and tile > 1 else 1  # a CPU's prefill: each input load serves two rows
         for chunk in p.chunks:
             if p.fast:
-                shader, rows_per_group = "linear_q4", 64 // lanes * rows
-                defines = (("TILE", tile), ("LANES", lanes), ("ROWS", rows))
                 params = pack_params("10if", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.ic // 32, p.block // 32,
                                      p.ic // p.block, int(p.has_bias), self.act, float(p.offset))
+                if lanes == 1 and tokens == 1:  # a CPU's decode: 4 rows per invocation
+                    shader, rows_per_group, defines = "linear_q4_rows", 64 * 4, ()
+                else:
+                    shader, rows_per_group = "linear_q4", 64 // lanes * rows
+                    defines = (("TILE", tile), ("LANES", lanes), ("ROWS", rows))
             else:
                 shader, rows_per_group, defines = "linear", ROWS_PER_GROUP, (("TILE", tile),)
                 params = pack_params("7if5i", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.words, p.bits,
