@@ -3,9 +3,9 @@
 dequantized in the kernel, fp16/fp32 weights as fp32 words. Packed once at load into chunks of
 output rows, each within one storage binding (max_storage_buffer_binding_size); a larger weight
 is split, each chunk one dispatch writing its rows of the output. 4-bit codes of the linear map
-with ic and the block size multiples of 32 run linear_q4.wgsl (32 codes a load; on a CPU adapter two
-rows per invocation in prefill and linear_q4_rows.wgsl, four, in decode; 8 lanes per row with a
-shared-memory sum on a GPU), the rest linear.wgsl."""
+with ic and the block size multiples of 32 read 32 codes a load: on a GPU linear_q4.wgsl (8 lanes
+per row with a shared-memory sum, 8 tokens per work-group in prefill), on a CPU adapter
+linear_q4_rows.wgsl (four rows of one token per invocation); the rest run linear.wgsl."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -106,19 +106,18 @@ class LinearExecution(StepsExecution):
     def on_resize(self, inputs, outputs) -> None:
         p = self.packed
         tokens = inputs[0].size // p.ic
-        tile = 1 if tokens == 1 else PREFILL_TILE
-        self.steps = []
         lanes = self.backend.runtime.linear_lanes
-        rows = 2 if lanes == 1 and tile > 1 else 1  # a CPU's prefill: each input load serves two rows
+        self.steps = []
         for chunk in p.chunks:
+            tile = 1 if tokens == 1 else PREFILL_TILE  # tokens per work-group
             if p.fast:
                 params = pack_params("10if", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.ic // 32, p.block // 32,
                                      p.ic // p.block, int(p.has_bias), self.act, float(p.offset))
-                if lanes == 1 and tokens == 1:  # a CPU's decode: 4 rows per invocation
-                    shader, rows_per_group, defines = "linear_q4_rows", 64 * 4, ()
+                if lanes == 1:  # a CPU: 4 rows of one token per invocation
+                    shader, rows_per_group, tile, defines = "linear_q4_rows", 64 * 4, 1, ()
                 else:
-                    shader, rows_per_group = "linear_q4", 64 // lanes * rows
-                    defines = (("TILE", tile), ("LANES", lanes), ("ROWS", rows))
+                    shader, rows_per_group = "linear_q4", 64 // lanes
+                    defines = (("TILE", tile), ("LANES", lanes), ("ROWS", 1))
             else:
                 shader, rows_per_group, defines = "linear", ROWS_PER_GROUP, (("TILE", tile),)
                 params = pack_params("7if5i", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.words, p.bits,

@@ -1,10 +1,10 @@
 // Linear layer on 4-bit codes with the linear map, the fast path of linear.wgsl (same outputs,
 // same chunks) for ic and the block size multiples of 32: a row's codes read 32 at a time as one
 // vec4<u32> (code 8k+n of word k in bits 4n), the inputs as vec4<f32>, one (scale, zero) per 32
-// codes. LANES invocations share ROWS output rows (a CPU adapter: 1 lane, 4 rows, so that each
-// input load serves 4 rows and no barrier is paid; a GPU: 8 lanes, 1 row, added by a
-// shared-memory tree); TILE tokens per work-group (1: decode GEMV, 8: prefill tiled GEMM), each
-// 32 codes decoded once for the TILE tokens.
+// codes. LANES invocations share ROWS output rows (LANES > 1 needs ROWS 1: the lanes' sums are
+// added by a shared-memory tree; ops/linear.py runs it with 8 lanes and 1 row on a GPU, a CPU
+// adapter runs linear_q4_rows.wgsl); TILE tokens per work-group (1: decode GEMV, 8: prefill tiled
+// GEMM), each 32 codes decoded once for the TILE tokens.
 const TILE: i32 = ${TILE};
 const LANES: u32 = ${LANES}u;
 const ROWS: i32 = ${ROWS};

@@ -1,7 +1,7 @@
-// One token through a 4-bit linear layer on a CPU adapter (linear_q4.wgsl's layout, parameters
-// and outputs): one invocation per 4 output rows, so that each input load serves four rows
-// (lavapipe reads a storage buffer one lane at a time: loads are what costs), written without
-// private arrays (its JIT keeps an indexed one in memory).
+// A 4-bit linear layer on a CPU adapter (linear_q4.wgsl's layout, parameters and outputs): one
+// invocation per 4 output rows of one token (the token: the dispatch's y), so that each input load
+// serves four rows (lavapipe reads a storage buffer one lane at a time: loads are what costs),
+// written without private arrays (its JIT keeps an indexed one in memory).
 struct Params {
     ic: i32, oc: i32, row0: i32, rows: i32, tokens: i32, vecs: i32, vecs_per_block: i32, blocks: i32,
     has_bias: i32, act: i32, offset: f32,
@@ -29,24 +29,25 @@ fn row_dot(wv: vec4<u32>, a: Inputs) -> f32 {  // sum over 32 codes of value * i
          + dot(lo(wv.z), a.a4) + dot(hi(wv.z), a.a5) + dot(lo(wv.w), a.a6) + dot(hi(wv.w), a.a7);
 }
 
-fn finish(o: i32, v: f32) {
+fn finish(t: i32, o: i32, v: f32) {
     if (o >= p.rows) { return; }
     var r = v;
     if (p.has_bias != 0) { r += bias[o]; }
     if (p.act == 1) { r = max(r, 0.0); } else if (p.act == 2) { r = clamp(r, 0.0, 6.0); }
-    y[p.row0 + o] = r;
+    y[t * p.oc + p.row0 + o] = r;
 }
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
     let o = i32(id.x) * 4;
-    if (o >= p.rows) { return; }
+    let t = i32(id.y);
+    if (o >= p.rows || t >= p.tokens) { return; }
     let r1 = min(o + 1, p.rows - 1);
     let r2 = min(o + 2, p.rows - 1);
     let r3 = min(o + 3, p.rows - 1);
     var acc = vec4<f32>(0.0);
     for (var k = 0; k < p.vecs; k++) {
-        let base = k * 8;
+        let base = (t * p.vecs + k) * 8;
         let a = Inputs(x[base], x[base + 1], x[base + 2], x[base + 3],
                        x[base + 4], x[base + 5], x[base + 6], x[base + 7]);
         let sum4 = a.a0 + a.a1 + a.a2 + a.a3 + a.a4 + a.a5 + a.a6 + a.a7;
@@ -60,8 +61,8 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
                           row_dot(w[r2 * p.vecs + k], a), row_dot(w[r3 * p.vecs + k], a));
         acc += vec4<f32>(s0.x, s1.x, s2.x, s3.x) * d + vec4<f32>(s0.y, s1.y, s2.y, s3.y) * xs;
     }
-    finish(o, acc.x);
-    finish(o + 1, acc.y);
-    finish(o + 2, acc.z);
-    finish(o + 3, acc.w);
+    finish(t, o, acc.x);
+    finish(t, o + 1, acc.y);
+    finish(t, o + 2, acc.z);
+    finish(t, o + 3, acc.w);
 }
