@@ -3,9 +3,10 @@ copies, the per-run command encoder). wgpu is imported lazily (device.py), so im
 module never touches a driver.
 
 Runtime hints (optional): "webgpu_adapter": an adapter index or a power preference (device.py);
-"webgpu_linear_lanes": invocations sharing an output row in the 4-bit linear kernel, 1 or 8
+"webgpu_linear_lanes": invocations sharing an output row in the 4-bit linear kernels, 1 or 8
 (default: 1 on a CPU adapter such as lavapipe, which runs a work-group's invocations as SIMD
-lanes and pays for barriers; 8 on a GPU, summed through workgroup memory).
+lanes, reads storage buffers lane by lane and pays for barriers: linear_q4_rows.wgsl, four rows
+an invocation; 8 on a GPU: linear_q4.wgsl, summed through workgroup memory).
 
 A run encodes every dispatch of this backend into one command encoder (the Recorder), submitted
 at on_execute_end; any host access to a buffer in between (a copy to or from cpu around a
