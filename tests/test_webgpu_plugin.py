@@ -60,7 +60,11 @@ def failures(results) -> list[str]:
 
 
 def test_the_gpus_eight_lane_linear_kernel_passes_every_linear_case_and_a_bad_hint_is_a_config_error() -> None:
-    assert failures(run_suite("webgpu", hints={"webgpu_linear_lanes": 8}, cases=select("Convolution"))) == []
+    """Its lanes summed by subgroup shuffles (lavapipe has the "subgroup" feature) and through
+    workgroup memory."""
+    for subgroups in (True, False):
+        hints = {"webgpu_linear_lanes": 8, "webgpu_subgroups": subgroups}
+        assert failures(run_suite("webgpu", hints=hints, cases=select("Convolution"))) == [], hints
     with pytest.raises(ConfigError, match="webgpu_linear_lanes"):
         RuntimeManager.create(ScheduleConfig(backend_type="webgpu", thread_num=2), {"webgpu_linear_lanes": 4})
 

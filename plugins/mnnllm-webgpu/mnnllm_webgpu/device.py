@@ -98,8 +98,9 @@ class WebGPUDevice:
         self.dummy = self.device.create_buffer(size=16, usage=STORAGE)
 
     @property
-    def shader_f16(self) -> bool:
-        return "shader-f16" in self.features
+    def subgroups(self) -> bool:
+        """Whether the device was opened with subgroup operations (WGSL `enable subgroups;`)."""
+        return "subgroup" in self.features
 
     def fits(self, nbytes: int) -> bool:
         """Whether `nbytes` fit one storage binding (max_storage_buffer_binding_size)."""

@@ -6,7 +6,8 @@ Runtime hints (optional): "webgpu_adapter": an adapter index or a power preferen
 "webgpu_linear_lanes": invocations sharing an output row in the 4-bit linear kernels, 1 or 8
 (default: 1 on a CPU adapter such as lavapipe, which runs a work-group's invocations as SIMD
 lanes, reads storage buffers lane by lane and pays for barriers: linear_q4_rows.wgsl, four rows
-an invocation; 8 on a GPU: linear_q4.wgsl, summed through workgroup memory).
+an invocation; 8 on a GPU: linear_q4.wgsl); "webgpu_subgroups" (default: whether the adapter has
+the "subgroup" feature): the 8 lanes summed by subgroup shuffles, false: through workgroup memory.
 
 A run encodes every dispatch of this backend into one command encoder (the Recorder), submitted
 at on_execute_end; any host access to a buffer in between (a copy to or from cpu around a
@@ -30,10 +31,12 @@ LINEAR_LANES = (1, 8)
 
 @dataclass(frozen=True)
 class WebGPUHints(RuntimeHints):
-    """"webgpu_adapter" and "webgpu_linear_lanes" (the module docstring); None: the adapter decides."""
+    """"webgpu_adapter", "webgpu_linear_lanes", "webgpu_subgroups" (the module docstring); None: the
+    adapter decides."""
 
     webgpu_adapter: int | str | None = None
     webgpu_linear_lanes: int | None = None
+    webgpu_subgroups: bool | None = None
 
 
 class WebGPUBackend(Backend):
@@ -98,6 +101,8 @@ class WebGPURuntime(Runtime):
         if self.linear_lanes not in LINEAR_LANES:
             raise ConfigError(f"webgpu_linear_lanes must be one of {LINEAR_LANES}, got {self.linear_lanes!r}",
                               field="backend_hints.webgpu_linear_lanes")
+        can = self.device.subgroups
+        self.subgroups = can and (self.hints.webgpu_subgroups is not False)
         self.op_creators.update(CREATORS)
 
     def create_backend(self, config: BackendConfig) -> WebGPUBackend:

@@ -4,7 +4,8 @@ dequantized in the kernel, fp16/fp32 weights as fp32 words. Packed once at load 
 output rows, each within one storage binding (max_storage_buffer_binding_size); a larger weight
 is split, each chunk one dispatch writing its rows of the output. 4-bit codes of the linear map
 with ic and the block size multiples of 32 read 32 codes a load: on a GPU linear_q4.wgsl (8 lanes
-per row with a shared-memory sum, 8 tokens per work-group in prefill), on a CPU adapter
+per row summed by subgroup shuffles, or workgroup memory without subgroups; 8 tokens per
+work-group in prefill), on a CPU adapter
 linear_q4_rows.wgsl (four rows of one token per invocation); the rest run linear.wgsl."""
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_creator
 
 from ..device import Program, StepsExecution, pack_params
+from ..shaders import SUM8_SHARED, SUM8_SUBGROUP
 
 ROWS_PER_GROUP = 8  # output rows of a work-group in linear.wgsl (x 8 lanes)
 PREFILL_TILE = 8  # tokens per work-group when there is more than one (decode: 1)
@@ -117,7 +119,9 @@ class LinearExecution(StepsExecution):
                     shader, rows_per_group, tile, defines = "linear_q4_rows", 64 * 4, 1, ()
                 else:
                     shader, rows_per_group = "linear_q4", 64 // lanes
-                    defines = (("TILE", tile), ("LANES", lanes), ("ROWS", 1))
+                    subgroups = self.backend.runtime.subgroups
+                    defines = (("TILE", tile), ("LANES", lanes), ("ROWS", 1),
+                               ("SUM8", SUM8_SUBGROUP if subgroups else SUM8_SHARED))
             else:
                 shader, rows_per_group, defines = "linear", ROWS_PER_GROUP, (("TILE", tile),)
                 params = pack_params("7if5i", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.words, p.bits,

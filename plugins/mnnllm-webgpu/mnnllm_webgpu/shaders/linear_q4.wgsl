@@ -1,10 +1,11 @@
 // Linear layer on 4-bit codes with the linear map, the fast path of linear.wgsl (same outputs,
 // same chunks) for ic and the block size multiples of 32: a row's codes read 32 at a time as one
 // vec4<u32> (code 8k+n of word k in bits 4n), the inputs as vec4<f32>, one (scale, zero) per 32
-// codes. LANES invocations share ROWS output rows (LANES > 1 needs ROWS 1: the lanes' sums are
-// added by a shared-memory tree; ops/linear.py runs it with 8 lanes and 1 row on a GPU, a CPU
-// adapter runs linear_q4_rows.wgsl); TILE tokens per work-group (1: decode GEMV, 8: prefill tiled
-// GEMM), each 32 codes decoded once for the TILE tokens.
+// codes. LANES invocations share ROWS output rows (LANES 8 needs ROWS 1: the lanes' sums are added
+// by SUM8, a subgroup butterfly where the adapter has subgroups, else a shared-memory tree;
+// ops/linear.py runs it with 8 lanes and 1 row on a GPU, a CPU adapter runs linear_q4_rows.wgsl);
+// TILE tokens per work-group (1: decode GEMV, 8: prefill tiled GEMM), each 32 codes decoded once
+// for the TILE tokens.
 const TILE: i32 = ${TILE};
 const LANES: u32 = ${LANES}u;
 const ROWS: i32 = ${ROWS};
@@ -20,7 +21,11 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
 
-var<workgroup> part: array<f32, 512>;  // [TILE][64]
+var<workgroup> part: array<f32, 64>;
+
+fn sum8(li: u32, v: f32) -> f32 {  // the sum of v over the 8 lanes li / 8 * 8 .. + 7 (uniform control flow)
+    ${SUM8}
+}
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -62,15 +67,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     if (LANES > 1u) {  // with ROWS 1
-        for (var t = 0; t < TILE; t++) { part[t * 64 + i32(li)] = acc[t]; }
-        workgroupBarrier();
-        for (var h = i32(LANES) / 2; h > 0; h >>= 1) {
-            if (lane < h) {
-                for (var t = 0; t < TILE; t++) { part[t * 64 + i32(li)] += part[t * 64 + i32(li) + h]; }
-            }
-            workgroupBarrier();
-        }
-        for (var t = 0; t < TILE; t++) { acc[t] = part[t * 64 + i32(li)]; }
+        for (var t = 0; t < TILE; t++) { acc[t] = sum8(li, acc[t]); }
     }
     if (lane != 0) { return; }
     for (var r = 0; r < ROWS; r++) {
