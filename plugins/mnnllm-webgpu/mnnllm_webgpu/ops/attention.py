@@ -1,0 +1,129 @@
+"""Attention owning its KV cache on the device (DeviceKVCache: token-major rows, shared by the
+prefill and decode clones), grouped-query heads, the scalar causal mask, float and int full
+masks and sinks. Two dispatches per run: kv_write (the step's k/v rows at `past`) and the fused
+attention (attention.wgsl: scores into a scratch row, softmax, the weighted values). Nothing
+recorded depends on the token: past and total live in a small storage buffer the host writes in
+`before_run`, so a replay encodes the same steps every token."""
+from __future__ import annotations
+
+import numpy as np
+
+from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Refused, UnsupportedError, attention_mask,
+                                     float_attention_creator)
+
+from ..device import Program, StepsExecution, fold, pack_params
+
+LOCAL = 256  # work-group size of kv_write.wgsl
+MASK_MODES = {"float": 2, "int": 3}  # attention.wgsl: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+
+
+def device_kv_cache(backend) -> DeviceKVCache:
+    """A DeviceKVCache on this backend's buffers; its copies are encoded into the runtime's recorder."""
+    recorder, allocator = backend.runtime.recorder, backend.allocator
+
+    def read(buffer, nbytes: int) -> np.ndarray:
+        recorder.flush()
+        return allocator.copyout(buffer, nbytes)
+
+    def write(buffer, data: np.ndarray) -> None:
+        recorder.flush()
+        allocator.copyin(buffer, data)
+
+    return DeviceKVCache(allocator.alloc, recorder.copy, backend.device.fits, read, write)
+
+
+class AttentionExecution(StepsExecution):
+    """Per run `before_run()` is the host's part (the cache's bookkeeping, growing it, past/total
+    into `step`); the steps are the device's."""
+
+    def __init__(self, backend, params: AttentionParams, cache: DeviceKVCache | None = None):
+        super().__init__(backend)
+        self.params = params
+        self.cache = cache if cache is not None else device_kv_cache(backend)
+        self.step = backend.allocator.alloc(8)  # int past, int total
+        self.shape = (0, 0, 0, 0)
+        self.kv_seq = 0
+        self.mask = (0, 1, 1)
+        self.scratch = None
+        self.bound = None  # (keys, values, stride) the steps bind
+        self.tensors = ((), ())
+
+    def on_resize(self, inputs, outputs) -> None:
+        shape = self.params.layout(inputs[0].shape, inputs[1].shape)
+        if shape is None or shape[1] % shape[2]:
+            raise UnsupportedError(f"webgpu Attention needs known heads (a multiple of kv heads), got {shape}",
+                                   field="heads")
+        seq, heads, kv_heads, dim = self.shape = shape
+        if len(inputs) > 4 and inputs[4].size != heads:
+            raise UnsupportedError(f"Attention: {inputs[4].size} sinks for {heads} heads", field="sinks")
+        self.kv_seq = inputs[1].size // (kv_heads * dim)
+        self.cache.row_bytes = kv_heads * dim * 4
+        mask = attention_mask(inputs[3] if len(inputs) > 3 else None, seq)
+        self.mask = (1 if seq > 1 else 0, 1, 1) if mask.kind == "causal" else (MASK_MODES[mask.kind], mask.rows,
+                                                                               mask.cols)
+        self.tensors = (inputs, outputs)
+        self.bound, self.steps = None, []
+
+    def before_run(self) -> bool:
+        """This step's bookkeeping and past/total; True when the steps no longer bind the right
+        buffers (the cache grew, or the first run after a resize)."""
+        inputs = self.tensors[0]
+        if self.params.kv_cache:
+            past = self.cache.begin_step(self.backend.kv_meta)
+            self.cache.extend(self.kv_seq)
+            keys, values, total, stride = self.cache.k, self.cache.v, self.cache.length, self.cache.capacity
+        else:
+            past, total = 0, self.kv_seq
+            keys, values, stride = inputs[1].storage, inputs[2].storage, self.kv_seq
+        self.backend.runtime.recorder.flush()  # what is encoded reads the step buffer as it was
+        self.backend.allocator.copyin(self.step, np.array([past, total], np.int32))
+        if self.bound == (keys, values, stride):
+            return False
+        self.steps = self._steps(keys, values, stride)
+        self.bound = (keys, values, stride)
+        return True
+
+    def _steps(self, keys, values, stride) -> list:
+        device, (inputs, outputs) = self.backend.device, self.tensors
+        seq, heads, kv_heads, dim = self.shape
+        if not seq or not stride:
+            return []
+        scratch_bytes = seq * heads * stride * 4
+        if not device.fits(scratch_bytes):
+            raise UnsupportedError(f"webgpu Attention: {seq}x{heads}x{stride} scores exceed "
+                                   "max_storage_buffer_binding_size", field="attention")
+        if self.scratch is None or self.scratch.size < scratch_bytes:
+            self.scratch = self.backend.allocator.alloc(scratch_bytes)
+        q = inputs[0].storage
+        mask = inputs[3].storage if len(inputs) > 3 else q
+        sinks = inputs[4].storage if len(inputs) > 4 else q
+        mode, rows, cols = self.mask
+        groups, row = fold(seq * heads, 1)
+        params = pack_params("5if4iI", seq, heads, kv_heads, dim, stride,
+                             float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(len(inputs) > 4), row)
+        steps = [Program(device, "attention", [q, keys, values, mask, sinks, self.scratch, outputs[0].storage,
+                                               self.step], params, groups)]
+        if self.params.kv_cache:
+            count = self.kv_seq * kv_heads * dim
+            write_groups, write_row = fold(-(-count // LOCAL), LOCAL)
+            steps.insert(0, Program(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values,
+                                                         self.step], pack_params("iiI", count, kv_heads * dim,
+                                                                                 write_row), write_groups))
+        return steps
+
+    def on_execute(self, inputs, outputs) -> None:
+        self.before_run()
+        super().on_execute(inputs, outputs)
+
+    def on_clone(self, backend, op):
+        return AttentionExecution(backend, self.params, self.cache)
+
+
+def create_attention(backend, inputs, outputs, op):
+    mask = inputs[3] if len(inputs) > 3 else None
+    if mask is not None and mask.dtype.itemsize != 4:
+        return Refused("a mask of other than 4-byte elements")
+    return float_attention_creator(AttentionExecution, sinks=True)(backend, inputs, outputs, op)
+
+
+CREATORS = {"Attention": create_attention}
