@@ -237,6 +237,18 @@ q8_group_dequantize = _dequantizer(8)
 
 
 
+_MAGIC = 1 << 23  # a float32 with this exponent holds integers 0 .. 2^23 - 1 in its mantissa
+
+
+def _small_to_float(builder, value):
+    """Eight integers 0..15 as <8 x float>, exactly as `uitofp` gives them, but as an integer OR
+    and a float subtract (2^23 + v - 2^23): the FMA ports, which a few-token pass of 3 or more rows
+    keeps busy, are left to the FMAs (x86 runs `vcvtdq2ps` on them, the subtract on the add
+    ports; 3 rows on: 11-12% faster on Zen4)."""
+    bits = builder.or_(value, ir.Constant(_VI, [0x4B000000] * LANES))
+    return builder.fsub(builder.bitcast(bits, VF), ir.Constant(VF, [float(_MAGIC)] * LANES))
+
+
 def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values):
     """The code of one group of rows for token rows first_token.. first_token + tokens - 1 (an i64
     value and a count of at most TOKENS_A_PASS, see `_few_tokens_dot`)."""
@@ -246,6 +258,8 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
     mask, four = ir.Constant(_VI, [15] * LANES), ir.Constant(_VI, [4] * LANES)
     middle = ir.Constant(VF, [8.0 if bits == 4 else 0.0] * LANES)
     token_rows = [builder.add(first_token, i64(t)) for t in range(tokens)]
+    # two rows leave the FMA ports idle half the time (each sum's two FMAs a byte wait on each other)
+    nibble = _small_to_float if tokens > 2 else (lambda b, value: b.uitofp(value, VF))
     acc = zero_slots(builder, tokens * per_pass)
     part = zero_slots(builder, tokens * per_pass)
     with cgutils.for_range(builder, i64(_VECTORS // per_pass)) as pass_loop:
@@ -262,8 +276,7 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
                     index = builder.add(row0, i64(u * LANES))
                     if bits == 4:
                         w = _codes(builder, code_p, index)
-                        weights.append((builder.uitofp(builder.lshr(w, four), VF),
-                                        builder.uitofp(builder.and_(w, mask), VF)))
+                        weights.append((nibble(builder, builder.lshr(w, four)), nibble(builder, builder.and_(w, mask))))
                     else:
                         weights.append((_values(builder, code_p, index),))
                 for t in range(tokens):
