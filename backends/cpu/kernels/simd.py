@@ -110,6 +110,21 @@ def _finish(builder, out, o_index, acc):
         store_vector(builder, builder.load(acc[v]), out, builder.add(o_index, i64(v * LANES)))
 
 
+# how far ahead of the byte it reads a GEMV asks for its codes: the hardware prefetcher alone leaves
+# the kernels waiting on memory (single thread, 72 MB of weights on Zen4: 1 token 12.5 -> 13.6 GB/s,
+# the few-token kernel 10-14% faster; 2 to 8 KiB alike)
+PREFETCH_BYTES = 2048
+
+
+def prefetch(builder, pointer, index):
+    """A read prefetch of pointer[index] into all cache levels (never faults, past the end too)."""
+    module = builder.module
+    fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), _I32, _I32, _I32])
+    function = cgutils.get_or_insert_function(module, fnty, "llvm.prefetch.p0")
+    address = builder.bitcast(builder.gep(pointer, [index]), ir.IntType(8).as_pointer())
+    builder.call(function, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+
+
 @intrinsic
 def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes,
                  out, o_start):
@@ -141,6 +156,7 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
                 even = splat(builder, builder.load(builder.gep(xe_p, [j])))
                 odd = splat(builder, builder.load(builder.gep(xo_p, [j])))
                 row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
+                prefetch(builder, code_p, builder.add(row0, i64(PREFETCH_BYTES)))
                 for v in range(_VECTORS):
                     w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
                     hi = builder.uitofp(builder.lshr(w, four), VF)
@@ -271,6 +287,7 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
             with cgutils.for_range(builder, per_block) as byte_loop:
                 j = builder.add(builder.mul(b, per_block), byte_loop.index)
                 row0 = builder.add(builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS))), first_row)
+                prefetch(builder, code_p, builder.add(row0, i64(PREFETCH_BYTES)))
                 weights = []
                 for u in range(per_pass):
                     index = builder.add(row0, i64(u * LANES))
