@@ -110,9 +110,9 @@ def _finish(builder, out, o_index, acc):
         store_vector(builder, builder.load(acc[v]), out, builder.add(o_index, i64(v * LANES)))
 
 
-# how far ahead of the byte it reads a GEMV asks for its codes: the hardware prefetcher alone leaves
-# the kernels waiting on memory (single thread, 72 MB of weights on Zen4: 1 token 12.5 -> 13.6 GB/s,
-# the few-token kernel 10-14% faster; 2 to 8 KiB alike)
+# how far ahead of the byte it reads an int4 GEMV (one token or a few) asks for its codes: the
+# hardware prefetcher alone leaves the kernels waiting on memory (one thread, 72 MB of weights on
+# Zen4: one token 12.5 -> 13.6 GB/s, the few-token kernel 8-14% faster; 2 to 8 KiB alike)
 PREFETCH_BYTES = 2048
 
 
@@ -256,6 +256,10 @@ q8_group_dequantize = _dequantizer(8)
 _MAGIC = 1 << 23  # a float32 with this exponent holds integers 0 .. 2^23 - 1 in its mantissa
 
 
+def _exact_float(builder, value):
+    return builder.uitofp(value, VF)
+
+
 def _small_to_float(builder, value):
     """Eight integers 0..15 as <8 x float>, exactly as `uitofp` gives them, but as an integer OR
     and a float subtract (2^23 + v - 2^23): the FMA ports, which a few-token pass of 3 or more rows
@@ -275,7 +279,7 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
     middle = ir.Constant(VF, [8.0 if bits == 4 else 0.0] * LANES)
     token_rows = [builder.add(first_token, i64(t)) for t in range(tokens)]
     # two rows leave the FMA ports idle half the time (each sum's two FMAs a byte wait on each other)
-    nibble = _small_to_float if tokens > 2 else (lambda b, value: b.uitofp(value, VF))
+    nibble = _small_to_float if tokens > 2 else _exact_float
     acc = zero_slots(builder, tokens * per_pass)
     part = zero_slots(builder, tokens * per_pass)
     with cgutils.for_range(builder, i64(_VECTORS // per_pass)) as pass_loop:
