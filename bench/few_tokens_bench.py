@@ -1,9 +1,11 @@
 """What a forward of a few tokens (a speculative verify step) costs against a one-token forward on
 the cpu backend's packed path (`memory: "low"`), for three ways of running the linears, side by
 side in one process, alternating: "rows" = the one-token GEMV once per token row (what ran for
-2..4 tokens before the few-token kernel, here with q/k/v and gate/up still grouped), "few" = the
-few-token GEMV reading each packed byte once for all rows (`kernels/linear.py`, `Gemv.few`),
-"gemm" = dequantized panels + the register-blocked GEMM (what runs past FEW_TOKENS).
+2..4 tokens before the few-token kernel, here with q/k/v and gate/up still grouped; op by op), "few"
+= the few-token GEMV reading each packed byte once for all rows (`kernels/linear.py`, `Gemv.few`;
+replayed inside the step programs like a decode step), "gemm" = dequantized panels + the
+register-blocked GEMM (what runs past FEW_TOKENS). Each time is a shape's third run (the first
+goes op by op, the second records).
 
     python bench/few_tokens_bench.py [CONFIG] [-n 9] [--tokens 1,2,4,8]
     python bench/few_tokens_bench.py [CONFIG] --speculative [-n 2] [-t 32]
@@ -27,6 +29,8 @@ import numpy as np
 import mnnllm_core
 from mnnllm_backends.cpu.kernels.linear import Gemv
 from mnnllm_backends.cpu.ops import packed_linear
+from mnnllm_backends.cpu.ops.packed_linear import PackedLinearExecution
+from mnnllm_core.backend_api import Execution
 from speculative_bench import DEFAULT_CONFIG, prepare, run  # beside this script
 
 MODES = ("rows", "few", "gemm")
@@ -41,17 +45,34 @@ def _rows_as_gemvs(gemv: Gemv, x: np.ndarray, threads: int) -> list[np.ndarray]:
     return results
 
 
+def _few_tokens_op_by_op(original):
+    """`PackedLinearExecution.replay_steps` leaving forwards of several tokens to on_execute (so
+    that a patched `Gemv.few` runs in a replayed step too)."""
+    def replay_steps(self, inputs, outputs):
+        if self.tokens > 1:
+            return Execution.replay_steps(self, inputs, outputs)
+        return original(self, inputs, outputs)
+    return replay_steps
+
+
 @contextmanager
-def mode(name: str):
-    few, limit = Gemv.few, packed_linear.FEW_TOKENS
+def mode(name: str, llm=None):
+    """The linears of `name` in force (recorded steps of `llm` dropped on the way in and out: a
+    step recorded in one mode would replay its kernels in another)."""
+    few, limit, steps = Gemv.few, packed_linear.FEW_TOKENS, PackedLinearExecution.replay_steps
     if name == "rows":
         Gemv.few = _rows_as_gemvs
+        PackedLinearExecution.replay_steps = _few_tokens_op_by_op(steps)
     elif name == "gemm":
         packed_linear.FEW_TOKENS = 1
+    if llm is not None:
+        llm.pool.clear()
     try:
         yield
     finally:
-        Gemv.few, packed_linear.FEW_TOKENS = few, limit
+        Gemv.few, packed_linear.FEW_TOKENS, PackedLinearExecution.replay_steps = few, limit, steps
+        if llm is not None:
+            llm.pool.clear()
 
 
 def measure(llm, counts: list[int], runs: int) -> dict[tuple[str, int], float]:
@@ -62,12 +83,13 @@ def measure(llm, counts: list[int], runs: int) -> dict[tuple[str, int], float]:
     for r in range(runs + 1):  # the first round warms every path up and is dropped
         order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
         for name in order:
-            with mode(name):
+            with mode(name, llm):
                 for seq in counts:
-                    start = time.perf_counter()
-                    llm.forward([token] * seq, all_logits=seq > 1)
-                    elapsed = (time.perf_counter() - start) * 1e3
-                    del llm.context.history_tokens[-seq:]
+                    for attempt in range(3):  # a shape's first run goes op by op, its second records
+                        start = time.perf_counter()
+                        llm.forward([token] * seq, all_logits=seq > 1)
+                        elapsed = (time.perf_counter() - start) * 1e3
+                        del llm.context.history_tokens[-seq:]
                     if r:
                         times.setdefault((name, seq), []).append(elapsed)
     return {key: statistics.median(values) for key, values in times.items()}

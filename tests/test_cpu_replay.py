@@ -70,6 +70,34 @@ def test_the_shared_model_replayed_gives_the_per_op_loops_tokens_and_logits(memo
             assert tokens[:len(expected)] == expected, prompt["prompt"]
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_few_token_forwards_replayed_give_the_per_op_loops_logits(threads: int) -> None:
+    """Verify-sized forwards (2..8 tokens) replay their few-token GEMVs inside the programs: the
+    same logits bit for bit as op by op, run after run (the second run of a shape records)."""
+    llm = mnnllm_core.create(str(CONFIG))
+    llm.set_config({"backend_type": "cpu", "memory": "low", "sampler_type": "greedy", "thread_num": threads})
+    llm.load()
+    runtime = llm.runtime_manager.runtime
+    ids = (json.loads(REFERENCE.read_text())["prompts"][0]["prompt_ids"] * 4)[:8 + 3 * 8]
+    runs = {}
+    for replay in (True, False):
+        runtime.hints = dataclasses.replace(runtime.hints, replay=replay)
+        llm.pool.clear()
+        logits = []
+        for tokens in (2, 5, 8):
+            llm.reset()
+            llm.forward(ids[:8])
+            for at in range(8, 8 + 3 * tokens, tokens):  # three runs of the shape: looped, recorded, replayed
+                logits.append(llm.forward(ids[at:at + tokens], all_logits=True).copy())
+            pipeline = llm.pool.get(tokens, True).static_module.session.pipeline
+            assert pipeline.replayed is replay
+            if replay:  # the GEMVs inside programs: a handful of calls, not one per linear
+                assert pipeline.replay.kernel_calls >= 30 * 11 and len(pipeline.replay.calls) <= 16
+        runs[replay] = logits
+    for replayed, looped in zip(runs[True], runs[False]):
+        np.testing.assert_array_equal(replayed, looped)
+
+
 TINY = [(ARCH / "tiny-gemma3_text-mnn-q4", "low", False), (ARCH3 / "tiny-qwen3_5-mnn-q4", "low", True),
         (ARCH3 / "tiny-qwen3_5-mnn-q4", "normal", True)]
 

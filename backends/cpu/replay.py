@@ -2,7 +2,8 @@
 bound once, so a decode step pays no per-op Python (no reshapes, no shape checks, no branches):
 mostly numba kernels with their arrays bound at record time, a BLAS call per fp32 linear.
 
-Packed linears reading one input (q/k/v, gate/up) share one GEMV (`packed_linear.SharedInput`);
+Packed linears reading one input (q/k/v, gate/up) share one GEMV (`packed_linear.SharedInput`;
+for 2..FEW_TOKENS rows the few-token GEMV);
 their steps (`SharedGemvStep`) are resolved here, where the order is known: the first member's
 place runs the GEMV, writing its own rows straight into its output when no padding rows are in
 the way, and each later member copies its rows from the GEMV's result buffer at its own place
@@ -23,8 +24,9 @@ from .ops.bias_activation import finish
 
 @dataclass
 class SharedGemvStep:
-    """One packed linear's part of a one-token GEMV: member `member` of `shared` (a SharedInput),
-    x the input row, out its flat output, then its bias and activation."""
+    """One packed linear's part of a GEMV of 1..FEW_TOKENS token rows: member `member` of `shared`
+    (a SharedInput), x the input (the row for one token, else [tokens, ic]), out its flat output
+    ([tokens][its rows]), then its bias and activation."""
 
     shared: Any
     member: int
@@ -35,27 +37,44 @@ class SharedGemvStep:
     threads: int
 
     @property
+    def tokens(self) -> int:
+        return 1 if self.x.ndim == 1 else self.x.shape[0]
+
+    def targets(self) -> tuple[np.ndarray, ...]:
+        """The GEMV's result buffers: [padded rows] per member for one token, else [tokens][padded rows]."""
+        gemv = self.shared.gemv
+        return gemv.targets if self.tokens == 1 else gemv.few_targets(self.tokens)
+
+    @property
     def fits(self) -> bool:
         """Whether the GEMV can write this member's rows straight into its output (no padding rows)."""
-        return self.out.size == self.shared.gemv.results[self.member].size
+        return self.out.size == self.targets()[self.member].size
 
     def gemv_call(self) -> Callable[[], Any]:
         """The GEMV of every member, this member's rows written into its output when they fit."""
-        from .kernels.linear import _gemv, _gemv_parallel
+        from .kernels.linear import _few_gemv, _few_gemv_parallel, _gemv, _gemv_parallel
         gemv = self.shared.gemv
-        targets = list(gemv.targets)
+        targets = list(self.targets())
         if self.fits:
             targets[self.member] = self.out
         first = gemv.first
-        kernel = _gemv_parallel if self.threads > 1 and gemv.parallel_worth else _gemv
-        extra = (self.threads,) if kernel is _gemv_parallel else ()
+        if self.tokens == 1:
+            parallel = self.threads > 1 and gemv.parallel_worth
+            kernel = _gemv_parallel if parallel else _gemv
+        else:
+            parallel = self.threads > 1 and gemv.few_parallel_worth(self.tokens)
+            kernel = _few_gemv_parallel if parallel else _few_gemv
+        extra = (self.threads,) if parallel else ()
         return partial(kernel, first.bits, gemv.codes, gemv.alphas, tuple(targets), gemv.starts, self.x,
                        first.n_blocks, first.block, *extra)
 
     def copy_call(self) -> Callable[[], Any]:
         """This member's rows from the GEMV's result buffer."""
-        results = self.shared.gemv.results[self.member]
-        return partial(np.copyto, self.out, results[:self.out.size])
+        tokens, results = self.tokens, self.targets()[self.member]
+        if tokens == 1:
+            return partial(np.copyto, self.out, results[:self.out.size])
+        rows = self.out.size // tokens
+        return partial(np.copyto, self.out.reshape(tokens, rows), results.reshape(tokens, -1)[:, :rows])
 
     def finish_call(self) -> Callable[[], Any] | None:
         if self.bias is None and not self.activation:

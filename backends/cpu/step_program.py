@@ -17,7 +17,7 @@ import numpy as np
 from .kernels import program as kernels
 from .kernels.activation import mul_silu
 from .kernels.attention import append_attend
-from .kernels.linear import _gemv, _gemv_parallel
+from .kernels.linear import _few_gemv, _few_gemv_parallel, _gemv, _gemv_parallel
 from .kernels.norm import add_normalize_rows, normalize_rows
 from .kernels.rope import rope_qk
 
@@ -97,6 +97,11 @@ class StepProgram:
                 *[self.f32(o) for o in outs], self._entry(self.ints, starts, np.int64), self.f32(x), n_blocks,
                 block, threads]
 
+    def _from_few_gemv(self, bits, codes, alphas, outs, starts, x, n_blocks, block, threads=0) -> list[int]:
+        """`_from_gemv`'s fields, then the token rows of x (field 17)."""
+        row = self._from_gemv(bits, codes, alphas, outs, starts, x, n_blocks, block, threads)
+        return [kernels.FEW_GEMV, *row[1:], x.shape[0]]
+
     def _from_copy(self, dst, src, casting: str = "same_kind") -> list[int]:
         if dst.size != src.size:
             raise NotRecognised("copy between sizes")
@@ -127,7 +132,8 @@ class StepProgram:
                 self._entry(self.ints, past, np.int64), self.scalar(scale), self.f32(sinks), self.f32(out), tokens,
                 heads, kv_heads, dim, capacity]
 
-    _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
+    _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, _few_gemv: _from_few_gemv,
+               _few_gemv_parallel: _from_few_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
                add_normalize_rows: _from_add_norm, rope_qk: _from_rope, mul_silu: _from_mul_silu,
                append_attend: _from_attend}
 

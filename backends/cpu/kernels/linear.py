@@ -249,7 +249,8 @@ class Gemv:
         self.starts = np.zeros(MEMBERS + 1, np.int64)
         self.starts[1:len(weights) + 1] = np.cumsum([w.groups for w in weights])
         self.starts[len(weights) + 1:] = self.starts[len(weights)]
-        self.parallel_worth = sum(w.nbytes for w in weights) > PARALLEL_BYTES
+        self.nbytes = sum(w.nbytes for w in weights)
+        self.parallel_worth = self.nbytes > PARALLEL_BYTES
         self.few_flat: list[np.ndarray] = []  # per member [capacity rows][padded rows] flat, grown on demand
         self.few_capacity = 0
 
@@ -262,24 +263,34 @@ class Gemv:
             _gemv(first.bits, self.codes, self.alphas, self.targets, self.starts, x, first.n_blocks, first.block)
         return self.results
 
+    def few_parallel_worth(self, tokens: int) -> bool:
+        """Whether a few-token GEMV of `tokens` rows pays for waking the pool: its work grows with
+        the rows (it is compute-bound), so smaller weights than a one-token GEMV's are worth it."""
+        return self.parallel_worth or self.nbytes * tokens > PARALLEL_BYTES
+
     def few(self, x: np.ndarray, threads: int) -> list[np.ndarray]:
         """Result m = x @ weights[m].T, [tokens, weights[m].groups * 32], for x [tokens, ic] of
         2..FEW_TOKENS rows (float32, C-contiguous): each packed byte read once for all rows."""
         tokens = x.shape[0]
+        targets = self.few_targets(tokens)
+        first = self.first
+        if threads > 1 and self.few_parallel_worth(tokens):
+            _few_gemv_parallel(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks,
+                               first.block, threads)
+        else:
+            _few_gemv(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks, first.block)
+        return [t.reshape(tokens, -1) for t in targets[:len(self.results)]]
+
+    def few_targets(self, tokens: int) -> tuple[np.ndarray, ...]:
+        """The few-token kernels' MEMBERS result buffers for `tokens` rows (member m's
+        [tokens][padded rows] flat; empty past the members), grown when more rows come."""
         if not 2 <= tokens <= FEW_TOKENS_MAX:
             raise ValueError(f"the few-token GEMV takes 2 to {FEW_TOKENS_MAX} rows, not {tokens}")
         if tokens > self.few_capacity:
             self.few_flat = [np.zeros(tokens * r.shape[0], np.float32) for r in self.results]
             self.few_capacity = tokens
         flat = [f[:tokens * r.shape[0]] for f, r in zip(self.few_flat, self.results)]
-        targets = tuple(flat) + (flat[0][:0],) * (MEMBERS - len(flat))
-        first = self.first
-        if threads > 1 and self.parallel_worth:
-            _few_gemv_parallel(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks,
-                               first.block, threads)
-        else:
-            _few_gemv(first.bits, self.codes, self.alphas, targets, self.starts, x, first.n_blocks, first.block)
-        return [f.reshape(tokens, -1) for f in flat]
+        return tuple(flat) + (flat[0][:0],) * (MEMBERS - len(flat))
 
 
 def matmul(packed: PackedWeight, x: np.ndarray, out: np.ndarray, threads: int) -> None:

@@ -25,18 +25,20 @@ from numba.extending import intrinsic
 
 from . import jit
 
-GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND = range(7)
+GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND, FEW_GEMV = range(8)
 WIDTH = 24  # int64 fields of one instruction
 KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
 
 _F32, _BYTES, _HALVES, _INTS = types.float32[::1], types.uint8[::1], types.uint16[::1], types.int64[::1]
 _TENSOR = types.Array(types.float32, 3, "C")
+_MATRIX = types.Array(types.float32, 2, "C")
 
 
-def _gemv_signature(alphas: types.Type, parallel: bool) -> types.Signature:
-    """`_gemv` (or `_gemv_parallel`, with its thread count) for fp16-bit or float32 alphas."""
+def _gemv_signature(alphas: types.Type, parallel: bool, few: bool = False) -> types.Signature:
+    """`_gemv` (or `_gemv_parallel`, with its thread count) for fp16-bit or float32 alphas; with
+    `few`, `_few_gemv` (`_few_gemv_parallel`), whose x is [tokens, ic]."""
     members = [types.UniTuple(t, 3) for t in (_BYTES, alphas, _F32)]
-    return types.none(types.int64, *members, _INTS, _F32, types.int64, types.int64,
+    return types.none(types.int64, *members, _INTS, _MATRIX if few else _F32, types.int64, types.int64,
                       *([types.int64] if parallel else []))
 
 
@@ -44,6 +46,8 @@ def _gemv_signature(alphas: types.Type, parallel: bool) -> types.Signature:
 SIGNATURES = {
     "gemv_half": _gemv_signature(_HALVES, False), "gemv_half_parallel": _gemv_signature(_HALVES, True),
     "gemv_real": _gemv_signature(_F32, False), "gemv_real_parallel": _gemv_signature(_F32, True),
+    "few_half": _gemv_signature(_HALVES, False, True), "few_half_parallel": _gemv_signature(_HALVES, True, True),
+    "few_real": _gemv_signature(_F32, False, True), "few_real_parallel": _gemv_signature(_F32, True, True),
     "norm": types.none(_F32, types.int64, _F32, _F32, types.float64, types.boolean, _F32),
     "add_norm": types.none(_F32, _F32, types.int64, _F32, _F32, types.float64, types.boolean, _F32, _F32),
     "rope": types.none(_F32, _F32, types.int64, types.int64, types.int64, types.int64,
@@ -60,8 +64,9 @@ _KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_sil
 
 def kernel_signature(instruction: list[int]) -> str | None:
     """The SIGNATURES entry of the kernel an instruction calls (None: it calls none)."""
-    if instruction[0] == GEMV:  # fields 2 (fp16-bit alphas) and 16 (threads), see `_gemv_step`
-        return f"gemv_{'half' if instruction[2] else 'real'}{'_parallel' if instruction[16] else ''}"
+    if instruction[0] in (GEMV, FEW_GEMV):  # fields 2 (fp16-bit alphas) and 16 (threads), see `_gemv_step`
+        kind = "gemv" if instruction[0] == GEMV else "few"
+        return f"{kind}_{'half' if instruction[2] else 'real'}{'_parallel' if instruction[16] else ''}"
     return _KERNELS.get(instruction[0])
 
 
@@ -95,6 +100,8 @@ def _function_at(signature: str):
 
 _gemv_half, _gemv_half_parallel = _function_at("gemv_half"), _function_at("gemv_half_parallel")
 _gemv_real, _gemv_real_parallel = _function_at("gemv_real"), _function_at("gemv_real_parallel")
+_few_half, _few_half_parallel = _function_at("few_half"), _function_at("few_half_parallel")
+_few_real, _few_real_parallel = _function_at("few_real"), _function_at("few_real_parallel")
 _normalize_rows, _add_normalize_rows = _function_at("norm"), _function_at("add_norm")
 _rope_qk, _mul_silu, _append_attend = _function_at("rope"), _function_at("mul_silu"), _function_at("attend")
 
@@ -156,6 +163,28 @@ def _gemv_step(c, floats, codes, reals, halves, ints):
 
 
 @jit()
+def _few_gemv_step(c, floats, codes, reals, halves, ints):
+    """`_gemv_step`'s fields for the few-token GEMV, x [field 17 tokens, ic]."""
+    code = (_bytes(codes, c[3]), _bytes(codes, c[4]), _bytes(codes, c[5]))
+    outs = (_floats(floats, c[9]), _floats(floats, c[10]), _floats(floats, c[11]))
+    starts = _ints(ints, c[12])
+    tokens = c[17]
+    x = _tensor(floats, c[13], (tokens, floats[c[13], 1] // tokens))
+    if c[2]:
+        alphas = (_halves(halves, c[6]), _halves(halves, c[7]), _halves(halves, c[8]))
+        if c[16]:
+            _few_half_parallel(c[KERNEL])(c[1], code, alphas, outs, starts, x, c[14], c[15], c[16])
+        else:
+            _few_half(c[KERNEL])(c[1], code, alphas, outs, starts, x, c[14], c[15])
+    else:
+        real_alphas = (_floats(reals, c[6]), _floats(reals, c[7]), _floats(reals, c[8]))
+        if c[16]:
+            _few_real_parallel(c[KERNEL])(c[1], code, real_alphas, outs, starts, x, c[14], c[15], c[16])
+        else:
+            _few_real(c[KERNEL])(c[1], code, real_alphas, outs, starts, x, c[14], c[15])
+
+
+@jit()
 def _attend_step(c, scalars, floats, ints):
     """Fields: 1-5 q, k, v, keys, values; 6 past (in `ints`); 7 scale (in `scalars`); 8 sinks;
     9 out; 10-14 tokens, heads, kv heads, head size, cache capacity."""
@@ -206,6 +235,8 @@ def run_program(code, scalars, floats, codes, reals, halves, ints):
             _mul_silu(c[KERNEL])(_floats(floats, c[1]), _floats(floats, c[2]), _floats(floats, c[3]))
         elif op == ATTEND:
             _attend_step(c, scalars, floats, ints)
+        elif op == FEW_GEMV:
+            _few_gemv_step(c, floats, codes, reals, halves, ints)
 
 
 def array_table(arrays: list[np.ndarray]) -> np.ndarray:

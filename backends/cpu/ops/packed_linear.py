@@ -78,11 +78,13 @@ class PackedLinearExecution(Execution):
         finish(out, self.bias, self.activation)
 
     def replay_steps(self, inputs, outputs) -> list:
-        """One token: this member's part of the shared GEMV (CPUReplay binds it); else on_execute."""
-        if self.tokens != 1:
+        """Up to FEW_TOKENS tokens: this member's part of the shared GEMV (CPUReplay binds it);
+        else on_execute."""
+        if self.tokens > FEW_TOKENS or not self.x.flags.c_contiguous:
             return super().replay_steps(inputs, outputs)
         from ..replay import SharedGemvStep
-        return [SharedGemvStep(self.shared, self.member, self.x[0], self.out.reshape(-1), self.bias, self.activation,
+        x = self.x[0] if self.tokens == 1 else self.x
+        return [SharedGemvStep(self.shared, self.member, x, self.out.reshape(-1), self.bias, self.activation,
                                self.threads)]
 
     def on_clone(self, backend, op):

@@ -1,7 +1,8 @@
 """Convolution 1x1 as a linear layer: fp32 weights inline in the table (the loader's reader),
 float weights (fp32, fp16), block-quantized weights (2, 3, 4 and 8 bits, asymmetric and symmetric,
 several blocks, a value map),
-bias, fused relu/relu6, 1..37 tokens, odd widths."""
+bias, fused relu/relu6, 1..37 tokens, odd widths; every token count 1..8 (a speculative verify
+step: the cpu backend's few-token GEMV at memory "low") on odd row counts."""
 from __future__ import annotations
 
 import numpy as np
@@ -21,6 +22,10 @@ TOKENS = (1, 3, 7, 37)
 # (bits, ic, block): MNN's 4-bit block 64 (SmolLM2), per-row blocks, small and odd blocks
 QUANTIZED = [(4, 576, 64), (8, 576, 64), (4, 576, 576), (8, 576, 576), (4, 96, 32), (8, 96, 32), (4, 6, 6),
              (8, 6, 6), (4, 128, 128), (8, 40, 8), (4, 48, 16), (8, 30, 30), (4, 40, 8)]
+# (bits, ic, block, oc, symmetric) run at every token count 1..FEW_TOKENS: rows that are not a
+# multiple of 32, blocks of 6 to 64, a single block
+FEW_TOKENS = 8
+FEW = [(4, 128, 64, 45, False), (8, 40, 8, 33, False), (4, 6, 6, 70, False), (4, 96, 32, 100, True)]
 # (bits, ic, block, symmetric): MNN's --quant_bit 2/3 and --sym, odd blocks included
 LOW_BITS = [(2, 64, 64, False), (2, 96, 32, False), (3, 64, 64, False), (3, 48, 16, False), (3, 24, 3, False),
             (2, 10, 5, False), (4, 96, 32, True), (8, 64, 64, True), (4, 6, 6, True), (3, 64, 32, True)]
@@ -99,6 +104,9 @@ def cases() -> list[Case]:
     found += [Case("Convolution", f"q{bits}{' sym' if sym else ''} ic={ic} block={block} tokens={t}",
                    _quantized(t, bits, ic, block, symmetric=sym), device_tol=LINEAR_TOL)
               for bits, ic, block, sym in LOW_BITS for t in (1, 3, 37)]
+    found += [Case("Convolution", f"q{bits}{' sym' if sym else ''} oc={oc} ic={ic} block={block} tokens={t}",
+                   _quantized(t, bits, ic, block, oc, sym), device_tol=LINEAR_TOL)
+              for bits, ic, block, oc, sym in FEW for t in range(1, FEW_TOKENS + 1)]
     found.append(Case("Convolution", "q4 value map", _value_map, device_tol=LINEAR_TOL))
     found += [Case("Convolution", f"{np.dtype(d).name} weight oc={oc} ic={ic} tokens={t}", _float(t, d, oc, ic),
                    device_tol=LINEAR_TOL)
