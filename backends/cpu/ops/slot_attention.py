@@ -32,6 +32,7 @@ class SlotAttentionExecution(AttentionExecution):
         self.slots = slots if slots is not None else SlotCaches(self.cache, self._fresh_cache)
         self.twins: dict[int, AttentionExecution] = {}  # slot -> a one-sequence execution over its cache
         self.batched = False  # resized for a batch of slots
+        self.bound_groups: tuple | None = None  # (row table and buffers, per group (twin, inputs, outputs))
 
     def _fresh_cache(self):
         """An empty cache of the kind the one-sequence Attention makes (whatever it stores)."""
@@ -77,14 +78,26 @@ class SlotAttentionExecution(AttentionExecution):
         if attention_mask(mask, seq).kind != "causal":
             raise UnsupportedError("a batch of KV slots takes the scalar (causal) attention mask; each row's "
                                    "own mask would need a plane per slot", field="attention_mask")
+        for twin, sub_inputs, sub_outputs, meta in self._bind(batch, seq, inputs, outputs):
+            with slot_meta(self.backend, meta):
+                twin.on_execute(sub_inputs, sub_outputs)
+
+    def _bind(self, batch: BatchMeta, seq: int, inputs, outputs) -> list[tuple]:
+        """Per group: the slot's twin resized for views of the group's rows, and the slot's meta;
+        kept while the row table and the step's buffers stay (a replayed decode step binds once)."""
+        key = (tuple((g.slot, g.start, g.count, id(self.slots.get(g.slot))) for g in batch.groups),
+               tuple(id(t.storage) for t in (*inputs, outputs[0])))
+        if self.bound_groups is not None and self.bound_groups[0] == key:
+            return [(*bound, group.meta) for bound, group in zip(self.bound_groups[1], batch.groups)]
+        bound = []
         for group in batch.groups:
-            rows = [rows_view(t, seq, group.start, group.count) for t in inputs[:3]]
-            sub_inputs = rows + list(inputs[3:])
+            sub_inputs = [rows_view(t, seq, group.start, group.count) for t in inputs[:3]] + list(inputs[3:])
             sub_outputs = [rows_view(outputs[0], seq, group.start, group.count)]
             twin = self._twin(group.slot)
-            with slot_meta(self.backend, group.meta):
-                twin.on_resize(sub_inputs, sub_outputs)
-                twin.on_execute(sub_inputs, sub_outputs)
+            twin.on_resize(sub_inputs, sub_outputs)
+            bound.append((twin, sub_inputs, sub_outputs))
+        self.bound_groups = (key, bound)
+        return [(*b, group.meta) for b, group in zip(bound, batch.groups)]
 
     def on_clone(self, backend, op):
         return SlotAttentionExecution(backend, self.params, self.cache, self.slots)
