@@ -62,3 +62,19 @@ def test_the_cpu_attention_is_slot_aware_and_a_module_without_state_is_refused()
     executions = [e for _, e in module.session.pipeline.executions.values()]
     assert slot_refusal(executions) is None
     assert "no KV cache" in slot_refusal([])
+
+
+@pytest.mark.parametrize("backend", ["opencl", "vulkan"])
+def test_a_device_attention_that_keeps_one_sequence_refuses_a_batch_with_the_reason(backend: str) -> None:
+    from mnnllm_core.core.backend import ScheduleConfig
+    from mnnllm_core.plugins.manager import registry
+    ok, reason = registry().get(backend).is_available()
+    if not ok:
+        pytest.skip(f"{backend} unavailable: {reason}")
+    manager = RuntimeManager.create(ScheduleConfig(backend_type=backend, thread_num=2))
+    feeds = [np.zeros((1, 64, 1, 1), np.float32), np.zeros((1, 32, 1, 1), np.float32),
+             np.zeros((1, 32, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32)]
+    info, _ = one_op_graph(attention_op(4, 2, 16), feeds, 1)
+    module = StaticModule(info, manager, Config(rearrange=True))
+    refusal = slot_refusal([e for _, e in module.session.pipeline.executions.values()])
+    assert refusal is not None and f"on {backend}" in refusal and "not slot-aware" in refusal
