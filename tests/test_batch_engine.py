@@ -117,3 +117,12 @@ def test_the_fp32_path_memory_normal_batches_exactly_too() -> None:
     sequences = [engine.submit(p, 12) for p in PROMPTS]
     engine.run()
     assert [s.tokens for s in sequences] == alone
+
+
+def test_one_stream_runs_in_the_llm_own_slot_as_the_one_sequence_step(llm, alone) -> None:
+    engine = BatchEngine(llm, slots=2)
+    sequence = engine.submit(PROMPTS[2], TOKENS)
+    engine.run()
+    assert sequence.slot.index == 0 and sequence.tokens == alone[2]
+    assert not any(batched for _, _, batched in engine._clones)  # no batch table: the Llm's own step
+    assert llm.conversation.history[:len(PROMPTS[2])] == PROMPTS[2]  # the slot is the Llm's conversation

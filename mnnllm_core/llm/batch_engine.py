@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TOKEN_BUDGET = 64  # rows a step runs at most: decode rows first, prompt chunks in what is left
-CLONES = 8  # resized module clones kept, one per step shape (rows, first logits row)
+CLONES = 8  # resized module clones kept, one per step shape (rows, first logits row, batched)
 
 WAITING, PREFILL, DECODE, FINISHED = "waiting", "prefill", "decode", "finished"
 
@@ -73,12 +73,15 @@ class BatchSequence:
 
 
 class Slot:
-    """One KV slot: its history (the tokens its caches hold) and KV meta, and the sequence in it."""
+    """One KV slot: its history (the tokens its caches hold) and KV meta, and the sequence in it.
+    Slot 0 is the Llm's own conversation (its caches are the one-sequence ones)."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, conversation: Conversation | None = None):
         self.index = index
-        self.conversation = Conversation(LlmContext())
-        self.conversation.attach(KVMeta(), [])
+        if conversation is None:
+            conversation = Conversation(LlmContext())
+            conversation.attach(KVMeta(), [])
+        self.conversation = conversation
         self.sequence: BatchSequence | None = None
 
     def shared_prefix(self, prompt: Sequence[int]) -> int:
@@ -94,8 +97,10 @@ class Slot:
 class BatchEngine:
     """Up to `slots` sequences of one loaded Llm at once. Not thread-safe: one thread calls
     `step`; `cancel` may come from another (it takes effect at the next step). While a step
-    runs the Llm is busy (its own calls raise ConcurrentUseError); the Llm's own conversation
-    (slot 0) is left as it was."""
+    runs the Llm is busy (its own calls raise ConcurrentUseError). Slot 0 is the Llm's own
+    conversation, taken first when prefixes tie: a step of that slot alone is the Llm's
+    one-sequence step (no batch table; a decode step replays as one compiled program), so one
+    stream through the engine runs as fast as alone."""
 
     def __init__(self, llm: "Llm", slots: int = 4, token_budget: int = TOKEN_BUDGET):
         if llm.module is None:
@@ -110,10 +115,10 @@ class BatchEngine:
             raise UnsupportedError(f"continuous batching: {refusal}", field="parallel")
         self.llm = llm
         self.token_budget = token_budget
-        self.slots = [Slot(i + 1) for i in range(slots)]  # slot 0 is the Llm's own conversation
+        self.slots = [Slot(0, llm.conversation)] + [Slot(i) for i in range(1, slots)]
         self.waiting: deque[BatchSequence] = deque()
         self.running: list[BatchSequence] = []  # in admission order
-        self._clones: OrderedDict[tuple[int, int], "NetModule"] = OrderedDict()
+        self._clones: OrderedDict[tuple[int, int, bool], "NetModule"] = OrderedDict()
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards `waiting` against submit/cancel from other threads
         self.steps = 0
@@ -210,7 +215,7 @@ class BatchEngine:
                 if not free or not self.waiting:
                     return
                 sequence = self.waiting.popleft()
-            slot = max(free, key=lambda s: s.shared_prefix(sequence.prompt) if reuse else 0)
+            slot = max(free, key=lambda s: (s.shared_prefix(sequence.prompt) if reuse else 0, s.index == 0))
             common = slot.shared_prefix(sequence.prompt) if reuse else 0
             slot.conversation.rewind(common)
             slot.sequence, sequence.slot = sequence, slot
@@ -241,9 +246,10 @@ class BatchEngine:
         feeds = {"input_ids": llm._input_embeddings(ids), "attention_mask": llm._decode_mask,
                  "position_ids": position_ids, "logits_index": np.array([plan.logits_from], np.int32),
                  **llm._extra_feeds(ids)}
-        key = (plan.rows, plan.logits_from)
+        alone = len(groups) == 1 and groups[0].slot == 0  # the Llm's own one-sequence step
+        key = (plan.rows, plan.logits_from, not alone)
         meta = llm.runtime_manager.kv_meta
-        meta.batch = BatchMeta(tuple(groups))
+        meta.batch = None if alone else BatchMeta(tuple(groups))
         try:
             outputs = self._clone(key).forward(feeds)
         except BaseException:
@@ -254,7 +260,7 @@ class BatchEngine:
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1])
 
-    def _clone(self, key: tuple[int, int]) -> "NetModule":
+    def _clone(self, key: tuple[int, int, bool]) -> "NetModule":
         module = self._clones.get(key)
         if module is None:
             module = self._clones[key] = self.llm.module.clone()
