@@ -6,13 +6,15 @@ Each stream has its own prompt (PROMPT distinct token ids, no shared prefix) and
 another through `Llm.generate`, decode tok/s = decoded tokens / decode time (the context's
 decode_us). "together": the streams in one engine of S slots; once every stream decodes, the
 steps are timed: decode tok/s = tokens emitted / time. A warm-up of each shape runs first
-(the first steps of a shape resize and record its replay).
+(the first steps of a shape resize and record its replay). The two alternate for --rounds rounds
+(the mean of each is printed), so the machine's drift hits both alike.
 
-    python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--memory low]
+    python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low]
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("-n", type=int, default=32, help="tokens each stream decodes")
     parser.add_argument("-t", type=int, default=2, help="thread_num")
+    parser.add_argument("--rounds", type=int, default=2, help="alone and together alternate this many times")
     parser.add_argument("--memory", default=None, help="the config's memory mode (default: the model's own)")
     args = parser.parse_args()
     llm = mnnllm_core.create(args.config)
@@ -75,8 +78,11 @@ def main() -> None:
         streams = prompts(count, vocab)
         together(llm, streams, 4, sampler)  # warm-up: this many rows' shapes resized and recorded
         alone(llm, streams[:1], 4, sampler)
-        one = alone(llm, streams, args.n, sampler)
-        many = together(llm, streams, args.n, sampler)
+        ones, manys = [], []
+        for _ in range(args.rounds):
+            ones.append(alone(llm, streams, args.n, sampler))
+            manys.append(together(llm, streams, args.n, sampler))
+        one, many = statistics.mean(ones), statistics.mean(manys)
         print(f"| {count} | {one:.2f} | {many:.2f} | {many / one:.2f}x |", flush=True)
 
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..core.kv_meta import KVMeta
 from ..core.kv_slots import BatchMeta, SlotRows, slot_refusal
+from ..core.op_params import AttentionParams
 from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedError
 from .batch_plan import StepPlan, plan_step
 from .context import LlmContext
@@ -272,6 +273,10 @@ class BatchEngine:
 
 def batch_refusal(llm: "Llm") -> str | None:
     """Why this loaded Llm cannot run batches of sequences, or None."""
+    from .omni import Omni
+    from .text_embedding import Embedding
+    if isinstance(llm, (Omni, Embedding)):
+        return f"{type(llm).__name__} models run one sequence at a time (images and embeddings are not batched)"
     cfg = llm.config
     if cfg.attention_mask != "float" or cfg.attention_type != "full":
         return (f"attention_mask {cfg.attention_mask!r} with attention_type {cfg.attention_type!r}: batches take "
@@ -285,7 +290,7 @@ def kv_bytes_per_token(llm: "Llm") -> int:
     the backend stores the KV cache narrower)."""
     total = 0
     for _, execution in llm.module.static_module.session.pipeline.executions.values():
-        heads = getattr(getattr(execution, "params", None), "heads", None)
-        if getattr(execution, "slot_aware", False) and heads is not None:
-            total += 2 * heads[1] * heads[2] * 4
+        params = getattr(execution, "params", None)
+        if isinstance(params, AttentionParams) and params.kv_cache and params.heads is not None:
+            total += 2 * params.heads[1] * params.heads[2] * 4
     return total

@@ -50,11 +50,8 @@ def available_memory() -> int | None:
 
 def plan_slots(llm: Llm, asked: int | str) -> SlotPlan:
     """The slots to serve with: `asked` (an int >= 1, or "auto")."""
-    from .embeddings import is_embedding_model
-    if is_embedding_model(llm):
-        refusal, per_slot = "an embedding model keeps no KV cache", 0
-    else:
-        refusal, per_slot = batch_refusal(llm), llm.config.max_all_tokens * kv_bytes_per_token(llm)
+    refusal = batch_refusal(llm)
+    per_slot = llm.config.max_all_tokens * kv_bytes_per_token(llm)
     available = available_memory()
     if asked == "auto":
         fits = AUTO_MAX if available is None or not per_slot else int(available * AUTO_SHARE // per_slot)
