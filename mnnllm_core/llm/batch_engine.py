@@ -20,7 +20,6 @@ Steps of a new shape run the per-op loop once (and resize); a shape seen again r
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
     from ..express.module import NetModule
     from .llm import Llm
     from .sampler import Sampler
-
-log = logging.getLogger(__name__)
 
 TOKEN_BUDGET = 64  # rows a step runs at most: decode rows first, prompt chunks in what is left
 CLONES = 8  # resized module clones kept, one per step shape (rows, first logits row, batched)

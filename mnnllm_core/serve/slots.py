@@ -8,15 +8,11 @@ time). An explicit N that does not fit the available memory is refused at start.
 """
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
 
 from ..errors import ConfigError
 from ..llm.batch_engine import batch_refusal, kv_bytes_per_token
 from ..llm.llm import Llm
-
-log = logging.getLogger(__name__)
 
 AUTO_MAX = 4  # slots `auto` takes at most (a 2-core cpu gains little beyond)
 AUTO_SHARE = 0.5  # of the available memory, what `auto` lets the KV slots take
