@@ -31,7 +31,9 @@ into the dataclasses below (ConvolutionParams for "Convolution", RasterParam for
 ...); `op.weights` (ConvolutionWeights, norm gamma/beta) is there until the creator packs it.
 
 Shared machinery: `KVCache` (one Attention layer's cache bookkeeping; `DeviceKVCache` for a
-device cache of token-major rows), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
+device cache of token-major rows), KV slots (`kv_meta.batch`, a `BatchMeta` of `SlotRows`: a step
+carrying several sequences' rows; an Attention that honours it sets `slot_aware = True` and keeps
+each slot's cache in `SlotCaches`, running a slot's rows under `slot_meta`), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
 the weights a backend packs at load, written once and memory-mapped by later loads),
 `file_backed_zeros` (arrays paged to a file, for `kvcache_mmap`), `TuningCache` (kernel variants
 timed once per device on the real shapes and kept in a file, MNN's mnn_cachefile.bin; the
@@ -62,6 +64,7 @@ from .core.expert_program import EXPERT_BINARY, EXPERT_UNARY, ExpertProgram, Exp
 from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
 from .core.kv_meta import KVMeta
+from .core.kv_slots import BatchMeta, SlotCaches, SlotRows, slot_meta
 from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
                                layernorm_launch, norm_tables)
 from .core.op import Op
@@ -78,7 +81,7 @@ from .core.tuning_cache import TUNING_HINT, TuningCache
 from .core.weights.cache import WeightCache
 from .core.weights.formats import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
                            WeightReader, linear_weights)
-from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
+from .errors import BackendError, ConfigError, FormatError, KVStateError, MnnllmError, UnsupportedError
 from .plugins.hookspecs import hookimpl
 from .steps import announce
 
@@ -96,6 +99,8 @@ __all__ = [
     "MoEExpert", "ExpertProgram", "ExpertStep", "EXPERT_UNARY", "EXPERT_BINARY", "step_name",
     # the KV cache; packed weights kept on disk (use_mmap)
     "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
+    # KV slots: a step of several sequences' rows (continuous batching)
+    "BatchMeta", "SlotRows", "SlotCaches", "slot_meta",
     # kernel variants tuned once per device (gpu_tuning); compiled code kept per device; long steps said
     "TuningCache", "TUNING_HINT", "DeviceCache", "announce",
     # shared machinery
@@ -104,5 +109,6 @@ __all__ = [
     # op-creator prologues
     "linear_creator", "float_attention_creator", "layernorm_weights", "rope_norm_tables",
     # dtypes and errors
-    "FLOAT32", "INT32", "MnnllmError", "BackendError", "ConfigError", "FormatError", "UnsupportedError",
+    "FLOAT32", "INT32", "MnnllmError", "BackendError", "ConfigError", "FormatError", "KVStateError",
+    "UnsupportedError",
 ]

@@ -59,6 +59,11 @@ def _counts(minimum: int) -> Callable[[str], list[int]]:
     return parse
 
 
+def _parallel(text: str) -> int | str:
+    """serve --parallel: "auto", or an integer >= 1."""
+    return "auto" if text == "auto" else _count(1)(text)
+
+
 def _pair(text: str) -> tuple[int, int]:
     """-pg PROMPT,GEN: two positive integers."""
     values = _counts(1)(text)
@@ -263,7 +268,7 @@ def cmd_serve(args) -> int:
         embedding = args.embedding or is_embedding_model(args.config)
         log.info("loading %s%s", args.config, " (an embedding model: /v1/embeddings)" if embedding else "")
         return run(_load_llm(args, embedding_model=embedding), sock, host=args.host, port=args.port, api_key=args.api_key,
-                   queue_size=args.queue_size, default_max_tokens=args.max_new_tokens)
+                   queue_size=args.queue_size, default_max_tokens=args.max_new_tokens, parallel=args.parallel)
 
 
 def cmd_inspect(args) -> int:
@@ -516,6 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=os.environ.get("MNNLLM_API_KEY"),
                        help="require Authorization: Bearer KEY on /v1/ (default: $MNNLLM_API_KEY)")
     serve.add_argument("--queue-size", type=_count(1), default=8, help="requests that may wait; more get 503")
+    serve.add_argument("--parallel", type=_parallel, default="auto",
+                       help="requests that decode together, each in its own KV slot (default auto: as many as fit "
+                            "half the available memory at max_all_tokens each, at most 4; 1 where the backend "
+                            "cannot batch)")
     serve.add_argument("--embedding", action="store_true",
                        help="serve an embedding model at /v1/embeddings (found from its graph without this flag)")
     serve.set_defaults(func=cmd_serve)

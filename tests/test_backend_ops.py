@@ -30,15 +30,15 @@ DEVICE_OPS = {"Convolution", "LayerNorm", "RoPE", "Raster", "Cast"}
 def _opencl(case: Case) -> bool:
     if case.op_type in DEVICE_OPS | {"UnaryOp"}:
         return True
-    if case.op_type == "Attention":
-        return not {"head_dim%4", "sinks"} & case.tags
+    if case.op_type == "Attention":  # KV slots: the device Attention keeps one sequence (the runner says so)
+        return not {"head_dim%4", "sinks", "slots"} & case.tags
     return case.op_type == "BinaryOp" and case.dtype == "float32" and case.operation in OPENCL_BINARY \
         and "5d" not in case.tags
 
 
 def _vulkan(case: Case) -> bool:
     if case.op_type == "Attention":
-        return "sinks" not in case.tags
+        return not {"sinks", "slots"} & case.tags
     if case.op_type in DEVICE_OPS:
         return True
     if case.op_type == "BinaryOp":

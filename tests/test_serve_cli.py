@@ -1,4 +1,4 @@
-"""`mnnllm serve FOLDER` as a user starts it: it logs the load, binds 127.0.0.1, requires the
+"""`mnnllm serve FOLDER` as a user starts it: it logs the load and its KV slots, binds 127.0.0.1, requires the
 --api-key on /v1/ (not on the page or /health), logs each request, and stops on Ctrl-C."""
 import http.client
 import json
@@ -53,6 +53,10 @@ def test_the_load_is_logged_before_serving_on_loopback(served):
     log = "".join(lines)
     assert log.index("loading " + str(MODEL_DIR / "config.json")) < log.index("loaded ") < log.index("Uvicorn running")
     assert "serving smollm2-135m-instruct-mnn-q4 on backend cpu" in log
+    # --parallel auto: the slots that fit, and the KV memory they may take of what is available
+    slots = re.search(r"\((\d) slot\(s\): KV cache up to \d+ MiB of \d+ MiB available", log)
+    assert slots and 1 <= int(slots.group(1)) <= 4
+    assert json.loads(_get(served[0], "/health")[1])["slots"] == int(slots.group(1))
 
 
 def test_the_api_needs_the_key_and_the_page_and_health_do_not(served):

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..errors import KVStateError
+
+if TYPE_CHECKING:
+    from .kv_slots import BatchMeta
 
 
 @dataclass
@@ -20,6 +23,7 @@ class KVMeta:
     add: int = 0
     reserve: tuple[tuple[int, int], ...] = ()
     steps: int = 0  # syncs so far: a step run again after an interrupt has the same number
+    batch: "BatchMeta | None" = None  # a step of several sequences' rows (kv_slots.py); None: one sequence
 
     @property
     def reserved(self) -> int:

@@ -1,5 +1,6 @@
 """The ASGI app: OpenAI's /v1/models, /v1/chat/completions and /v1/completions (or, for an
-embedding model, /v1/embeddings: embeddings.py), /health, and the chat page at /, on Starlette.
+embedding model, /v1/embeddings: embeddings.py), /health (with the slots), /metrics (Prometheus
+text: metrics.py), and the chat page at /, on Starlette.
 Streaming answers are server-sent events; a client that disconnects (mid-stream, or while
 waiting for a whole answer) cancels its job."""
 from __future__ import annotations
@@ -34,6 +35,8 @@ from .sampling import sampler_overrides
 from .schemas import (ChatCompletionRequest, ChatFormat, CompletionFormat, CompletionRequest, EmbeddingRequest,
                       SamplingRequest, parse_json, usage, validate)
 from .structured import LogprobText, RequestPlan, openai_calls, plan_request, template_messages
+from .batch_worker import BatchWorker
+from .metrics import render as render_metrics
 from .worker import ChoiceEnd, Generation, Job, Outcome, QueueFull, Worker
 
 log = logging.getLogger(__name__)
@@ -352,9 +355,10 @@ class BearerAuth:
 
 
 def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, model_id: str | None = None,
-               default_max_tokens: int | None = None) -> Starlette:
-    """The server's app around a loaded Llm; its worker thread runs while the app is served."""
-    worker = Worker(llm, queue_size)
+               default_max_tokens: int | None = None, parallel: int = 1) -> Starlette:
+    """The server's app around a loaded Llm; its worker thread runs while the app is served.
+    `parallel` > 1: that many requests decode together (batch_worker.py)."""
+    worker = BatchWorker(llm, queue_size, parallel) if parallel > 1 else Worker(llm, queue_size)
     service = ModelService(llm, worker, model_id or Path(llm.config.llm_model).parent.name, default_max_tokens)
 
     embedding = embed.is_embedding_model(llm)
@@ -400,6 +404,10 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": service.model_id, **worker.status()})
 
+    async def metrics(request: Request) -> Response:
+        return Response(render_metrics(worker.status(), worker.throughput, service.model_id),
+                        media_type="text/plain; version=0.0.4; charset=utf-8")
+
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html")
 
@@ -416,7 +424,7 @@ def create_app(llm: Llm, *, api_key: str | None = None, queue_size: int = 8, mod
 
     app = Starlette(
         routes=[Route("/", page), Route("/favicon.ico", favicon), Mount("/static", StaticFiles(directory=STATIC), name="static"),
-                Route("/health", health), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
+                Route("/health", health), Route("/metrics", metrics), Route("/v1/models", models), Route("/v1/models/{model:path}", model),
                 Route("/v1/chat/completions", chat_completions, methods=["POST"]),
                 Route("/v1/completions", completions, methods=["POST"]),
                 Route("/v1/embeddings", embeddings, methods=["POST"])],

@@ -35,18 +35,21 @@ def is_loopback(host: str) -> bool:
 
 
 def run(llm: Llm, sock: socket.socket, *, host: str = "127.0.0.1", port: int = 8080, api_key: str | None = None,
-        queue_size: int = 8, default_max_tokens: int | None = None) -> int:
+        queue_size: int = 8, default_max_tokens: int | None = None, parallel: int | str = "auto") -> int:
     """Serve a loaded model on `sock` (listen.bind(host, port), bound before the load) until
-    interrupted (Ctrl-C)."""
+    interrupted (Ctrl-C). `parallel`: requests decoding together, or "auto" (slots.py)."""
     import uvicorn
 
     from .app import create_app
+    from .slots import plan_slots
 
     if not is_loopback(host) and not api_key:
         log.warning("serving on %s without --api-key: anyone who can reach this address can use the model", host)
-    app = create_app(llm, api_key=api_key, queue_size=queue_size, default_max_tokens=default_max_tokens)
-    log.info("serving %s on backend %s (queue size %d): the chat page at /, the API under /v1/",
-             app.state.service.model_id, llm.runtime_manager.config.backend_type, queue_size)
+    slots = plan_slots(llm, parallel)
+    app = create_app(llm, api_key=api_key, queue_size=queue_size, default_max_tokens=default_max_tokens,
+                     parallel=slots.parallel)
+    log.info("serving %s on backend %s (%s; queue size %d): the chat page at /, the API under /v1/",
+             app.state.service.model_id, llm.runtime_manager.config.backend_type, slots.describe(), queue_size)
     config = uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=3)
     try:
         _server_on(uvicorn.Server, sock)(config).run(sockets=[sock])

@@ -19,6 +19,7 @@ from ..llm.context import FINISHED
 from ..llm.guided import GuidedSampler, TokenLogprob
 from ..llm.llm import Llm
 from ..llm.sampler import Sampler
+from .metrics import Throughput
 from .stops import StopMatcher
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ class Worker:
         self.llm = llm
         self.queue_size = queue_size
         self.counts = collections.Counter(served=0, cancelled=0, rejected=0, failed=0)
+        self.throughput = Throughput()  # completion tokens, for /metrics
         self._waiting: collections.deque[Job] = collections.deque()
         self._running: Job | None = None
         self._stopping = False
@@ -145,7 +147,7 @@ class Worker:
     def submit(self, job: Job) -> None:
         """Queue a job, or raise QueueFull when `queue_size` jobs already wait."""
         with self._lock:
-            if self._stopping or len(self._waiting) + (self._running is not None) > self.queue_size:
+            if self._stopping or self._full():
                 self.counts["rejected"] += 1
                 raise QueueFull(f"the server is busy: {len(self._waiting)} requests wait for the model "
                                 f"(queue size {self.queue_size})", field="queue_size")
@@ -153,10 +155,15 @@ class Worker:
             self._waiting.append(job)
             self._lock.notify_all()
 
+    def _full(self) -> bool:
+        """Whether a new job finds no place (called under the lock): one runs, `queue_size` wait."""
+        return len(self._waiting) + (self._running is not None) > self.queue_size
+
     def status(self) -> dict[str, Any]:
         with self._lock:
             return {"busy": self._running is not None, "waiting": len(self._waiting),
-                    "queue_size": self.queue_size, **self.counts}
+                    "queue_size": self.queue_size, "slots": 1, "slots_in_use": int(self._running is not None),
+                    **self.counts}
 
     def _count(self, outcome: str) -> None:
         with self._lock:
@@ -214,6 +221,7 @@ class Worker:
                 break
             ends.append(ChoiceEnd(index, finish, logprobs))
             job._send("choice", ends[-1])
+        self.throughput.add(totals[0])
         outcome = Outcome(finish_reason=finish, prompt_tokens=len(gen.prompt_ids), cached_tokens=cached,
                           completion_tokens=totals[0], waited_s=started - job.created, prefill_s=totals[1],
                           decode_s=totals[2], choices=ends)

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..core.kv_meta import KVMeta
+from ..core.kv_slots import BatchMeta, SlotRows, slot_refusal
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config, StaticModule
 from .cases import Case, Trial, all_cases, perf_cases
@@ -111,9 +113,12 @@ class Runner:
             runtime = self.runtime  # bad hints are a ConfigError here: every case's result
             meta = runtime.kv_meta
             meta.previous = meta.remove = meta.add = 0
-            meta.reserve = ()
+            meta.reserve, meta.batch = (), None
             info, first = one_op_graph(trial.op, trial.inputs, trial.outputs)
             module = StaticModule(info, runtime, Config(rearrange=True))
+            refusal = _batch_refusal(module, trial)
+            if refusal is not None:
+                return CaseResult(case, "unsupported", refusal, None, tol)
             outputs, error, problem = _steps(module, meta, trial, list(first), first, tol)
             if problem is None and trial.error is not None:
                 problem = f"expected {trial.error[0].__name__} ({trial.error[1]!r}), got outputs"
@@ -141,19 +146,49 @@ def _tokens(feeds: dict) -> int:
     return int(np.shape(next(iter(feeds.values())))[0]) if feeds else 0
 
 
+def _batch_refusal(module: StaticModule, trial: Trial) -> str | None:
+    """Why the backend cannot run the trial's batched steps (its Attention keeps one sequence), or None."""
+    if not any(step.slots for step in trial.steps):
+        return None
+    refusal = slot_refusal([e for _, e in module.session.pipeline.executions.values()])
+    return None if refusal is None else f"KV slots: {refusal}"
+
+
 def _steps(module: StaticModule, meta, trial: Trial, names: list[str], first: dict, tol: float):
     outputs, worst = None, 0.0
+    slot_metas = {0: meta}  # slot 0 is the layer's own cache, steered by the runtime's meta
     for step in trial.steps:
         feeds = first if step.feeds is None else dict(zip(names, step.feeds))
-        meta.remove, meta.add, meta.reserve = step.remove, _tokens(feeds), step.reserve
-        outputs = module.forward(feeds)
-        meta.sync()
+        if step.slots:
+            outputs = _batched_step(module, meta, slot_metas, step.slots, feeds)
+        else:
+            meta.remove, meta.add, meta.reserve = step.remove, _tokens(feeds), step.reserve
+            outputs = module.forward(feeds)
+            meta.sync()
         for k, want in enumerate(step.expected or []):
             error, problem = compare(outputs[k], np.asarray(want), tol)
             worst = max(worst, error)
             if problem is not None:
                 return outputs, worst, f"output {k}: {problem}"
     return outputs, worst, None
+
+
+def _batched_step(module: StaticModule, meta, slot_metas: dict, slots, feeds: dict) -> list:
+    """One forward of several slots' rows: each slot's KV meta adds its rows, then syncs."""
+    groups, start = [], 0
+    for slot, rows in slots:
+        slot_meta = slot_metas.setdefault(slot, KVMeta())
+        slot_meta.add = rows
+        groups.append(SlotRows(slot, start, rows, slot_meta))
+        start += rows
+    meta.batch = BatchMeta(tuple(groups))
+    try:
+        outputs = module.forward(feeds)
+    finally:
+        meta.batch = None
+    for group in groups:
+        group.meta.sync()
+    return outputs
 
 
 def _check_encoding(trial: Trial, module: StaticModule, runtime: RuntimeManager, outputs) -> str | None:

@@ -31,12 +31,14 @@ Check = Callable[[list, Any, Any], "str | None"]  # (outputs, module, runtime) -
 class Step:
     """One forward: the arrays fed (in the order of the trial's non-constant inputs; None: the
     trial's own), the expected outputs (None: not checked), and KV-meta tokens removed first
-    (with `reserve`: runs of them kept, MNN's (begin, size) pairs)."""
+    (with `reserve`: runs of them kept, MNN's (begin, size) pairs). `slots`: a batched step
+    (KV slots), its rows in order as (slot, rows) groups, each slot with its own KV meta."""
 
     feeds: list[np.ndarray] | None = None
     expected: list[np.ndarray] | None = None
     remove: int = 0
     reserve: tuple[tuple[int, int], ...] = ()
+    slots: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass

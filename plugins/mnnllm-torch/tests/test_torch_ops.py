@@ -46,8 +46,8 @@ def required(case: Case) -> bool:
         return case.dtype == "float32" and case.operation in TORCH_UNARY
     if case.op_type == "RoPE":
         return "norm" not in case.name
-    if case.op_type in ("Attention", "Cast"):
-        return "UnsupportedError" not in case.name
+    if case.op_type in ("Attention", "Cast"):  # KV slots: this Attention keeps one sequence (the runner says so)
+        return "UnsupportedError" not in case.name and "slots" not in case.tags
     return case.op_type == "Raster" and case.name.startswith(TORCH_RASTER)
 
 

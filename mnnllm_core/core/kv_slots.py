@@ -1,0 +1,109 @@
+"""KV slots: one forward carrying rows of several independent sequences (continuous batching).
+
+A batched step's rows are grouped by sequence: each `SlotRows` names a slot, the rows of the
+step that belong to it (contiguous, in order) and that slot's own `KVMeta` (its cached length,
+what it removes and adds this step). The LLM sets the step's `BatchMeta` on the runtime's KV
+meta (`KVMeta.batch`); a slot-aware Attention then runs each group as a single-sequence step
+over the slot's own KV cache, so every row attends only to its own sequence's history (its
+position comes with the `position_ids` of its row; the scalar "causal" mask is per group).
+Without a batch (the default) an Attention is exactly MNN's single-sequence one: slot 0.
+
+Each slot keeps a KV cache object of the backend's own class (`SlotCaches`), so per-slot storage
+is whatever the backend stores (fp32, quantized, a device buffer). An Execution that honours the
+batch says so with `slot_aware = True`; `slot_refusal` is why a module cannot run batches
+(its stateful ops are not all slot-aware), and a caller then runs sequences one at a time.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+
+from ..errors import KVStateError
+from .kv_cache import KVCache
+from .kv_meta import KVMeta
+
+if TYPE_CHECKING:
+    from .backend import Backend
+
+
+@dataclass
+class SlotRows:
+    """Rows start..start+count of a batched step belong to `slot`, whose KV meta is `meta`."""
+
+    slot: int
+    start: int
+    count: int
+    meta: KVMeta
+
+
+@dataclass
+class BatchMeta:
+    """The step's row table: groups in row order, covering every row once."""
+
+    groups: tuple[SlotRows, ...]
+
+    @property
+    def rows(self) -> int:
+        return sum(group.count for group in self.groups)
+
+    def check(self, rows: int) -> None:
+        """The groups tile the step's `rows` rows in order, each slot once: a KVStateError otherwise."""
+        at, seen = 0, set()
+        for group in self.groups:
+            if group.start != at or group.count < 1 or group.slot in seen or group.slot < 0:
+                raise KVStateError(f"KV slot rows {[(g.slot, g.start, g.count) for g in self.groups]} do not tile "
+                                   f"the step's {rows} rows in order, one group per slot", field="batch")
+            seen.add(group.slot)
+            at += group.count
+        if at != rows:
+            raise KVStateError(f"KV slot rows cover {at} rows, the step has {rows}", field="batch")
+
+
+class SlotCaches:
+    """The KV cache of each slot of one Attention layer: slot 0 is the layer's own (the
+    single-sequence state), others are made on first use by `fresh()` (a cache of the backend's
+    class). Shared by the clones of an Execution, as the single cache is."""
+
+    def __init__(self, own: KVCache, fresh: Callable[[], KVCache]):
+        self.by_slot: dict[int, KVCache] = {0: own}
+        self.fresh = fresh
+
+    def get(self, slot: int) -> KVCache:
+        cache = self.by_slot.get(slot)
+        if cache is None:
+            cache = self.by_slot[slot] = self.fresh()
+        return cache
+
+
+@contextmanager
+def slot_meta(backend: "Backend", meta: KVMeta) -> Iterator[None]:
+    """Within the block `backend.kv_meta` is `meta` (one slot's), so a single-sequence
+    Attention keeps that slot's books; the backend's own meta is back afterwards."""
+    had = "own_kv_meta" in backend.__dict__
+    before = backend.__dict__.get("own_kv_meta")
+    backend.own_kv_meta = meta
+    try:
+        yield
+    finally:
+        if had:
+            backend.own_kv_meta = before
+        else:
+            del backend.own_kv_meta
+
+
+def stateful_executions(executions: Sequence[object]) -> list[object]:
+    """The executions keeping per-token state (a KVCache attribute): the ones a batch must split."""
+    return [e for e in executions if any(isinstance(value, KVCache) for value in vars(e).values())]
+
+
+def slot_refusal(executions: Sequence[object]) -> str | None:
+    """Why these executions (one module's) cannot run a batch of slots, or None."""
+    stateful = stateful_executions(executions)
+    if not stateful:
+        return "the model keeps no KV cache"
+    unaware = sorted({f"{type(e).__name__} on {e.backend.name}" for e in stateful
+                      if not getattr(e, "slot_aware", False)})
+    if unaware:
+        return f"{', '.join(unaware)} each keep one sequence's state only (not slot-aware)"
+    return None
