@@ -16,6 +16,20 @@ float erf_as(float v) {
     float poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))));
     return sign(v) * (1.0 - poly * exp(-a * a));
 }
+// tan to ~2 ulp everywhere: x = k pi/2 + r with pi/2 in three parts, the first two short enough that
+// k times them is exact (r to ~1e-14 with or without fused multiply-adds), tan(r) on
+// [-pi/4, pi/4] by an odd polynomial (Cephes' tanf coefficients), -1/tan(r) for odd k. A driver's
+// own tan may be a quick sin/cos, whose error near the poles is the whole value.
+float tan_reduced(float v) {
+    float k = floor(v * 0.63661977236758134 + 0.5);
+    float r = (v - k * 1.5703125) - k * 4.838705062866211e-4;
+    r -= k * -4.37113900018624e-8;
+    float z = r * r;
+    float poly = ((((9.38540185543e-3 * z + 3.11992232697e-3) * z + 2.44301354525e-2) * z + 5.34112807005e-2) * z
+                  + 1.33387994085e-1) * z + 3.33331568548e-1;
+    float t = poly * z * r + r;
+    return (int(k) & 1) != 0 ? -1.0 / t : t;
+}
 void main() {
     int i = int(gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * p.row);
     if (i >= p.total) return;
@@ -32,7 +46,7 @@ void main() {
     case 8: r = log(v); break;
     case 9: r = sin(v); break;
     case 10: r = cos(v); break;
-    case 11: r = tan(v); break;
+    case 11: r = tan_reduced(v); break;
     case 12: r = atan(v); break;
     case 13: r = 1.0 / v; break;
     case 14: r = sign(v); break;

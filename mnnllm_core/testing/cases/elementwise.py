@@ -235,7 +235,16 @@ def _unary_cases() -> list[Case]:
                                                                     special_input(rng, o)),
                    device_tol=UNARY_TOL, operation=operation) for operation in SPECIAL_OPS]
     found.append(Case("UnaryOp", "ROUND sends halves away from zero", _round_halves, tol=0, operation="ROUND"))
+    found.append(Case("UnaryOp", "TAN beside its poles", _unary("TAN", _near_tan_poles), device_tol=UNARY_TOL,
+                      operation="TAN"))
     return found
+
+
+def _near_tan_poles(rng) -> np.ndarray:
+    """Arguments within 2e-3 of odd multiples of pi/2 up to 20, where tan is large and a tan built
+    from approximate sin and cos loses every digit (the tolerance is relative to the largest value)."""
+    poles = (2 * np.arange(-6, 7) + 1) * np.pi / 2
+    return (poles[:, None] + rng.uniform(-2e-3, 2e-3, (len(poles), 5))).astype(np.float32)
 
 
 def _other_cases() -> list[Case]:

@@ -16,6 +16,21 @@ fn erf_approx(v: f32) -> f32 {  // Abramowitz & Stegun 7.1.26, |error| < 1.5e-7
     return sign(v) * (1.0 - poly * exp(-a * a));
 }
 
+// tan to ~2 ulp everywhere: v = k pi/2 + r with pi/2 in three parts, the first two short enough that
+// k times them is exact (r to ~1e-14 with or without fused multiply-adds), tan(r) on
+// [-pi/4, pi/4] by an odd polynomial (Cephes' tanf coefficients), -1/tan(r) for odd k. A driver's
+// own tan may be a quick sin/cos, whose error near the poles is the whole value.
+fn tan_reduced(v: f32) -> f32 {
+    let k = floor(v * 0.63661977236758134 + 0.5);
+    let r = (v - k * 1.5703125) - k * 4.838705062866211e-4 - k * -4.37113900018624e-8;
+    let z = r * r;
+    let poly = ((((9.38540185543e-3 * z + 3.11992232697e-3) * z + 2.44301354525e-2) * z + 5.34112807005e-2) * z
+                + 1.33387994085e-1) * z + 3.33331568548e-1;
+    let t = poly * z * r + r;
+    if ((i32(k) & 1) != 0) { return -1.0 / t; }
+    return t;
+}
+
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
     let i = i32(id.x + id.y * p.row);
@@ -34,7 +49,7 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         case 8: { r = log(v); }
         case 9: { r = sin(v); }
         case 10: { r = cos(v); }
-        case 11: { r = tan(v); }
+        case 11: { r = tan_reduced(v); }
         case 12: { r = atan(v); }
         case 13: { r = 1.0 / v; }
         case 14: { r = sign(v); }
