@@ -140,3 +140,31 @@ def test_fp16_rows_round_as_fp16():
     cache.add(k, k)
     keys, _ = cache.dense()
     assert np.array_equal(keys[:, :9].transpose(1, 0, 2), k.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["f32", "i8"])
+@pytest.mark.parametrize("length, heads, kv_heads, sinks", [(4096, 9, 3, False), (4096, 4, 2, True), (5, 6, 1, False)])
+def test_decode_over_stored_rows_split_over_keys_matches_float64(kind, length, heads, kv_heads, sinks):
+    """The flash-decoding kernel reading float32 or int8 rows as stored, against float64 attention
+    over the rows those codes stand for (relative 1e-4 of the values' range)."""
+    from mnnllm_backends.cpu.kernels import set_threads
+    from mnnllm_backends.cpu.kernels.decode_attention import attend_stored, splits_for
+    rng = np.random.default_rng(length + heads)
+    dim = 64
+    cache = stored_cache(kind)
+    k = (rng.normal(size=(length, kv_heads, dim)) * 3).astype(np.float32)
+    cache.add(k, rng.normal(size=(length, kv_heads, dim)).astype(np.float32))
+    q = rng.normal(size=(heads, dim)).astype(np.float32)
+    sink = rng.normal(size=heads).astype(np.float32) if sinks else np.zeros(0, np.float32)
+    keys, values = (a[:, :length].astype(np.float64) for a in cache.dense())
+    scale = 1 / np.sqrt(dim)
+    group = heads // kv_heads
+    scores = np.einsum("hd,hpd->hp", q.astype(np.float64), np.repeat(keys, group, axis=0)) * scale
+    top = scores.max(axis=1, keepdims=True) if not sinks else np.maximum(scores.max(1, keepdims=True), sink[:, None])
+    weights = np.exp(scores - top)
+    denominator = weights.sum(axis=1, keepdims=True) + (np.exp(sink[:, None] - top) if sinks else 0)
+    want = np.einsum("hp,hpd->hd", weights / denominator, np.repeat(values, group, axis=0))
+    out = np.empty((heads, dim), np.float32)
+    set_threads(2)
+    attend_stored(q, *cache.stored(), length, np.float32(scale), sink, out, splits_for(length, 2))
+    assert np.abs(out - want).max() <= 1e-4 * (values.max() - values.min())

@@ -190,6 +190,16 @@ class StoredKVCache(KVCache):
         self.values.read(self.length, values)
         return keys, values
 
+    def decodable(self) -> bool:
+        """Whether `kernels/decode_attention.py` reads these rows as stored (float32 or int8)."""
+        return self.keys.kind != "f16" and self.values.kind != "f16"
+
+    def stored(self) -> tuple[np.ndarray, ...]:
+        """Keys' codes, scale, zero, then the values' (scale and zero empty for float32 rows)."""
+        empty = np.zeros((0, 0), np.float32)
+        return tuple(a if a is not None else empty for store in (self.keys, self.values)
+                     for a in (store.codes, store.scale, store.zero))
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         if self.keys.codes is None:
             empty = np.zeros((0, self._heads, 0), np.uint8)

@@ -198,6 +198,8 @@ class AttentionExecution(Execution):
             past = self.cache.begin_step(self.backend.kv_meta)
             self.cache.add(k, v)
             length = self.cache.length
+            if seq == 1 and kind.kind == "causal" and self._decode_stored(q, outputs, sinks):
+                return
             stored_k, stored_v = self.cache.dense()
             if self.cache.keys_transposed:
                 if self.kernel_call is not None and kind.kind == "causal":
@@ -229,6 +231,20 @@ class AttentionExecution(Execution):
             self._mask(scores, mask, kind.kind, past, seq, visible, t0, t1)
             probs = softmax_last(scores, sink_rows)
             out[t0:t1] = np.matmul(probs, values[:, None, :visible]).transpose(2, 0, 1, 3)  # from [kvh, group, t, dim]
+
+    def _decode_stored(self, q: np.ndarray, outputs, sinks: np.ndarray | None) -> bool:
+        """One token over a StoredKVCache of float32/int8 rows, read as stored and split over keys
+        across the threads (`kernels/decode_attention.py`); False where that does not apply."""
+        cache = self.cache
+        if not (isinstance(cache, StoredKVCache) and cache.decodable() and self.backend.runtime.low_memory_kernels()):
+            return False
+        from ..kernels.decode_attention import attend_stored, splits_for
+        threads = self.backend.runtime.thread_num
+        out = outputs[0].storage.reshape(q.shape[1], q.shape[2])
+        attend_stored(np.ascontiguousarray(q[0], dtype=np.float32), *cache.stored(), cache.length,
+                      np.float32(self.params.scale_for(q.shape[2])), NO_SINKS if sinks is None else sinks, out,
+                      splits_for(cache.length, threads))
+        return True
 
     @staticmethod
     def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int, t0: int, t1: int) -> None:
