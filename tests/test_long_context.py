@@ -168,3 +168,12 @@ def test_decode_over_stored_rows_split_over_keys_matches_float64(kind, length, h
     set_threads(2)
     attend_stored(q, *cache.stored(), length, np.float32(scale), sink, out, splits_for(length, 2))
     assert np.abs(out - want).max() <= 1e-4 * (values.max() - values.min())
+
+
+@pytest.mark.parametrize("attention_mode", [9, 10])
+def test_the_decode_replay_runs_with_quantized_kv_and_gives_the_per_op_tokens(long_ids, attention_mode):
+    """memory "low" replays a decode step (`replay.py`); an Attention over a StoredKVCache records
+    its on_execute (the bookkeeping, the append and the split decode kernel) as one step of it."""
+    replayed = load(attention_mode=attention_mode)
+    per_op = load(attention_mode=attention_mode, backend_hints={"replay": False})
+    assert replayed.generate(long_ids[:300], 12) == per_op.generate(long_ids[:300], 12)
