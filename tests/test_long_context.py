@@ -177,3 +177,17 @@ def test_the_decode_replay_runs_with_quantized_kv_and_gives_the_per_op_tokens(lo
     replayed = load(attention_mode=attention_mode)
     per_op = load(attention_mode=attention_mode, backend_hints={"replay": False})
     assert replayed.generate(long_ids[:300], 12) == per_op.generate(long_ids[:300], 12)
+
+
+def test_a_backend_not_honouring_attention_mode_reports_a_set_one_as_ignored(caplog):
+    from types import SimpleNamespace
+
+    from mnnllm_core.core.backend import ScheduleConfig
+    from mnnllm_core.express.runtime_manager import report_ignored_settings
+    plain = SimpleNamespace(name="plain-kv-test", settings=frozenset(["thread_num", "precision", "memory", "power"]))
+    with caplog.at_level("INFO", "mnnllm_core.express.runtime_manager"):
+        assert report_ignored_settings(plain, ScheduleConfig(), {"attention_mode": 8}) == []
+        assert report_ignored_settings(plain, ScheduleConfig(), {"attention_mode": 10}) == ["attention_mode"]
+    assert "backend plain-kv-test ignores attention_mode=10" in caplog.text
+    cpu = SimpleNamespace(name="cpu-kv-test", settings=frozenset(["thread_num", "memory", "attention_mode"]))
+    assert "attention_mode" not in report_ignored_settings(cpu, ScheduleConfig(), {"attention_mode": 10})
