@@ -2,18 +2,16 @@
 `memory: "low"` numba kernels on packed int4/int8 weights (`kernels/`)."""
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import platform
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, RuntimeHints,
-                                     ScheduleConfig, file_backed_zeros)
+                                     ScheduleConfig)
 
 from .kv_memory import KVMemory
 from .kv_storage import KVFormat
@@ -71,10 +69,6 @@ class CPURuntime(Runtime):
         self.thread_num = max(1, min(int(config.thread_num), os.cpu_count() or 1))
         self._limits = _limit_blas_threads(self.thread_num)
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
-        self.kv_zeros = np.zeros  # storage of the KV caches: in a file-backed mapping with kvcache_mmap
-        if self.hints.kvcache_mmap:
-            folder = self.hints.tmp_path or tempfile.gettempdir()
-            self.kv_zeros = functools.partial(file_backed_zeros, folder=folder)
         self.kv_memory = KVMemory(self.hints.kvcache_mmap, self.hints.kvcache_limit, self.hints.tmp_path)
         self.kv_format = KVFormat.of(self.hints.attention_mode, self.hints.cpu_kv_fp16)
 

@@ -38,13 +38,13 @@ class HostKVCache(KVCache):
     """Keys and values in host memory, [kv_heads, capacity, dim] each (keys [kv_heads, dim,
     capacity] when `keys_transposed`); capacity in whole panels."""
 
-    def __init__(self, keys_transposed: bool = False, zeros=np.zeros, zeros_for=None) -> None:
+    def __init__(self, keys_transposed: bool = False, zeros_for=None) -> None:
         super().__init__()
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
         self.keys_transposed = keys_transposed
-        self.zeros = zeros  # np.zeros, or file-backed storage with kvcache_mmap (the runtime's kv_zeros)
-        self.zeros_for = zeros_for  # layer bytes -> allocator (KVMemory: kvcache_mmap, kvcache_limit)
+        # a layer's bytes -> its allocator: np.zeros, or a file-backed mapping (the runtime's KVMemory)
+        self.zeros_for = zeros_for or in_memory
         self._heads = self._dim = 0
 
     def capacity_for(self, need: int) -> int:
@@ -52,7 +52,7 @@ class HostKVCache(KVCache):
 
     def grow(self, capacity: int) -> None:
         heads, dim = self._heads, self._dim
-        zeros = self.zeros if self.zeros_for is None else self.zeros_for(2 * 4 * heads * capacity * dim)
+        zeros = self.zeros_for(2 * 4 * heads * capacity * dim)
         grown_v = zeros((heads, capacity, dim), np.float32)
         grown_k = zeros((heads, dim, capacity) if self.keys_transposed else grown_v.shape, np.float32)
         if self.v is not None:
@@ -268,13 +268,16 @@ class AttentionExecution(Execution):
 
 def new_cache(backend, keys_transposed: bool) -> KVCache:
     """The cache an Attention keeps: fp32 arrays (HostKVCache), or the runtime's KV format below fp32."""
-    runtime = backend.runtime
-    kv_format = getattr(runtime, "kv_format", None)
-    zeros_for = getattr(runtime, "kv_memory", None)
-    zeros_for = zeros_for.zeros_for if zeros_for is not None else None
+    kv_format, memory = getattr(backend.runtime, "kv_format", None), getattr(backend.runtime, "kv_memory", None)
+    zeros_for = memory.zeros_for if memory is not None else in_memory
     if kv_format is None or kv_format.exact:
-        return HostKVCache(keys_transposed, runtime.kv_zeros, zeros_for)
-    return StoredKVCache(kv_format, keys_transposed, backend.scratch, zeros_for or (lambda nbytes: np.zeros))
+        return HostKVCache(keys_transposed, zeros_for)
+    return StoredKVCache(kv_format, keys_transposed, backend.scratch, zeros_for)
+
+
+def in_memory(layer_bytes: int):
+    """The allocator of a cache without a KVMemory: np.zeros, whatever its size."""
+    return np.zeros
 
 
 def create_attention(backend, inputs, outputs, op):
