@@ -138,9 +138,10 @@ class RowStore:
 
 
 class StoredKVCache(KVCache):
-    """A KV cache kept in a KVFormat; attention reads it through `dense()`, the rows as float32 in
-    a buffer the backend's Attentions share (one layer's worth), laid out as HostKVCache's arrays
-    (keys [kv_heads, dim, capacity] when `keys_transposed`)."""
+    """A KV cache kept in a KVFormat. A decode step reads float32 and int8 rows as stored
+    (`stored()`, `kernels/decode_attention.py`); a prefill (and fp16 rows) through `dense()`, the
+    rows as float32 in a buffer the backend's Attentions share (one layer's worth), laid out as
+    HostKVCache's arrays (keys [kv_heads, dim, capacity] when `keys_transposed`)."""
 
     reservable = True
     saveable = True
