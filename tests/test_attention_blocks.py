@@ -22,7 +22,7 @@ SCALAR = np.zeros((1, 1, 1, 1), np.float32)
 class Backend:
     def __init__(self, low: bool):
         self.kv_meta, self._low = KVMeta(), low
-        self.runtime = SimpleNamespace(thread_num=1, kv_zeros=np.zeros)
+        self.runtime = SimpleNamespace(thread_num=1)
 
     def low_memory(self) -> bool:
         return self._low

@@ -38,7 +38,7 @@ MNN_DEFAULTS: dict[str, Any] = {
     "all_logits": False, "timeout_ms": -1,
     "backend_type": "cpu", "thread_num": 4, "precision": "low", "power": "normal",
     "memory": "low", "mllm": {}, "quant_qkv": 8, "attention_mode": 8, "use_mmap": False,
-    "use_cached_mmap": True, "mmap_size": 1024, "dynamic_option": 0, "kvcache_mmap": False,
+    "use_cached_mmap": True, "mmap_size": 1024, "dynamic_option": 0, "kvcache_mmap": False, "kvcache_limit": -1,
     "tmp_path": "", "prefix_cache_path": "prefixcache", "cpu_sme2_neon_division_ratio": 41,
     "cpu_sme_core_num": 2, "enable_debug": False, "chunk": 0, "chunk_limits": [],
     "hidden_states": False,

@@ -89,8 +89,8 @@ def test_backends_json_lists_the_installed_plugins_with_version_devices_and_avai
     minimal = rows["minimal"]
     assert (minimal["plugin"], minimal["version"], minimal["available"], minimal["static_shapes"]) == (
         "minimal", "0.1.0", True, False)
-    assert (minimal["settings"], rows["cpu"]["settings"], rows["torch"]["settings"]) == ([], ["memory", "thread_num"],
-                                                                                       ["thread_num"])
+    assert (minimal["settings"], rows["cpu"]["settings"], rows["torch"]["settings"]) == (
+        [], ["attention_mode", "memory", "thread_num"], ["thread_num"])
     assert minimal["devices"] == ["host memory (numpy)"]
     torch_row = rows["torch"]
     assert (torch_row["plugin"], torch_row["version"], torch_row["static_shapes"]) == ("torch", "0.1.0", False)

@@ -81,6 +81,27 @@ def test_a_second_process_loads_the_saved_prefix_and_answers_the_same(tmp_path, 
     assert first == second == uncached[question]
 
 
+@pytest.mark.parametrize("attention_mode", [9, 10])
+def test_quantized_kv_is_saved_as_stored_and_a_second_engine_answers_the_same(tmp_path, attention_mode, caplog):
+    """int8 keys (9) or keys and values (10): the file holds the stored rows (uint8, keys and
+    values of their own widths), under a key of its own; a second engine loads them and answers as
+    an engine without the prefix cache in the same mode."""
+    question = "When does it open?"
+    plain = load(attention_mode=attention_mode)
+    ids = prompt_ids(plain, question)
+    want = plain.generate(ids, NEW_TOKENS)
+    assert load(attention_mode=attention_mode, prefix_cache_path=str(tmp_path)).generate(ids, NEW_TOKENS) == want
+    (saved,) = files(tmp_path)
+    header = json.loads(saved.read_bytes()[12:12 + int.from_bytes(saved.read_bytes()[8:12], "little")])
+    assert header["identity"]["attention_mode"] == attention_mode
+    assert {layer["dtype"] for layer in header["layers"]} == {"|u1"}
+    assert all(("value_shape" in layer) == (attention_mode == 9) for layer in header["layers"])
+    with caplog.at_level(logging.INFO, "mnnllm_core.llm.prefix_cache"):
+        again = load(attention_mode=attention_mode, prefix_cache_path=str(tmp_path)).generate(ids, NEW_TOKENS)
+    assert f"prefix cache: {len(ids) - 1} of {len(ids)} prompt tokens from" in caplog.text
+    assert again == want
+
+
 @pytest.fixture
 def cached(tmp_path):
     """An engine with the prefix cache in tmp_path, and the file its first prompt saved."""

@@ -48,7 +48,7 @@ def test_a_key_no_installed_backend_reads_is_a_config_error_naming_it(tmp_path) 
 def test_the_hints_of_another_backend_are_accepted_and_null_means_unset(tmp_path) -> None:
     config, _ = config_file(tmp_path, {"opencl_fp16": True, "replay": None, "gpu_tuning": None})
     hints = init_runtime(config).runtime.hints
-    assert type(hints) is RuntimeHints and hints.replay is True and hints.gpu_tuning == "none"
+    assert isinstance(hints, RuntimeHints) and hints.replay is True and hints.gpu_tuning == "none"
     assert not hasattr(hints, "opencl_fp16")
 
 

@@ -2,22 +2,30 @@
 `memory: "low"` numba kernels on packed int4/int8 weights (`kernels/`)."""
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import platform
-import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, ScheduleConfig,
-                                     file_backed_zeros)
+from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, RuntimeHints,
+                                     ScheduleConfig)
 
+from .kv_memory import KVMemory
+from .kv_storage import KVFormat
 from .ops import CREATORS
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class CPUHints(RuntimeHints):
+    """`cpu_kv_fp16`: keep float keys and values as fp16 (MNN does at precision "low" on a cpu with
+    fp16 arithmetic; ours computes fp32 on every precision, so it is asked for here)."""
+
+    cpu_kv_fp16: bool = False
 
 
 class CPUBackend(HostBackend):
@@ -52,6 +60,7 @@ class CPUBackend(HostBackend):
 
 class CPURuntime(Runtime):
     name = "cpu"
+    hints_type = CPUHints
 
     def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
         super().__init__(config, hints)
@@ -60,10 +69,8 @@ class CPURuntime(Runtime):
         self.thread_num = max(1, min(int(config.thread_num), os.cpu_count() or 1))
         self._limits = _limit_blas_threads(self.thread_num)
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
-        self.kv_zeros = np.zeros  # storage of the KV caches: in a file-backed mapping with kvcache_mmap
-        if self.hints.kvcache_mmap:
-            folder = self.hints.tmp_path or tempfile.gettempdir()
-            self.kv_zeros = functools.partial(file_backed_zeros, folder=folder)
+        self.kv_memory = KVMemory(self.hints.kvcache_mmap, self.hints.kvcache_limit, self.hints.tmp_path)
+        self.kv_format = KVFormat.of(self.hints.attention_mode, self.hints.cpu_kv_fp16)
 
     def low_memory_kernels(self) -> bool:
         """Load the packed-weight kernels on first use (numba's import is paid only by memory "low")."""
@@ -108,7 +115,8 @@ class CPURuntimeCreator(RuntimeCreator):
 
     name = "cpu"
     static_shapes = False
-    settings = frozenset({"thread_num", "memory"})
+    settings = frozenset({"thread_num", "memory", "attention_mode"})
+    hints_type = CPUHints
 
     def is_available(self) -> tuple[bool, str]:
         a = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 
 # The settings of ScheduleConfig a backend may honour; RuntimeCreator.settings names its own.
 SETTINGS = ("thread_num", "precision", "memory", "power")
+# Runtime hints a backend may honour (named in RuntimeCreator.settings too); a value other than the
+# default is logged as ignored by a backend that does not.
+HINT_SETTINGS = ("attention_mode",)
 
 
 @dataclass

@@ -35,6 +35,7 @@ class RuntimeHints:
     attention_mode: int = 8
     dynamic_option: int = 0
     kvcache_mmap: bool = False
+    kvcache_limit: int = -1
     use_mmap: bool = False
     mmap_size: int = 1024
     tmp_path: str = ""

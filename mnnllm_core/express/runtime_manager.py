@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..core.backend import SETTINGS, Backend, Runtime, RuntimeCreator, ScheduleConfig
+from ..core.backend import HINT_SETTINGS, SETTINGS, Backend, Runtime, RuntimeCreator, ScheduleConfig
 from ..core.kv_meta import KVMeta
 from ..core.runtime_hints import RuntimeHints, check_hints
 from ..errors import BackendError, cut_at_clause
@@ -52,7 +52,7 @@ class RuntimeManager:
         creator = registry().get(config.backend_type)
         check_hints(hints or {}, [each.hints_type for each in registry().runtime_creators().values()])
         runtime = _create_runtime(creator, config, hints)
-        report_ignored_settings(creator, config)
+        report_ignored_settings(creator, config, hints)
         backup = runtime if config.backup_type == config.backend_type else _create_runtime(
             registry().get(config.backup_type), config, hints)
         return cls(config, runtime, backup, bool(creator.static_shapes))
@@ -71,11 +71,17 @@ class RuntimeManager:
         return backend, backup
 
 
-def report_ignored_settings(creator: RuntimeCreator, config: ScheduleConfig) -> list[str]:
-    """Log, once per process per value, each setting the backend does not honour; returns them."""
-    ignored = [name for name in SETTINGS if name not in creator.settings]
+def report_ignored_settings(creator: RuntimeCreator, config: ScheduleConfig,
+                            hints: RuntimeHints | dict[str, Any] | None = None) -> list[str]:
+    """Log, once per process per value, each setting the backend does not honour (and each of
+    HINT_SETTINGS set to other than its default); returns them."""
+    values = {name: config.setting(name) for name in SETTINGS}
+    given = RuntimeHints.of(hints)
+    values.update({name: getattr(given, name) for name in HINT_SETTINGS
+                   if getattr(given, name) != getattr(RuntimeHints, name)})
+    ignored = [name for name in values if name not in creator.settings]
     for name in ignored:
-        key = (creator.name, name, str(config.setting(name)))
+        key = (creator.name, name, str(values[name]))
         if key not in _REPORTED:
             _REPORTED.add(key)
             log.info("backend %s ignores %s=%s (it honours: %s)", creator.name, name, key[2],

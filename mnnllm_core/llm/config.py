@@ -137,6 +137,7 @@ class LlmConfig:
     mmap_size = _Key(INT, 1024)
     dynamic_option = _Key(INT, 0)
     kvcache_mmap = _Key(BOOL, False)
+    kvcache_limit = _Key(INT, -1)
     tmp_path = _Key(STR, "")
     prefix_cache_path = _Key(STR, "prefixcache")
     cpu_sme2_neon_division_ratio = _Key(INT, 41)

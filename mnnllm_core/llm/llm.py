@@ -26,6 +26,7 @@ from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
 from . import arguments
 from .attention_mask import check_attention_type, check_mask_input, step_mask, tree_depths, tree_mask
+from .chunked_prefill import prefill_chunk, run_in_chunks
 from .config import LlmConfig
 from .config_keys import check_keys
 from .context import STOPPED, LlmContext
@@ -267,6 +268,9 @@ class Llm(PymnnMethods):
             return self._forward(ids, bool(all_logits), parents)
 
     def _forward(self, ids: list[int], all_logits: bool, parents: list[int] | None = None) -> np.ndarray:
+        chunk = prefill_chunk(self.config)
+        if parents is None and 0 < chunk < len(ids):
+            return run_in_chunks(self._forward, ids, all_logits, chunk)
         past = len(self.conversation)
         seq = len(ids)
         if past + seq > self.config.max_all_tokens:

@@ -11,8 +11,9 @@ longest run of leading tokens it shares with any saved file (a shared system pro
 conversation so far). The file holds a JSON
 header (the same facts in full, the token ids, each layer's shape and dtype), a checksum
 (checksum.py) of the whole file but itself (the header's token ids included), then every layer's
-keys and values as the cache's `snapshot` gave them (cpu: float32 [tokens, kv_heads, dim]; a
-device cache: its raw rows). It is written beside and renamed into place. A file that is stale,
+keys and values as the cache's `snapshot` gave them (cpu: float32 [tokens, kv_heads, dim], or
+its stored rows below fp32, whose keys and values may differ in width; a device cache: its raw
+rows). It is written beside and renamed into place. A file that is stale,
 truncated or corrupt (any byte changed after it was written) is never used: a warning says why,
 it is removed, and the prompt is prefilled (and saved again). A file is chosen by the tokens its
 header lists, then read whole and checked before anything in it is used.
@@ -95,6 +96,8 @@ class PrefixCache:
         identity = {"format": VERSION, "model": file_identity([cfg.llm_model, cfg.llm_weight, cfg.embedding_file]),
                     "backend": backend, "precision": options.precision,
                     "memory": options.memory, "layers": len(caches)}
+        if cfg.attention_mode % 8:  # quantized keys or values: another file (fp32 files keep their key)
+            identity["attention_mode"] = cfg.attention_mode
         return cls(str(folder), identity, conversation)
 
     # -- the Llm's two calls -------------------------------------------------------------
@@ -172,11 +175,13 @@ class PrefixCache:
 
     def _write(self, path: str, tokens: list[int]) -> None:
         arrays = [tuple(np.ascontiguousarray(a) for a in c.snapshot()) for c in self.caches]
-        if any(k.shape[0] != len(tokens) or k.shape != v.shape or k.dtype != v.dtype for k, v in arrays):
+        if any(k.shape[0] != len(tokens) or v.shape[0] != len(tokens) or k.dtype != v.dtype for k, v in arrays):
             log.warning("prefix cache: the KV cache does not hold the prompt's %d tokens; not saved", len(tokens))
             return
         header = json.dumps({"identity": self.identity, "tokens": tokens,
-                             "layers": [{"shape": list(k.shape[1:]), "dtype": k.dtype.str} for k, _ in arrays]
+                             "layers": [{"shape": list(k.shape[1:]), "dtype": k.dtype.str,
+                                         **({} if v.shape == k.shape else {"value_shape": list(v.shape[1:])})}
+                                        for k, v in arrays]
                              }).encode()
         prefix = _HEADER.pack(MAGIC, len(header))
         payload = [a.reshape(-1).view(np.uint8) for pair in arrays for a in pair]
@@ -198,10 +203,12 @@ class PrefixCache:
                 layers, count = header["layers"], len(header["tokens"])
                 if len(layers) != len(self.caches):
                     raise RejectedFile(f"{len(layers)} layers, the model has {len(self.caches)}")
-                per_layer = [count * int(np.prod(shape, dtype=np.int64)) * dtype.itemsize for shape, dtype in layers]
+                per_layer = [tuple(count * int(np.prod(s, dtype=np.int64)) * dtype.itemsize for s in (shape, v_shape))
+                             for shape, dtype, v_shape in layers]
                 stored = _regular_size(f) - header["payload_at"]
-                if stored != 2 * sum(per_layer):  # checked before reading: the file may be any size
-                    raise RejectedFile(f"truncated: {stored} bytes of keys and values, expected {2 * sum(per_layer)}")
+                expected_size = sum(k + v for k, v in per_layer)
+                if stored != expected_size:  # checked before reading: the file may be any size
+                    raise RejectedFile(f"truncated: {stored} bytes of keys and values, expected {expected_size}")
                 expected = f.read(CHECKSUM_SIZE)
                 payload = memoryview(f.read(stored))
         except OSError as err:
@@ -209,10 +216,10 @@ class PrefixCache:
         if checksum([prefix, text, payload]) != expected:
             raise RejectedFile("corrupt: its header, keys and values do not match their checksum")
         keys, values, at = [], [], 0
-        for (shape, dtype), nbytes in zip(layers, per_layer):
-            keys.append(np.frombuffer(payload[at:at + nbytes], dtype).reshape(count, *shape))
-            values.append(np.frombuffer(payload[at + nbytes:at + 2 * nbytes], dtype).reshape(count, *shape))
-            at += 2 * nbytes
+        for (shape, dtype, v_shape), (k_bytes, v_bytes) in zip(layers, per_layer):
+            keys.append(np.frombuffer(payload[at:at + k_bytes], dtype).reshape(count, *shape))
+            values.append(np.frombuffer(payload[at + k_bytes:at + k_bytes + v_bytes], dtype).reshape(count, *v_shape))
+            at += k_bytes + v_bytes
         return header, keys, values
 
 
@@ -253,7 +260,8 @@ def _header_of(f) -> tuple[bytes, bytes, dict]:
     try:
         header = json.loads(text)
         header["tokens"] = [int(t) for t in header["tokens"]]
-        header["layers"] = [(tuple(int(x) for x in layer["shape"]), np.dtype(layer["dtype"]))
+        header["layers"] = [(tuple(int(x) for x in layer["shape"]), np.dtype(layer["dtype"]),
+                             tuple(int(x) for x in layer.get("value_shape", layer["shape"])))
                             for layer in header["layers"]]
         if not isinstance(header["identity"], dict):
             raise TypeError("identity of the wrong type")

@@ -57,7 +57,7 @@ def runtime_hints(config: LlmConfig) -> dict:
     return {
         **(hints or {}),
         "attention_mode": config.attention_mode, "dynamic_option": config.dynamic_option,
-        "kvcache_mmap": config.kvcache_mmap, "use_mmap": config.use_mmap, "mmap_size": config.mmap_size,
+        "kvcache_mmap": config.kvcache_mmap, "kvcache_limit": config.kvcache_limit, "use_mmap": config.use_mmap, "mmap_size": config.mmap_size,
         "tmp_path": config.tmp_path, "prefix_cache_path": config.prefix_cache_path,
         "attention_type": config.attention_type, "sliding_window": config.sliding_window,
         "attn_scale": config.attn_scale,

@@ -6,7 +6,8 @@ k and v likewise with kv heads. Grouped-query heads share kv heads. A scalar mas
 An optional fifth input, the sinks (one learned logit per head, gpt-oss), joins each row's
 softmax denominator and is then dropped, as in MNN's CPUAttention.
 With memory "low" and the causal mask, numba kernels attend (`kernels/attention.py`), over a
-cache that holds keys transposed.
+cache that holds keys transposed. Below fp32 (`attention_mode`, the `cpu_kv_fp16` hint) the
+cache is a StoredKVCache (`kv_storage.py`) read as float32 one layer at a time.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from functools import partial
 import numpy as np
 
 from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused, UnsupportedError, attention_mask
+
+from ..kv_storage import StoredKVCache
 
 FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
 PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
@@ -35,12 +38,13 @@ class HostKVCache(KVCache):
     """Keys and values in host memory, [kv_heads, capacity, dim] each (keys [kv_heads, dim,
     capacity] when `keys_transposed`); capacity in whole panels."""
 
-    def __init__(self, keys_transposed: bool = False, zeros=np.zeros) -> None:
+    def __init__(self, keys_transposed: bool = False, zeros_for=None) -> None:
         super().__init__()
         self.k: np.ndarray | None = None
         self.v: np.ndarray | None = None
         self.keys_transposed = keys_transposed
-        self.zeros = zeros  # np.zeros, or file-backed storage with kvcache_mmap (the runtime's kv_zeros)
+        # a layer's bytes -> its allocator: np.zeros, or a file-backed mapping (the runtime's KVMemory)
+        self.zeros_for = zeros_for or in_memory
         self._heads = self._dim = 0
 
     def capacity_for(self, need: int) -> int:
@@ -48,8 +52,9 @@ class HostKVCache(KVCache):
 
     def grow(self, capacity: int) -> None:
         heads, dim = self._heads, self._dim
-        grown_v = self.zeros((heads, capacity, dim), np.float32)
-        grown_k = self.zeros((heads, dim, capacity) if self.keys_transposed else grown_v.shape, np.float32)
+        zeros = self.zeros_for(2 * 4 * heads * capacity * dim)
+        grown_v = zeros((heads, capacity, dim), np.float32)
+        grown_k = zeros((heads, dim, capacity) if self.keys_transposed else grown_v.shape, np.float32)
         if self.v is not None:
             grown_v[:, :self.length] = self.v[:, :self.length]
             if self.keys_transposed:
@@ -99,6 +104,10 @@ class HostKVCache(KVCache):
         self.length = 0
         self.add(k, v)
 
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys and values as float32 arrays of the full capacity (StoredKVCache's reading)."""
+        return self.k, self.v
+
 
 def softmax_last(x: np.ndarray, sinks: np.ndarray | None = None) -> np.ndarray:
     """Softmax over the last axis; `sinks` (broadcast against x's rows, one logit a row) count in
@@ -119,8 +128,7 @@ class AttentionExecution(Execution):
     def __init__(self, backend, params: AttentionParams, cache: HostKVCache | None = None):
         super().__init__(backend)
         self.params = params
-        self.cache = cache if cache is not None else HostKVCache(params.kv_cache and backend.low_memory(),
-                                                                 backend.runtime.kv_zeros)
+        self.cache = cache if cache is not None else new_cache(backend, params.kv_cache and backend.low_memory())
         self.kernel_call = None  # (kernel, q, out, scale) bound at resize for the key-transposed cache
         self.replay_kernel = False  # whether a replay runs this step as `append_attend` (set at resize)
         self.past = np.zeros(1, np.int64)  # the step's past, written by before_run for the replayed kernel
@@ -152,7 +160,7 @@ class AttentionExecution(Execution):
             self.kernel_call = (kernel, q, outputs[0].storage.reshape(seq, num_head, dim),
                                 np.float32(self.params.scale_for(dim)))
             mask = inputs[3] if len(inputs) > 3 else None
-            self.replay_kernel = (kernel is attend and self.params.kv_cache
+            self.replay_kernel = (kernel is attend and self.params.kv_cache and isinstance(self.cache, HostKVCache)
                                   and attention_mask(mask, seq).kind == "causal")
             self.cache.set_rows(kv_heads, dim)
 
@@ -190,15 +198,18 @@ class AttentionExecution(Execution):
             past = self.cache.begin_step(self.backend.kv_meta)
             self.cache.add(k, v)
             length = self.cache.length
+            if seq == 1 and kind.kind == "causal" and self._decode_stored(q, outputs, sinks):
+                return
+            stored_k, stored_v = self.cache.dense()
             if self.cache.keys_transposed:
                 if self.kernel_call is not None and kind.kind == "causal":
                     kernel, queries, out, scale = self.kernel_call
-                    kernel(queries, self.cache.k, self.cache.v, past, scale, NO_SINKS if sinks is None else sinks, out)
+                    kernel(queries, stored_k, stored_v, past, scale, NO_SINKS if sinks is None else sinks, out)
                     return
-                keys = self.cache.k[:, :, :length].transpose(0, 2, 1)
+                keys = stored_k[:, :, :length].transpose(0, 2, 1)
             else:
-                keys = self.cache.k[:, :length]
-            values = self.cache.v[:, :length]
+                keys = stored_k[:, :length]
+            values = stored_v[:, :length]
         else:
             past = 0
             keys, values = k.transpose(1, 0, 2), v.transpose(1, 0, 2)
@@ -221,6 +232,20 @@ class AttentionExecution(Execution):
             probs = softmax_last(scores, sink_rows)
             out[t0:t1] = np.matmul(probs, values[:, None, :visible]).transpose(2, 0, 1, 3)  # from [kvh, group, t, dim]
 
+    def _decode_stored(self, q: np.ndarray, outputs, sinks: np.ndarray | None) -> bool:
+        """One token over a StoredKVCache of float32/int8 rows, read as stored and split over keys
+        across the threads (`kernels/decode_attention.py`); False where that does not apply."""
+        cache = self.cache
+        if not (isinstance(cache, StoredKVCache) and cache.decodable() and self.backend.runtime.low_memory_kernels()):
+            return False
+        from ..kernels.decode_attention import attend_stored, splits_for
+        threads = self.backend.runtime.thread_num
+        out = outputs[0].storage.reshape(q.shape[1], q.shape[2])
+        attend_stored(np.ascontiguousarray(q[0], dtype=np.float32), *cache.stored(), cache.length,
+                      np.float32(self.params.scale_for(q.shape[2])), NO_SINKS if sinks is None else sinks, out,
+                      splits_for(cache.length, threads))
+        return True
+
     @staticmethod
     def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int, t0: int, t1: int) -> None:
         """Mask the scores of query tokens t0..t1 of the step's seq."""
@@ -239,6 +264,20 @@ class AttentionExecution(Execution):
 
     def on_clone(self, backend, op):
         return AttentionExecution(backend, self.params, self.cache)
+
+
+def new_cache(backend, keys_transposed: bool) -> KVCache:
+    """The cache an Attention keeps: fp32 arrays (HostKVCache), or the runtime's KV format below fp32."""
+    kv_format, memory = getattr(backend.runtime, "kv_format", None), getattr(backend.runtime, "kv_memory", None)
+    zeros_for = memory.zeros_for if memory is not None else in_memory
+    if kv_format is None or kv_format.exact:
+        return HostKVCache(keys_transposed, zeros_for)
+    return StoredKVCache(kv_format, keys_transposed, backend.scratch, zeros_for)
+
+
+def in_memory(layer_bytes: int):
+    """The allocator of a cache without a KVMemory: np.zeros, whatever its size."""
+    return np.zeros
 
 
 def create_attention(backend, inputs, outputs, op):

@@ -90,6 +90,19 @@ def _decode(heads: int, kv_heads: int, dim: int, prompt: int, count: int):
     return build
 
 
+def _long_cache(heads: int, kv_heads: int, dim: int, cached: int, queries: int):
+    """`queries` tokens of causal prefill after `cached` ones (long context: a backend's tiles
+    over keys, its online softmax across them), checked on the last step only."""
+    def build(rng) -> Trial:
+        total = cached + queries
+        q, k, v = randn(rng, total, heads, dim), randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
+        expected = attention_reference(q[cached:], k, v, causal_offset=cached)
+        steps = [Step(feeds(q[:cached], k[:cached], v[:cached], SCALAR)),
+                 Step(feeds(q[cached:], k[cached:], v[cached:], SCALAR), [packed(expected)])]
+        return steps_trial(attention_op(heads, kv_heads, dim), steps, resizes=2, checks=[_meta_previous(total)])
+    return build
+
+
 def _remove(rng) -> Trial:
     heads, kv_heads, dim = 4, 2, 8
     q, k, v = randn(rng, 9, heads, dim), randn(rng, 9, kv_heads, dim), randn(rng, 9, kv_heads, dim)
@@ -308,6 +321,9 @@ def cases() -> list[Case]:
     found += [Case("Attention", f"decode 4 steps on a 7-token cache heads={h}/{kv}", _decode(h, kv, 16, 7, 4))
               for h, kv in ((9, 3), (2, 2))]
     found.append(Case("Attention", "decode past 256 cached tokens", _decode(9, 3, 64, 250, 10)))
+    found.append(Case("Attention", "decode past 4096 cached tokens", _decode(9, 3, 64, 4096, 2)))
+    found.append(Case("Attention", "prefill of 37 tokens after 4059 cached heads=4/2 dim=64",
+                      _long_cache(4, 2, 64, 4059, 37)))
     found += [Case("Attention", f"causal prefill in chunks {c} heads={h}/{kv} dim={d}", _chunked_prefill(h, kv, d, c),
                    tags=_tags(d)) for h, kv, d, c in ((4, 2, 16, (70, 150)), (9, 3, 64, (130, 67)))]
     found.append(Case("Attention", "meta remove truncates the cache before appending", _remove))

@@ -1,0 +1,193 @@
+"""Long context on the cpu backend (issue #31): the KV cache below fp32 (attention_mode's int8
+keys and values, the cpu_kv_fp16 hint) within a stated logit tolerance of the fp32 cache on a long
+prompt; a prefill in chunks (`chunk`, `chunk_limits`) equal to one at once; `kvcache_limit`
+moving a layer's cache into a file-backed mapping; the stored rows' own properties."""
+import mmap
+
+import numpy as np
+import pytest
+
+import mnnllm_core
+from mnnllm_backends.cpu.kv_memory import KVMemory
+from mnnllm_backends.cpu.kv_storage import KVFormat, StoredKVCache
+from mnnllm_core.llm.prefix_cache import model_caches
+from paths import CONFIG
+
+LONG = 768  # prompt tokens of the long-prompt checks
+# max |logit - fp32 logit| of the last token after LONG tokens (logits of magnitude ~25), measured
+# 0.012 (fp16) and 0.13-0.17 (int8) at 1000 tokens; the greedy token is the same
+TOLERANCE = {"fp16": 0.05, "int8": 0.5}
+
+
+def load(**keys):
+    llm = mnnllm_core.create(CONFIG)
+    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "max_all_tokens": 4096, **keys})
+    return llm.load()
+
+
+@pytest.fixture(scope="module")
+def long_ids():
+    text = " ".join(f"Clock {i} of the museum was built in {1500 + 7 * i % 400} by maker {i % 13}." for i in range(300))
+    return load().tokenizer_encode(text)[:LONG]
+
+
+@pytest.fixture(scope="module")
+def fp32_logits(long_ids):
+    return {memory: load(memory=memory).forward(long_ids) for memory in ("low", "normal")}
+
+
+@pytest.mark.parametrize("memory", ["low", "normal"])
+@pytest.mark.parametrize("kind, keys", [("fp16", {"backend_hints": {"cpu_kv_fp16": True}}),
+                                        ("int8", {"attention_mode": 9}), ("int8", {"attention_mode": 10})])
+def test_a_kv_cache_below_fp32_stays_within_its_tolerance_on_a_long_prompt(long_ids, fp32_logits, memory, kind, keys):
+    llm = load(memory=memory, **keys)
+    logits = llm.forward(long_ids)
+    assert all(isinstance(c, StoredKVCache) for c in model_caches(llm.module))
+    assert np.abs(logits - fp32_logits[memory]).max() <= TOLERANCE[kind]
+    assert logits.argmax() == fp32_logits[memory].argmax()
+
+
+@pytest.mark.parametrize("memory", ["low", "normal"])
+def test_the_fp32_cache_is_kept_as_computed(memory):
+    assert not any(isinstance(c, StoredKVCache) for c in model_caches(load(memory=memory).module))
+
+
+@pytest.mark.parametrize("keys", [{"chunk": 64}, {"chunk_limits": [100, 1]}])
+def test_a_prefill_in_chunks_gives_the_logits_and_tokens_of_one_at_once(long_ids, fp32_logits, keys):
+    llm = load(**keys)
+    assert np.array_equal(llm.forward(long_ids), fp32_logits["low"])
+    llm.reset()
+    whole = load()
+    assert llm.generate(long_ids[:300], 8) == whole.generate(long_ids[:300], 8)
+    llm.reset()
+    whole.reset()
+    assert np.array_equal(llm.forward(long_ids[:150], all_logits=True), whole.forward(long_ids[:150], all_logits=True))
+
+
+def test_kvcache_limit_moves_a_layer_past_it_into_a_file_backed_mapping(long_ids, tmp_path):
+    plain = load()
+    want = plain.generate(long_ids[:200], 6)
+    limited = load(kvcache_limit=64 * 1024, tmp_path=str(tmp_path))
+    assert limited.generate(long_ids[:200], 6) == want
+    assert all(file_backed(cache.v) for cache in model_caches(limited.module))
+    small = load(kvcache_limit=1 << 30)
+    small.generate(long_ids[:20], 1)
+    assert not any(file_backed(cache.v) for cache in model_caches(small.module))
+
+
+def file_backed(array: np.ndarray) -> bool:
+    while isinstance(array, np.ndarray):
+        array = array.base
+    return isinstance(array, memoryview) and isinstance(array.obj, mmap.mmap)
+
+
+def test_kv_memory_chooses_by_the_bytes_of_a_layer():
+    assert KVMemory(limit=-1).zeros_for(1 << 40) is np.zeros
+    assert KVMemory(limit=100).zeros_for(100) is np.zeros
+    assert KVMemory(limit=100).zeros_for(101) is not np.zeros
+    assert KVMemory(mmap=True).zeros_for(1) is not np.zeros
+
+
+def test_attention_mode_reads_as_mnn_cpu_does():
+    assert KVFormat.of(8) == KVFormat("f32", "f32") and KVFormat.of(0).exact
+    assert KVFormat.of(9) == KVFormat.of(1) == KVFormat("i8", "f32")
+    assert KVFormat.of(10) == KVFormat("i8", "i8")
+    assert KVFormat.of(2) == KVFormat("i8", "f32")  # int8 values only with flash attention, as MNN
+    assert KVFormat.of(8, fp16=True) == KVFormat("f16", "f16")
+    with pytest.raises(mnnllm_core.errors.UnsupportedError):
+        KVFormat.of(12)
+
+
+def stored_cache(kind: str, transposed: bool = False) -> StoredKVCache:
+    buffers = {}
+
+    def scratch(name, size):
+        if name not in buffers or buffers[name].size < size:
+            buffers[name] = np.empty(size, np.float32)
+        return buffers[name]
+
+    return StoredKVCache(KVFormat(kind, kind), transposed, scratch, lambda nbytes: np.zeros)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_int8_rows_are_within_half_a_step_and_survive_snapshot_restore_and_moves(transposed):
+    rng = np.random.default_rng(0)
+    k = rng.normal(size=(37, 3, 64)).astype(np.float32) * rng.uniform(0.1, 10, size=(37, 3, 1)).astype(np.float32)
+    v = rng.normal(size=(37, 3, 64)).astype(np.float32)
+    k[5, 1] = 2.5  # a constant row: its scale is 0, its value exact
+    cache = stored_cache("i8", transposed)
+    cache.add(k[:30], v[:30])
+    cache.add(k[30:], v[30:])
+    keys, values = cache.dense()
+    keys = keys[:, :, :37].transpose(2, 0, 1) if transposed else keys[:, :37].transpose(1, 0, 2)
+    step = (k.max(-1, keepdims=True) - k.min(-1, keepdims=True)) / 255
+    assert np.all(np.abs(keys - k) <= step / 2 + 1e-5 * np.abs(k) + 1e-6)
+    assert np.array_equal(keys[5, 1], k[5, 1])
+    assert np.abs(values[:, :37].transpose(1, 0, 2) - v).max() <= (v.max() - v.min()) / 255
+    saved = cache.snapshot()
+    assert saved[0].dtype == np.uint8 and saved[0].shape == (37, 3, 64 + 8)
+    again = stored_cache("i8", transposed)
+    again.restore(*saved)
+    assert all(np.array_equal(a, b) for a, b in zip(again.snapshot(), saved))
+    again.move(30, 10, 7)
+    assert np.array_equal(again.snapshot()[0][10:17], saved[0][30:37])
+
+
+def test_fp16_rows_round_as_fp16():
+    rng = np.random.default_rng(1)
+    k = rng.normal(size=(9, 2, 16)).astype(np.float32)
+    cache = stored_cache("f16")
+    cache.add(k, k)
+    keys, _ = cache.dense()
+    assert np.array_equal(keys[:, :9].transpose(1, 0, 2), k.astype(np.float16).astype(np.float32))
+
+
+@pytest.mark.parametrize("kind", ["f32", "i8"])
+@pytest.mark.parametrize("length, heads, kv_heads, sinks", [(4096, 9, 3, False), (4096, 4, 2, True), (5, 6, 1, False)])
+def test_decode_over_stored_rows_split_over_keys_matches_float64(kind, length, heads, kv_heads, sinks):
+    """The flash-decoding kernel reading float32 or int8 rows as stored, against float64 attention
+    over the rows those codes stand for (relative 1e-4 of the values' range)."""
+    from mnnllm_backends.cpu.kernels import set_threads
+    from mnnllm_backends.cpu.kernels.decode_attention import attend_stored, splits_for
+    rng = np.random.default_rng(length + heads)
+    dim = 64
+    cache = stored_cache(kind)
+    k = (rng.normal(size=(length, kv_heads, dim)) * 3).astype(np.float32)
+    cache.add(k, rng.normal(size=(length, kv_heads, dim)).astype(np.float32))
+    q = rng.normal(size=(heads, dim)).astype(np.float32)
+    sink = rng.normal(size=heads).astype(np.float32) if sinks else np.zeros(0, np.float32)
+    keys, values = (a[:, :length].astype(np.float64) for a in cache.dense())
+    scale = 1 / np.sqrt(dim)
+    group = heads // kv_heads
+    scores = np.einsum("hd,hpd->hp", q.astype(np.float64), np.repeat(keys, group, axis=0)) * scale
+    top = scores.max(axis=1, keepdims=True) if not sinks else np.maximum(scores.max(1, keepdims=True), sink[:, None])
+    weights = np.exp(scores - top)
+    denominator = weights.sum(axis=1, keepdims=True) + (np.exp(sink[:, None] - top) if sinks else 0)
+    want = np.einsum("hp,hpd->hd", weights / denominator, np.repeat(values, group, axis=0))
+    out = np.empty((heads, dim), np.float32)
+    set_threads(2)
+    attend_stored(q, *cache.stored(), length, np.float32(scale), sink, out, splits_for(length, 2))
+    assert np.abs(out - want).max() <= 1e-4 * (values.max() - values.min())
+
+
+@pytest.mark.parametrize("attention_mode", [9, 10])
+def test_the_decode_replay_runs_with_quantized_kv_and_gives_the_per_op_tokens(long_ids, attention_mode):
+    """memory "low" replays a decode step (`replay.py`); an Attention over a StoredKVCache records
+    its on_execute (the bookkeeping, the append and the split decode kernel) as one step of it."""
+    replayed = load(attention_mode=attention_mode)
+    per_op = load(attention_mode=attention_mode, backend_hints={"replay": False})
+    assert replayed.generate(long_ids[:300], 12) == per_op.generate(long_ids[:300], 12)
+
+
+def test_a_backend_not_honouring_attention_mode_reports_a_set_one_as_ignored(caplog):
+    from types import SimpleNamespace
+
+    from mnnllm_core.core.backend import ScheduleConfig
+    from mnnllm_core.express.runtime_manager import report_ignored_settings
+    plain = SimpleNamespace(name="plain-kv-test", settings=frozenset(["thread_num", "precision", "memory", "power"]))
+    with caplog.at_level("INFO", "mnnllm_core.express.runtime_manager"):
+        assert report_ignored_settings(plain, ScheduleConfig(), {"attention_mode": 8}) == []
+        assert report_ignored_settings(plain, ScheduleConfig(), {"attention_mode": 10}) == ["attention_mode"]
+    assert "backend plain-kv-test ignores attention_mode=10" in caplog.text
+    cpu = SimpleNamespace(name="cpu-kv-test", settings=frozenset(["thread_num", "memory", "attention_mode"]))
+    assert "attention_mode" not in report_ignored_settings(cpu, ScheduleConfig(), {"attention_mode": 10})
