@@ -61,6 +61,7 @@ from .core.dtypes import FLOAT32, INT32
 from .core.expert_program import EXPERT_BINARY, EXPERT_UNARY, ExpertProgram, ExpertStep, step_name
 from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
+from .core.kv_format import KVFormat, dequantize_int8_rows, kv_format, quantize_int8_rows
 from .core.kv_meta import KVMeta
 from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
                                layernorm_launch, norm_tables)
@@ -95,7 +96,8 @@ __all__ = [
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
     "MoEExpert", "ExpertProgram", "ExpertStep", "EXPERT_UNARY", "EXPERT_BINARY", "step_name",
     # the KV cache; packed weights kept on disk (use_mmap)
-    "KVMeta", "KVCache", "DeviceKVCache", "WeightCache", "file_backed_zeros",
+    "KVMeta", "KVCache", "DeviceKVCache", "KVFormat", "kv_format", "quantize_int8_rows",
+    "dequantize_int8_rows", "WeightCache", "file_backed_zeros",
     # kernel variants tuned once per device (gpu_tuning); compiled code kept per device; long steps said
     "TuningCache", "TUNING_HINT", "DeviceCache", "announce",
     # shared machinery

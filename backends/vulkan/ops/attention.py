@@ -3,7 +3,8 @@ three dispatches per run, scores (+ mask), softmax in place, context; scores liv
 buffer of [seq, heads, capacity]. With the cache, k and v are first appended to the device cache
 by a shader at the row the step buffer names (token-major rows, shared by the clones; a cache
 doubled past maxStorageBufferRange or maxTexelBufferElements grows only to what it needs). On a
-device with subgroups, head_dim 64 and 128 run all of it in one dispatch (attn_fused.glsl).
+device with subgroups, head dims 16, 32, 48, 64, 80, 96 and 128 run all of it in one dispatch
+with an online softmax over the keys (attn_fused.glsl): no scores buffer, so no depth limit.
 Nothing recorded depends on the token: past and total live in the step buffer, so the dispatches
 replay unchanged."""
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ..device import Program, Texels, fold, pack_push
 
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
 MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
-FUSED_DIMS = (64, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
+FUSED_DIMS = (16, 32, 48, 64, 80, 96, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
 
 
 class AttentionExecution(Execution):

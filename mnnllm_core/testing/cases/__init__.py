@@ -12,10 +12,10 @@ __all__ = ["FP16_TOL", "FP32_TOL", "Case", "Check", "Step", "Trial", "all_cases"
 
 def all_cases() -> list[Case]:
     """The whole catalogue, in a fixed order."""
-    from . import (attention, elementwise, fill, linear, linear_attention, matmul, moe, movement, norm, reduction,
-                   rope, topk)
+    from . import (attention, attention_long, elementwise, fill, linear, linear_attention, matmul, moe, movement, norm,
+                   reduction, rope, topk)
     found: list[Case] = []
-    for module in (linear, norm, rope, attention, linear_attention, elementwise, movement, matmul, reduction, topk,
+    for module in (linear, norm, rope, attention, attention_long, linear_attention, elementwise, movement, matmul, reduction, topk,
                    fill, moe):
         found += module.cases()
     ids = [c.id for c in found]
