@@ -130,8 +130,9 @@ def test_a_mode_a_backend_cannot_do_is_logged_as_ignored(caplog) -> None:
 
 LONG_PROMPT = 700  # tokens
 STEPS = 4
-# int8 KV against the fp32 cache on the long prompt, each step's logits: seen 0.99987 and 0.5 % of the range
-MIN_COSINE, MAX_DIFF = 0.999, 0.03
+# int8 KV against the fp32 cache on the long prompt, each step's logits (cosine; largest difference
+# over the logits' range): seen at worst 0.99916 and 1.4 % (pocl), the same 4 greedy tokens
+MIN_COSINE, MAX_DIFF = 0.998, 0.03
 
 
 def load(**keys):
@@ -166,7 +167,7 @@ def int8_runs():
 
 def test_int8_kv_logits_on_a_long_prompt_stay_within_the_stated_tolerance_of_the_fp32_cache(int8_runs) -> None:
     (tokens, logits), (int8_tokens, int8_logits) = int8_runs["fp32"], int8_runs["int8"]
-    assert int8_tokens[0] == tokens[0]
+    assert int8_tokens[:2] == tokens[:2]
     for want, got in zip(logits, int8_logits):
         cosine = float(want @ got / np.linalg.norm(want) / np.linalg.norm(got))
         assert cosine >= MIN_COSINE

@@ -88,13 +88,13 @@ class AttentionExecution(Execution):
                 mask_buffer, outputs[0].storage, step, *scalars)
             if "KV_INT8" in defines or "KV_HALF" in defines:
                 self.store = self.backend.program("attention.cl", "kv_append", **defines).bind(
-                    (kv_seq, kv_heads), (1, 1) if cpu else None, inputs[1].storage, inputs[2].storage,
+                    (kv_seq, kv_heads), (1, 1), inputs[1].storage, inputs[2].storage,
                     inputs[1].storage, inputs[2].storage, step, np.int32(kv_heads))
         elif seq == 1 and self.params.kv_cache and heads // kv_heads <= MAX_SPLIT_GROUP:
             self.appends, self.cache_args = True, (5, 6)
             splits = decode_splits(self.backend.runtime.device.device, kv_heads)
-            part = self.part = self.backend.allocator.alloc(heads * splits * (dim + 2) * 4)  # kept: a kernel
-            # argument does not keep its buffer alive
+            # kept here: a kernel's argument does not keep its buffer alive
+            part = self.part = self.backend.allocator.alloc(heads * splits * (dim + 2) * 4)
             defines["GROUP"] = heads // kv_heads
             self.program = self.backend.program("attention.cl", "attention_split", **defines).bind(
                 (splits, kv_heads), (1, 1) if cpu else None, inputs[0].storage, inputs[1].storage,
