@@ -79,7 +79,7 @@ from .core.tuning_cache import TUNING_HINT, TuningCache
 from .core.weights.cache import WeightCache
 from .core.weights.formats import (ConvolutionWeight, ConvolutionWeights, FloatWeight, MoEExpert, QuantizedWeight,
                            WeightReader, linear_weights)
-from .errors import BackendError, ConfigError, FormatError, MnnllmError, UnsupportedError
+from .errors import BackendError, ConfigError, FormatError, KVStateError, MnnllmError, UnsupportedError
 from .plugins.hookspecs import hookimpl
 from .steps import announce
 
@@ -106,5 +106,6 @@ __all__ = [
     # op-creator prologues
     "linear_creator", "float_attention_creator", "layernorm_weights", "rope_norm_tables",
     # dtypes and errors
-    "FLOAT32", "INT32", "MnnllmError", "BackendError", "ConfigError", "FormatError", "UnsupportedError",
+    "FLOAT32", "INT32", "MnnllmError", "BackendError", "ConfigError", "FormatError", "KVStateError",
+    "UnsupportedError",
 ]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import mnnllm_core
-from mnnllm_core.backend_api import AttentionParams, dequantize_int8_rows, quantize_int8_rows
+from mnnllm_core.backend_api import AttentionParams, KVStateError, dequantize_int8_rows, quantize_int8_rows
 from mnnllm_core.core.backend import ScheduleConfig
 from mnnllm_core.core.op import Op
 from mnnllm_core.express.runtime_manager import RuntimeManager
@@ -115,6 +115,31 @@ def test_int8_rows_are_stored_as_the_reference_quantizer_makes_them_and_attended
         keys, values = np.concatenate([stored_k[:t], k[t:t + 1]]), np.concatenate([stored_v[:t], v[t:t + 1]])
         np.testing.assert_allclose(got, attention_reference(q[t:t + 1], keys, values, causal_offset=t), rtol=0,
                                    atol=2e-5)
+
+
+def test_rows_of_another_format_restored_into_the_cache_are_a_kv_state_error() -> None:
+    require("opencl")
+    graph = Graph()
+    inputs = [graph.input(n) for n in ("q", "k", "v", "mask")]
+    out = graph.add(Op("Attention", "attn", param=AttentionParams(heads=(HEADS, KV_HEADS, DIM))), inputs)
+    rng = np.random.default_rng(5)
+    feeds = {"q": rng.standard_normal((3, HEADS * DIM, 1, 1)).astype(np.float32),
+             **{n: rng.standard_normal((3, KV_HEADS * DIM, 1, 1)).astype(np.float32) for n in ("k", "v")},
+             "mask": np.zeros((1, 1, 1, 1), np.float32)}
+    modules = []
+    for mode in (8, 10):
+        runtime = RuntimeManager.create(ScheduleConfig(backend_type="opencl", thread_num=2), {"attention_mode": mode})
+        module = make_module(graph.schedule(out), runtime)
+        runtime.kv_meta.add = 3
+        module.forward(feeds)
+        runtime.kv_meta.sync()
+        modules.append((module, runtime))
+    (fp32, _), (int8, runtime) = modules
+    rows = fp32.session.pipeline.executions[0][1].cache.snapshot()
+    int8.session.pipeline.executions[0][1].cache.restore(*rows)  # as a prefix cache file saved under mode 8
+    runtime.kv_meta.add = 3
+    with pytest.raises(KVStateError, match="rows of 128 bytes, but its int8 format makes rows of 40"):
+        int8.forward(feeds)
 
 
 def test_a_mode_a_backend_cannot_do_is_logged_as_ignored(caplog) -> None:

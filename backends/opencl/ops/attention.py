@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import (SINKS_REFUSAL, AttentionParams, DeviceKVCache, Execution, KVFormat, Refused,
-                                     UnsupportedError, attention_mask)
+from mnnllm_core.backend_api import (SINKS_REFUSAL, AttentionParams, DeviceKVCache, Execution, KVFormat,
+                                     KVStateError, Refused, UnsupportedError, attention_mask)
 
 from .variant import cpu_kernels
 
@@ -54,6 +54,7 @@ class AttentionExecution(Execution):
         self.store = None  # kv_append, binding the cache at (2, 3), when the copy cannot append
         self.merge = None  # attention_merge after attention_split (a decode step)
         self.part = None  # the splits' partial results
+        self.row_bytes = 0  # of one token's keys in the cache's format
 
     def on_resize(self, inputs, outputs) -> None:
         shape = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -72,7 +73,10 @@ class AttentionExecution(Execution):
             defines["KV_INT8"] = 1
         elif fmt.name == "fp16" and not self.backend.half:
             defines["KV_HALF"] = 1
-        self.cache.row_bytes = fmt.row_bytes(kv_heads, dim, self.backend.storage_dtype(inputs[1]).itemsize)
+        self.row_bytes = fmt.row_bytes(kv_heads, dim, self.backend.storage_dtype(inputs[1]).itemsize)
+        if self.cache.length:
+            self.check_rows()
+        self.cache.row_bytes = self.row_bytes
         self.kv_seq, self.bound, self.store, self.merge = kv_seq, None, None, None
         mask_buffer = mask.storage if mask is not None else inputs[0].storage
         scale = np.float32(self.params.scale_for(dim))
@@ -110,8 +114,17 @@ class AttentionExecution(Execution):
                 (seq, heads), local, inputs[0].storage, inputs[1].storage, inputs[2].storage, mask_buffer,
                 outputs[0].storage, inputs[1].storage, inputs[2].storage, step, np.int32(self.appends), *scalars)
 
+    def check_rows(self) -> None:
+        """Rows the cache holds (a clone's, or a prefix cache file's) are of this format's size."""
+        if self.cache.row_bytes != self.row_bytes:
+            fmt = self.backend.runtime.kv_format.name
+            raise KVStateError(f"the KV cache holds rows of {self.cache.row_bytes} bytes, but its {fmt} format "
+                               f"makes rows of {self.row_bytes} (rows saved under another attention_mode or "
+                               "KV precision?)", field="attention_mode")
+
     def on_execute(self, inputs, outputs) -> None:
         if self.params.kv_cache:
+            self.check_rows()
             past = self.cache.begin_step(self.backend.kv_meta)
             if self.appends or self.store is not None:
                 self.cache.extend(self.kv_seq)
