@@ -1,10 +1,10 @@
 """How a device backend stores its KV cache rows, from MNN's `attention_mode` (a runtime hint).
 
 MNN reads attention_mode as two parts: `mode // 8` chooses flash attention (1) or not (0), and
-`mode % 8` the KV quantization: 0 none, 1 keys int8, 2 keys and values int8 (MNN's cpu keeps
-values as fp8 there; its GPU backends have no such type). A backend declares the modes it
-honours (`KVFormat.honoured`); `kv_format` maps a mode to a storage format and logs, once per
-backend and value, each part it ignores (what then runs instead).
+`mode % 8` the KV quantization: 0 none, 1 keys int8, 2 keys and values quantized (here both
+int8, one format for both). A backend declares the modes it honours (its RuntimeCreator's
+`attention_modes`, passed to `kv_format`); `kv_format` maps a mode to a storage format and logs,
+once per backend and value, each part it ignores (what then runs instead).
 
 Formats (`KVFormat.name`): "float", the rows as the activations are (fp32, or fp16 where the
 backend stores activations as fp16); "fp16"; "int8": per (token, kv head) symmetric int8 with one
@@ -21,7 +21,6 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-QUANT_NAMES = {0: "no KV quantization", 1: "keys int8", 2: "keys and values int8"}
 _REPORTED: set[tuple[str, int]] = set()
 
 
@@ -29,7 +28,7 @@ _REPORTED: set[tuple[str, int]] = set()
 class KVFormat:
     name: str  # "float" | "fp16" | "int8"
 
-    # the attention_mode values a device backend with these formats honours whole
+    # the attention_mode values a backend with all these formats honours whole
     honoured = frozenset({8, 10})
 
     def row_bytes(self, kv_heads: int, dim: int, float_bytes: int) -> int:
