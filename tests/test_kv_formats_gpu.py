@@ -69,6 +69,15 @@ def test_the_attention_cases_pass_with_an_fp16_cache_under_fp32_activations(back
     assert not failures(run_suite(backend, hints={f"{backend}_kv_fp16": True}, cases=format_cases(FP16_TOL)))
 
 
+@pytest.mark.parametrize("hints, tol", [({}, None), (INT8, INT8_TOL)])
+def test_flash_decoding_of_the_gpu_kernels_passes_the_attention_cases(hints, tol) -> None:
+    """attention_split + attention_merge: what a decode step runs on a GPU (opencl_cpu_kernels false)."""
+    require("opencl")
+    cases = [c for c in select("Attention") if "decode" in c.name and not c.tags & {"sinks", "head_dim%4"}]
+    cases = (with_tolerance(cases, tol) if tol else cases) + attention_long.cases(tol)
+    assert not failures(run_suite("opencl", hints={**hints, "opencl_cpu_kernels": False}, cases=cases))
+
+
 HEADS, KV_HEADS, DIM = 6, 2, 16
 
 

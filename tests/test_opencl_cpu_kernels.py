@@ -127,7 +127,7 @@ ATTENTION_CASES = [
     attention_case("two prefills on the cache 37 + 21 heads 4/2 dim 64", "attention_tiled", 4, 2, 64, (37, 21)),
     attention_case("float mask window 5 over 2 prefills heads 4/2 dim 16", "attention_tiled", 4, 2, 16, (19, 6),
                    window=5),
-    attention_case("one token runs flash-decoding", "attention_split", 9, 3, 64, (1,)),
+    attention_case("one token stays on attention", "attention", 9, 3, 64, (1,)),
 ]
 
 

@@ -86,6 +86,28 @@ static float4 kv_load4(__global const kv_t *cache, __global const store_t *fresh
     return KV_LD4(cache, KV_AT(j, g, kv_heads) + 4 * d);
 }
 
+/* One key j of `attention`'s online softmax, inside its loop over keys: KEY(d) and VALUE(d) load
+ * the key's and value's 4 floats at dims 4d.. (streamed, not held: a work-item keeps only q and
+ * its output), KS and VS scale them (the int8 scales, else 1); a masked key is skipped. */
+#ifdef MASK_INT
+#define MASK_KEY(j, score) if (mask_mode == 1 && (j) >= mask_start && mask[mask_row + (j) - mask_start] == 0) continue;
+#else
+#define MASK_KEY(j, score) if (mask_mode == 1 && (j) >= mask_start) score += LD(mask, mask_row + (j) - mask_start);
+#endif
+#define ATTEND(j, KEY, VALUE, KS, VS) {                                                   \
+        float4 dot = (float4)(0.0f);                                                      \
+        for (int d = 0; d < HEAD_DIM / 4; ++d) dot = fma(qv[d], KEY(d), dot);             \
+        float score = (dot.x + dot.y + dot.z + dot.w) * scale * (KS);                     \
+        MASK_KEY(j, score)                                                                \
+        if (score == -INFINITY) continue;                                                 \
+        const float top = fmax(best, score);                                              \
+        const float fade = exp(best - top), weight = exp(score - top);                    \
+        norm = norm * fade + weight;                                                      \
+        for (int d = 0; d < HEAD_DIM / 4; ++d)                                            \
+            acc[d] = acc[d] * fade + (weight * (VS)) * VALUE(d);                          \
+        best = top;                                                                       \
+    }
+
 __kernel void attention(__global const store_t *q, __global const store_t *k_new, __global const store_t *v_new,
                         __global const mask_t *mask, __global store_t *out, __global kv_t *k_cache,
                         __global kv_t *v_cache, __global const int *step, int append, int seq,
@@ -106,31 +128,23 @@ __kernel void attention(__global const store_t *q, __global const store_t *k_new
     const int mask_start = total - mask_cols;
     const size_t mask_row = (size_t)(mask_rows - seq + t) * mask_cols;
     float best = -INFINITY, norm = 0.0f;
-    for (int j = 0; j < limit; ++j) {
-        float4 dot = (float4)(0.0f);
-        for (int d = 0; d < HEAD_DIM / 4; ++d) dot = fma(qv[d], kv_load4(k_cache, k_new, j, past, g, kv_heads, d), dot);
-        float score = (dot.x + dot.y + dot.z + dot.w) * scale;
+#define CACHED_KEY(d) KV_LD4(k_cache, at + 4 * (d))
+#define CACHED_VALUE(d) KV_LD4(v_cache, at + 4 * (d))
+#define FRESH(p, d) ((float4)(LD(p, at + 4 * (d)), LD(p, at + 4 * (d) + 1), LD(p, at + 4 * (d) + 2), \
+                              LD(p, at + 4 * (d) + 3)))
+#define FRESH_KEY(d) FRESH(k_new, d)
+#define FRESH_VALUE(d) FRESH(v_new, d)
+    for (int j = 0; j < min(limit, past); ++j) {  /* the cache's keys, in its format */
+        const size_t at = KV_AT(j, g, kv_heads);
 #ifdef KV_INT8
-        if (j < past) score *= KV_SCALE(k_cache, j, g, kv_heads);
-#endif
-        if (mask_mode == 1 && j >= mask_start) {
-#ifdef MASK_INT
-            if (mask[mask_row + j - mask_start] == 0) continue;
+        ATTEND(j, CACHED_KEY, CACHED_VALUE, KV_SCALE(k_cache, j, g, kv_heads), KV_SCALE(v_cache, j, g, kv_heads))
 #else
-            score += LD(mask, mask_row + j - mask_start);
+        ATTEND(j, CACHED_KEY, CACHED_VALUE, 1.0f, 1.0f)
 #endif
-        }
-        if (score == -INFINITY) continue;
-        const float top = fmax(best, score);
-        const float fade = exp(best - top);
-        float weight = exp(score - top);
-        norm = norm * fade + weight;
-#ifdef KV_INT8
-        if (j < past) weight *= KV_SCALE(v_cache, j, g, kv_heads);
-#endif
-        for (int d = 0; d < HEAD_DIM / 4; ++d)
-            acc[d] = acc[d] * fade + weight * kv_load4(v_cache, v_new, j, past, g, kv_heads, d);
-        best = top;
+    }
+    for (int j = past; j < limit; ++j) {  /* the step's own keys, from the inputs */
+        const size_t at = ((size_t)(j - past) * kv_heads + g) * HEAD_DIM;
+        ATTEND(j, FRESH_KEY, FRESH_VALUE, 1.0f, 1.0f)
     }
     const float inv = 1.0f / norm;
     for (int d = 0; d < HEAD_DIM / 4; ++d) {
