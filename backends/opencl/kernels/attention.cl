@@ -22,7 +22,8 @@ typedef store_t mask_t;
 typedef char kv_t;
 #define KV_ROW(kvh) ((size_t)(kvh) * (HEAD_DIM + 4))
 #define KV_AT(j, g, kvh) ((size_t)(j) * KV_ROW(kvh) + (size_t)(g) * HEAD_DIM)
-#define KV_SCALE(p, j, g, kvh) (*(__global const float *)((p) + (size_t)(j) * KV_ROW(kvh) + (size_t)(kvh) * HEAD_DIM + 4 * (g)))
+#define KV_SCALE(p, j, g, kvh) \
+    (*(__global const float *)((p) + (size_t)(j) * KV_ROW(kvh) + (size_t)(kvh) * HEAD_DIM + 4 * (g)))
 #define KV_LD(p, i) ((float)(p)[i])
 #define KV_LD4(p, i) convert_float4(vload4(0, (p) + (i)))
 #elif defined(KV_HALF)

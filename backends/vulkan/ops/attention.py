@@ -7,8 +7,8 @@ device with subgroups, head dims 16, 32, 48, 64, 80, 96 and 128 run all of it in
 with an online softmax over the keys (attn_fused.glsl): no scores buffer, so no depth limit.
 The cache is kept in the runtime's KV format (kv_format.py: fp32, fp16 or int8) where the one
 dispatch runs (attn_fused<dim>_half / _int8), else in fp32 (the three-dispatch path reads fp32
-texels), which is logged once. Nothing recorded depends on the token: past and total live in the step buffer, so the dispatches
-replay unchanged."""
+texels), which is logged once per shape. Nothing recorded depends on the token: past and total
+live in the step buffer, so the dispatches replay unchanged."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,6 +27,7 @@ MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 add
 FUSED_DIMS = (16, 32, 48, 64, 80, 96, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
 CACHE_TEXELS = {"float": "vec4", "fp16": "half4", "int8": "char4"}  # how attn_fused reads the cache
 SHADER_SUFFIX = {"float": "", "fp16": "_half", "int8": "_int8"}
+_FP32_LOGGED: set[tuple] = set()  # the (heads, kv heads, dim) whose fp32 fallback was logged
 
 
 class AttentionExecution(Execution):
@@ -61,8 +62,10 @@ class AttentionExecution(Execution):
         self.kv_seq = inputs[1].size // (kv_heads * dim)
         self.format = self.backend.runtime.kv_format if self.params.kv_cache else KVFormat("float")
         if self.format.name != "float" and not self.fused:
-            log.info("vulkan Attention heads=%s keeps an fp32 KV cache, not %s: only the one-dispatch attention "
-                     "(subgroups, head dims %s) reads other formats", shape[1:], self.format.name, FUSED_DIMS)
+            if shape[1:] not in _FP32_LOGGED:
+                _FP32_LOGGED.add(shape[1:])
+                log.info("vulkan Attention heads=%s keeps an fp32 KV cache, not %s: only the one-dispatch attention "
+                         "(subgroups, head dims %s) reads other formats", shape[1:], self.format.name, FUSED_DIMS)
             self.format = KVFormat("float")
         self.cache.row_bytes = self.format.row_bytes(kv_heads, dim, 4)
         mask = attention_mask(inputs[3] if len(inputs) > 3 else None, seq)
