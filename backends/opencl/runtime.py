@@ -23,6 +23,11 @@ Runtime hints (all optional):
                                       tiles, weights dequantized once per work-group; decode:
                                       gemv_cpu.cl; pocl) or those for a GPU; default by device
                                       class (ops/variant.py)
+  "opencl_kv_fp16": bool              store the KV cache as fp16 with fp32 activations too (by
+                                      default it is stored as the activations are)
+  "attention_mode": int               MNN's (kv_format.py): 8 (default) the cache as set above;
+                                      10 keys and values int8 (a scale per token and kv head);
+                                      the other parts are logged as ignored
   "replay": bool                      default true: a pipeline wholly on opencl is replayed as
                                       one flat list of enqueues bound once (OpenCLReplay);
                                       false keeps the per-op loop
@@ -38,8 +43,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, DeviceCache, Runtime, RuntimeCreator,
-                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache, announce)
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, DeviceCache, KVFormat, Runtime,
+                                     RuntimeCreator, RuntimeHints, ScheduleConfig, Tensor, TuningCache, announce,
+                                     kv_format)
 
 if TYPE_CHECKING:
     from .device import Program
@@ -56,6 +62,7 @@ class OpenCLHints(RuntimeHints):
     opencl_fp16: bool | None = None
     opencl_linear_split: int | None = None
     opencl_cpu_kernels: bool | None = None
+    opencl_kv_fp16: bool | None = None
 
 
 class OpenCLBackend(Backend):
@@ -141,6 +148,7 @@ class OpenCLRuntime(Runtime):
                               field="backend_hints.opencl_linear_split")
         self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
         self.op_creators.update(CREATORS)
+        self.kv_format = kv_format(self.name, self.hints.attention_mode, bool(self.hints.opencl_kv_fp16))
         self.step_buffer = self.allocator.alloc(8)  # int past, int total: see attention_step
         self.step_values: tuple[int, int] | None = None
 
@@ -176,6 +184,7 @@ class OpenCLRuntimeCreator(RuntimeCreator):
     static_shapes = True
     settings = frozenset({"precision"})
     hints_type = OpenCLHints
+    attention_modes = KVFormat.honoured
 
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs a tiny kernel on the device $MNNLLM_OPENCL_DEVICE names (else the

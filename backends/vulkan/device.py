@@ -42,8 +42,9 @@ DESCRIPTOR_POOL_SETS = 1024
 
 TEXEL_FORMATS = {"float": "VK_FORMAT_R32_SFLOAT", "int": "VK_FORMAT_R32_SINT", "uint": "VK_FORMAT_R32_UINT",
                  "vec2": "VK_FORMAT_R32G32_SFLOAT", "vec4": "VK_FORMAT_R32G32B32A32_SFLOAT",
-                 "uvec4": "VK_FORMAT_R32G32B32A32_UINT"}
-TEXEL_BYTES = {"float": 4, "int": 4, "uint": 4, "vec2": 8, "vec4": 16, "uvec4": 16}
+                 "uvec4": "VK_FORMAT_R32G32B32A32_UINT", "half4": "VK_FORMAT_R16G16B16A16_SFLOAT",
+                 "char4": "VK_FORMAT_R8G8B8A8_SINT"}
+TEXEL_BYTES = {"float": 4, "int": 4, "uint": 4, "vec2": 8, "vec4": 16, "uvec4": 16, "half4": 8, "char4": 4}
 STORAGE, TEXEL = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, vk.VK_DESCRIPTOR_TYPE_UNIFORM_TEXEL_BUFFER
 
 

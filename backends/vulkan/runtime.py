@@ -20,6 +20,11 @@ pipelineCacheUUID, written at exit beside and renamed; a corrupt file is ignored
 with subgroups of at least 8): the norms and the attention softmax with one 8-invocation
 work-group per row joined by subgroup operations; false forces the one-invocation-per-row kernels.
 
+Runtime hint "attention_mode" (MNN's; kv_format.py): 8 (the default) keeps the KV cache fp32 (or
+fp16 with the hint "vulkan_kv_fp16": true), 10 stores keys and values as int8 with a scale per
+token and kv head; the other parts (keys-only int8, non-flash) are logged as ignored. Other
+formats than fp32 need the one-dispatch attention (subgroups; attention.py).
+
 Runtime hint "replay" (default true): a pipeline that runs wholly on vulkan is recorded into
 one command buffer once per resize and replayed: per token the attentions' host bookkeeping,
 one submit and wait (VulkanReplay). With "replay": false, or with any op on cpu, a run
@@ -36,7 +41,9 @@ from typing import Any, Callable
 import numpy as np
 
 from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, DeviceCache, Runtime, RuntimeCreator,
-                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache, announce)
+                                     RuntimeHints, ScheduleConfig, Tensor, TuningCache, announce, kv_format)
+
+ATTENTION_MODES = frozenset({8, 10})  # the attention_mode values the vulkan backend honours whole
 
 PIPELINE_SECONDS = 5  # a model's ~30 shaders through a GPU driver's compiler (a guess; lavapipe: 0.1 s measured)
 
@@ -48,6 +55,7 @@ class VulkanHints(RuntimeHints):
     vulkan_device: int | str | None = None
     vulkan_linear: str | None = None
     vulkan_subgroups: bool | None = None
+    vulkan_kv_fp16: bool | None = None
 
 
 class VulkanBackend(Backend):
@@ -133,6 +141,8 @@ class VulkanRuntime(Runtime):
         device_can = self.device.subgroup_arithmetic and self.device.subgroup_size >= 8
         forced = self.hints.vulkan_subgroups
         self.subgroups = (device_can if forced is None else forced) and device_can
+        self.kv_format = kv_format(self.name, self.hints.attention_mode, bool(self.hints.vulkan_kv_fp16),
+                                   ATTENTION_MODES)
         self.op_creators.update(CREATORS)
 
     def linear_variant_for(self, problem: str, variants: list[str], run: Callable[[str], None]) -> str:
@@ -158,6 +168,7 @@ class VulkanRuntimeCreator(RuntimeCreator):
     name = "vulkan"
     static_shapes = True
     hints_type = VulkanHints
+    attention_modes = ATTENTION_MODES
 
     def is_available(self) -> tuple[bool, str]:
         """Builds and runs the probe shader on the selected device; never raises."""

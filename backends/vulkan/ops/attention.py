@@ -3,21 +3,31 @@ three dispatches per run, scores (+ mask), softmax in place, context; scores liv
 buffer of [seq, heads, capacity]. With the cache, k and v are first appended to the device cache
 by a shader at the row the step buffer names (token-major rows, shared by the clones; a cache
 doubled past maxStorageBufferRange or maxTexelBufferElements grows only to what it needs). On a
-device with subgroups, head_dim 64 and 128 run all of it in one dispatch (attn_fused.glsl).
-Nothing recorded depends on the token: past and total live in the step buffer, so the dispatches
-replay unchanged."""
+device with subgroups, head dims 16, 32, 48, 64, 80, 96 and 128 run all of it in one dispatch
+with an online softmax over the keys (attn_fused.glsl): no scores buffer, so no depth limit.
+The cache is kept in the runtime's KV format (kv_format.py: fp32, fp16 or int8) where the one
+dispatch runs (attn_fused<dim>_half / _int8), else in fp32 (the three-dispatch path reads fp32
+texels), which is logged once per shape. Nothing recorded depends on the token: past and total
+live in the step buffer, so the dispatches replay unchanged."""
 from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, UnsupportedError, attention_mask,
-                                     float_attention_creator)
+import logging
+
+from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Execution, KVFormat, UnsupportedError,
+                                     attention_mask, float_attention_creator)
 
 from ..device import Program, Texels, fold, pack_push
 
+log = logging.getLogger(__name__)
+
 LOCAL = 256  # local size of attn_scores.comp and attn_context.comp
 MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 added, 3 int (0 blocks)
-FUSED_DIMS = (64, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
+FUSED_DIMS = (16, 32, 48, 64, 80, 96, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
+CACHE_TEXELS = {"float": "vec4", "fp16": "half4", "int8": "char4"}  # how attn_fused reads the cache
+SHADER_SUFFIX = {"float": "", "fp16": "_half", "int8": "_int8"}
+_FP32_LOGGED: set[tuple] = set()  # the (heads, kv heads, dim) whose fp32 fallback was logged
 
 
 class AttentionExecution(Execution):
@@ -33,6 +43,7 @@ class AttentionExecution(Execution):
                                                                    backend.device.fits_floats)
         self.shape = None
         self.fused = False
+        self.format = KVFormat("float")
         self.kv_seq = 0
         self.mask = (0, 1, 1)
         self.scratch = None
@@ -49,7 +60,14 @@ class AttentionExecution(Execution):
         self.shape = shape
         self.fused = self.backend.runtime.subgroups and dim in FUSED_DIMS  # one dispatch, no scores buffer
         self.kv_seq = inputs[1].size // (kv_heads * dim)
-        self.cache.row_bytes = kv_heads * dim * 4
+        self.format = self.backend.runtime.kv_format if self.params.kv_cache else KVFormat("float")
+        if self.format.name != "float" and not self.fused:
+            if shape[1:] not in _FP32_LOGGED:
+                _FP32_LOGGED.add(shape[1:])
+                log.info("vulkan Attention heads=%s keeps an fp32 KV cache, not %s: only the one-dispatch attention "
+                         "(subgroups, head dims %s) reads other formats", shape[1:], self.format.name, FUSED_DIMS)
+            self.format = KVFormat("float")
+        self.cache.row_bytes = self.format.row_bytes(kv_heads, dim, 4)
         mask = attention_mask(inputs[3] if len(inputs) > 3 else None, seq)
         self.mask = (1 if seq > 1 else 0, 1, 1) if mask.kind == "causal" else (MASK_MODES[mask.kind], mask.rows,
                                                                                mask.cols)
@@ -120,10 +138,13 @@ class AttentionExecution(Execution):
         mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
         cached = self.params.kv_cache
         groups, groups_x = fold(seq * heads, 1)
-        return Program(self.backend.device, f"attn_fused{dim}",
-                       [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"),
-                        Texels(keys, "vec4"), Texels(values, "vec4"), Texels(mask, "uint"), out,
-                        keys if cached else out, values if cached else out, Texels(self.step, "int")],
+        texels = CACHE_TEXELS[self.format.name]
+        bindings = [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"), Texels(keys, texels),
+                    Texels(values, texels), Texels(mask, "uint"), out, keys if cached else out,
+                    values if cached else out, Texels(self.step, "int")]
+        if self.format.name == "int8":
+            bindings += [Texels(keys, "float"), Texels(values, "float")]
+        return Program(self.backend.device, f"attn_fused{dim}{SHADER_SUFFIX[self.format.name]}", bindings,
                        pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
                                  float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
                                  groups_x), groups)

@@ -7,6 +7,10 @@
 // Keys and values before step.past are read from the cache, the step's own from the k/v
 // inputs; the work-group of a kv head's first query head writes the step's k/v rows into the
 // cache (nothing reads those cache rows in this dispatch). Masks as attn_scores.comp.
+// The cache's format (kv_format.py): fp32 texels; KV_HALF: fp16 (the same vec4 texels through
+// an R16G16B16A16 view, written packed); KV_INT8: 4 int8 per texel, a token's row being
+// kv_heads * HEAD_DIM4 texels then kv_heads float scales (read through a float view, bindings 10
+// and 11), written quantized by the work-group's subgroupMax of |x| (scale = max / 127).
 #extension GL_EXT_samplerless_texture_functions : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -14,13 +18,30 @@ layout(local_size_x = 8) in;
 layout(binding = 0) uniform textureBuffer Q;
 layout(binding = 1) uniform textureBuffer K;    // the step's keys [kv_seq, kv_heads, dim]
 layout(binding = 2) uniform textureBuffer V;
+#ifdef KV_INT8
+layout(binding = 3) uniform itextureBuffer CK;  // the cache (or K again without one)
+layout(binding = 4) uniform itextureBuffer CV;
+#else
 layout(binding = 3) uniform textureBuffer CK;   // the cache (or K again without one)
 layout(binding = 4) uniform textureBuffer CV;
+#endif
 layout(binding = 5) uniform utextureBuffer M;
 layout(std430, binding = 6) writeonly buffer O { vec4 o[]; };
-layout(std430, binding = 7) writeonly buffer WK { vec4 wk[]; };  // the cache, written
+#if defined(KV_INT8)
+layout(std430, binding = 7) writeonly buffer WK { int wk[]; };  // the cache, written
+layout(std430, binding = 8) writeonly buffer WV { int wv[]; };
+#elif defined(KV_HALF)
+layout(std430, binding = 7) writeonly buffer WK { uvec2 wk[]; };
+layout(std430, binding = 8) writeonly buffer WV { uvec2 wv[]; };
+#else
+layout(std430, binding = 7) writeonly buffer WK { vec4 wk[]; };
 layout(std430, binding = 8) writeonly buffer WV { vec4 wv[]; };
+#endif
 layout(binding = 9) uniform itextureBuffer Step;  // past, total
+#ifdef KV_INT8
+layout(binding = 10) uniform textureBuffer CKS;  // the caches as float texels: their scales
+layout(binding = 11) uniform textureBuffer CVS;
+#endif
 layout(push_constant) uniform Params {
     int seq; int heads; int kv_heads; int kv_seq; float scale;
     int mask_mode; int mask_rows; int mask_cols; int write_cache; uint groups_x;
@@ -28,15 +49,71 @@ layout(push_constant) uniform Params {
 
 const int PER_LANE = (HEAD_DIM4 + 7) / 8;  // output vec4s per invocation
 
+#ifdef KV_INT8
+int row4() { return p.kv_heads * (HEAD_DIM4 + 1); }  // texels of a token's row
+int cached(int j, int g, int d) { return j * row4() + g * HEAD_DIM4 + d; }
+float key_scale(int j, int g, int past) {
+    return j >= past ? 1.0 : texelFetch(CKS, j * row4() + p.kv_heads * HEAD_DIM4 + g).x;
+}
+float value_scale(int j, int g, int past) {
+    return j >= past ? 1.0 : texelFetch(CVS, j * row4() + p.kv_heads * HEAD_DIM4 + g).x;
+}
+#define FETCH(T, i) vec4(texelFetch(T, i))
+#else
+int cached(int j, int g, int d) { return (j * p.kv_heads + g) * HEAD_DIM4 + d; }
+float key_scale(int j, int g, int past) { return 1.0; }
+float value_scale(int j, int g, int past) { return 1.0; }
+#define FETCH(T, i) texelFetch(T, i)
+#endif
+
 vec4 key(int j, int g, int d, int past) {
-    return j >= past ? texelFetch(K, ((j - past) * p.kv_heads + g) * HEAD_DIM4 + d)
-                     : texelFetch(CK, (j * p.kv_heads + g) * HEAD_DIM4 + d);
+    return j >= past ? texelFetch(K, ((j - past) * p.kv_heads + g) * HEAD_DIM4 + d) : FETCH(CK, cached(j, g, d));
 }
 
 vec4 value(int j, int g, int d, int past) {
-    return j >= past ? texelFetch(V, ((j - past) * p.kv_heads + g) * HEAD_DIM4 + d)
-                     : texelFetch(CV, (j * p.kv_heads + g) * HEAD_DIM4 + d);
+    return j >= past ? texelFetch(V, ((j - past) * p.kv_heads + g) * HEAD_DIM4 + d) : FETCH(CV, cached(j, g, d));
 }
+
+#ifdef KV_INT8
+int pack_int8(vec4 x, float inverse) {
+    ivec4 q = clamp(ivec4(roundEven(x * inverse)), -127, 127) & 255;
+    return q.x | (q.y << 8) | (q.z << 16) | (q.w << 24);
+}
+
+// one (token, kv head) row of an input into the int8 cache: the work-group's 8 lanes together
+void store_row(int from, int j, int g, int lane) {
+    float kt = 0.0, vt = 0.0;
+    for (int d = lane; d < HEAD_DIM4; d += 8) {
+        vec4 k = abs(texelFetch(K, from + d)), v = abs(texelFetch(V, from + d));
+        kt = max(kt, max(max(k.x, k.y), max(k.z, k.w)));
+        vt = max(vt, max(max(v.x, v.y), max(v.z, v.w)));
+    }
+    kt = subgroupMax(kt);
+    vt = subgroupMax(vt);
+    float ki = kt > 0.0 ? 127.0 / kt : 0.0, vi = vt > 0.0 ? 127.0 / vt : 0.0;
+    for (int d = lane; d < HEAD_DIM4; d += 8) {
+        wk[cached(j, g, d)] = pack_int8(texelFetch(K, from + d), ki);
+        wv[cached(j, g, d)] = pack_int8(texelFetch(V, from + d), vi);
+    }
+    if (lane == 0) {
+        wk[j * row4() + p.kv_heads * HEAD_DIM4 + g] = floatBitsToInt(kt / 127.0);
+        wv[j * row4() + p.kv_heads * HEAD_DIM4 + g] = floatBitsToInt(vt / 127.0);
+    }
+}
+#else
+void store_row(int from, int j, int g, int lane) {
+    for (int d = lane; d < HEAD_DIM4; d += 8) {
+        vec4 k = texelFetch(K, from + d), v = texelFetch(V, from + d);
+#ifdef KV_HALF
+        wk[cached(j, g, d)] = uvec2(packHalf2x16(k.xy), packHalf2x16(k.zw));
+        wv[cached(j, g, d)] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+#else
+        wk[cached(j, g, d)] = k;
+        wv[cached(j, g, d)] = v;
+#endif
+    }
+}
+#endif
 
 void main() {
     int th = int(gl_WorkGroupID.x + gl_WorkGroupID.y * p.groups_x);
@@ -45,13 +122,8 @@ void main() {
     int h = th % p.heads, t = th / p.heads;
     int group = p.heads / p.kv_heads, g = h / group;
     int past = texelFetch(Step, 0).x, total = texelFetch(Step, 1).x;
-    if (p.write_cache != 0 && h % group == 0 && t < p.kv_seq) {
-        int from = (t * p.kv_heads + g) * HEAD_DIM4, to = ((past + t) * p.kv_heads + g) * HEAD_DIM4;
-        for (int d = lane; d < HEAD_DIM4; d += 8) {
-            wk[to + d] = texelFetch(K, from + d);
-            wv[to + d] = texelFetch(V, from + d);
-        }
-    }
+    if (p.write_cache != 0 && h % group == 0 && t < p.kv_seq)
+        store_row((t * p.kv_heads + g) * HEAD_DIM4, past + t, g, lane);
     vec4 q[HEAD_DIM4];
     int qa = (t * p.heads + h) * HEAD_DIM4;
     for (int d = 0; d < HEAD_DIM4; ++d) q[d] = texelFetch(Q, qa + d);
@@ -65,7 +137,7 @@ void main() {
         if (j < total) {
             vec4 dot4 = vec4(0.0);
             for (int d = 0; d < HEAD_DIM4; ++d) dot4 += q[d] * key(j, g, d, past);
-            s = dot(dot4, vec4(1.0)) * p.scale;
+            s = dot(dot4, vec4(1.0)) * p.scale * key_scale(j, g, past);
             if (p.mask_mode == 1) {
                 if (j > past + t) s = NEG_INF;
             } else if (p.mask_mode >= 2) {
@@ -86,6 +158,7 @@ void main() {
         for (int k = 0; k < 8; ++k) {
             float wk_ = subgroupShuffle(w, uint(k));
             if (c + k >= total) break;
+            wk_ *= value_scale(c + k, g, past);
             for (int i = 0; i < PER_LANE; ++i) {
                 int d = lane + 8 * i;
                 if (d < HEAD_DIM4) acc[i] += wk_ * value(c + k, g, d, past);

@@ -12,10 +12,11 @@ __all__ = ["FP16_TOL", "FP32_TOL", "Case", "Check", "Step", "Trial", "all_cases"
 
 def all_cases() -> list[Case]:
     """The whole catalogue, in a fixed order."""
-    from . import (attention, elementwise, fill, linear, linear_attention, matmul, moe, movement, norm, reduction,
-                   rope, slot_attention, topk)
+    from . import (attention, attention_long, elementwise, fill, linear, linear_attention, matmul, moe, movement, norm,
+                   reduction, rope, slot_attention, topk)
     found: list[Case] = []
-    for module in (linear, norm, rope, attention, slot_attention, linear_attention, elementwise, movement, matmul, reduction, topk,
+    for module in (linear, norm, rope, attention, attention_long, slot_attention, linear_attention, elementwise,
+                   movement, matmul, reduction, topk,
                    fill, moe):
         found += module.cases()
     ids = [c.id for c in found]

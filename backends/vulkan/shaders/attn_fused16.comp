@@ -1,0 +1,5 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Attention in one dispatch for head_dim 16; see attn_fused.glsl.
+#define HEAD_DIM4 4
+#include "attn_fused.glsl"

@@ -1,0 +1,5 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Attention in one dispatch for head_dim 80; see attn_fused.glsl.
+#define HEAD_DIM4 20
+#include "attn_fused.glsl"
