@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mnnllm_core
@@ -99,7 +100,25 @@ def test_quantized_kv_is_saved_as_stored_and_a_second_engine_answers_the_same(tm
     with caplog.at_level(logging.INFO, "mnnllm_core.llm.prefix_cache"):
         again = load(attention_mode=attention_mode, prefix_cache_path=str(tmp_path)).generate(ids, NEW_TOKENS)
     assert f"prefix cache: {len(ids) - 1} of {len(ids)} prompt tokens from" in caplog.text
-    assert again == want
+    # Here the last prompt token runs as a one-token forward, there inside the prompt's: its keys differ
+    # by float rounding, which an int8 code can turn into a whole step (its logits then move by 0.04-0.13
+    # on this prompt). So the answers agree as far as every greedy choice is clearer than that.
+    clear = greedy_steps_clearer_than(load(attention_mode=attention_mode), ids, want, ONE_ROW_INT8_TOL)
+    assert clear >= 3 and again[:clear] == want[:clear]
+
+
+ONE_ROW_INT8_TOL = 0.2
+
+
+def greedy_steps_clearer_than(llm, ids: list[int], tokens: list[int], margin: float) -> int:
+    """How many of the greedy `tokens` after `ids` lead the runner-up logit by more than `margin`."""
+    logits = np.asarray(llm.forward(ids))
+    for step, token in enumerate(tokens):
+        top2 = np.sort(logits)[-2:]
+        if int(np.argmax(logits)) != token or top2[1] - top2[0] <= margin:
+            return step
+        logits = np.asarray(llm.forward([token]))
+    return len(tokens)
 
 
 @pytest.fixture
