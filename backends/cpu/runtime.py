@@ -11,13 +11,23 @@ from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, ScheduleConfig,
-                                     file_backed_zeros)
+from dataclasses import dataclass
+
+from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, RuntimeHints,
+                                     ScheduleConfig, file_backed_zeros)
 
 from .ops import CREATORS
 
 log = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class CPUHints(RuntimeHints):
+    """`cpu_int8_activations`: under memory "low", quantize each linear's input to int8 per token
+    row and multiply with integer dot products (`ops/int8_linear.py`), as MNN's memory-low path
+    does: faster, but not fp32-exact (off by default; cpus without AVX512-VNNI ignore it)."""
+
+    cpu_int8_activations: bool = False
 
 
 class CPUBackend(HostBackend):
@@ -52,6 +62,7 @@ class CPUBackend(HostBackend):
 
 class CPURuntime(Runtime):
     name = "cpu"
+    hints_type = CPUHints
 
     def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
         super().__init__(config, hints)
@@ -107,6 +118,7 @@ class CPURuntimeCreator(RuntimeCreator):
     "normal"/"high" dequantize them once to fp32; fp32 on every precision."""
 
     name = "cpu"
+    hints_type = CPUHints
     static_shapes = False
     settings = frozenset({"thread_num", "memory"})
 
