@@ -22,6 +22,7 @@ against plain decoding on this path).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -269,6 +270,38 @@ def _linear_parallel(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qs
         part = np.int64(task)
         _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, part * per_part,
                 min(total, (part + 1) * per_part))
+
+
+@jit(fastmath=False)
+def _quantize_and_multiply(x, symmetric, xq, ds, zp, qsum, xsum, codes, code_sums, alpha, n_blocks, block, out):
+    quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
+    _linear(codes, code_sums, alpha, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, out)
+
+
+@jit(parallel=True, fastmath=False)
+def _quantize_and_multiply_parallel(x, symmetric, xq, ds, zp, qsum, xsum, codes, code_sums, alpha, n_blocks, block,
+                                    out, parts):
+    quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
+    words = xq.view(np.int32)
+    total = out.shape[1] // ROWS
+    per_part = (total + parts - 1) // parts
+    for task in prange(parts):
+        part = np.int64(task)
+        _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, part * per_part,
+                min(total, (part + 1) * per_part))
+
+
+def bound_linear(weight: Int8Weight, x: np.ndarray, out: np.ndarray, symmetric: bool, threads: int):
+    """A call without arguments computing out [tokens, out.shape[1]] = x @ W.T, quantizing x first
+    (what a replay step runs: one compiled call). out.shape[1] is a multiple of 16 (the first
+    rows of the weight, padding included where it is weight.rows)."""
+    tokens, ic = x.shape
+    buffers = (np.empty((tokens, ic), np.int8), np.empty(tokens, np.float32), np.empty(tokens, np.int32),
+               np.empty((tokens, weight.n_blocks), np.int32), np.empty((tokens, weight.n_blocks), np.float32))
+    args = (x, symmetric, *buffers, weight.codes, weight.code_sums, weight.alpha, weight.n_blocks, weight.block, out)
+    if threads > 1:
+        return functools.partial(_quantize_and_multiply_parallel, *args, threads)
+    return functools.partial(_quantize_and_multiply, *args)
 
 
 class QuantizedRows:

@@ -12,11 +12,13 @@ longer prefill takes the symmetric rule.
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from mnnllm_core.backend_api import Execution
 
-from ..kernels.int8_dot import Int8Weight, QuantizedRows, linear
+from ..kernels.int8_dot import Int8Weight, bound_linear
 from ..kernels.linear import FEW_TOKENS, PARALLEL_BYTES
 from .bias_activation import finish
 
@@ -25,24 +27,33 @@ class Int8LinearExecution(Execution):
     def __init__(self, backend, weight: Int8Weight, bias: np.ndarray | None, activation: int):
         super().__init__(backend)
         self.weight, self.bias, self.activation = weight, bias, activation
-        self.rows = QuantizedRows()
         self.packed_bytes = weight.nbytes + (bias.nbytes if bias is not None else 0)
 
     def on_resize(self, inputs, outputs) -> None:
         x = inputs[0].storage
-        self.tokens = x.shape[0]
-        self.x = x.reshape(self.tokens, -1)
-        self.out = outputs[0].storage.reshape(self.tokens, -1)
-        self.result = np.empty((self.tokens, self.weight.rows), np.float32)
+        tokens = x.shape[0]
+        self.x = np.ascontiguousarray(x.reshape(tokens, -1))
+        self.copy_in = self.x.base is not x and not np.shares_memory(self.x, x)
+        self.source = x.reshape(tokens, -1)
+        self.out = outputs[0].storage.reshape(tokens, -1)
+        direct = self.weight.oc % 16 == 0 and self.out.flags.c_contiguous
+        self.result = self.out if direct else np.empty((tokens, self.weight.rows), np.float32)
         threads = self.backend.runtime.thread_num
-        self.threads = threads if self.weight.nbytes * self.tokens > PARALLEL_BYTES else 1
+        threads = threads if self.weight.nbytes * tokens > PARALLEL_BYTES else 1
+        self.kernel = bound_linear(self.weight, self.x, self.result, tokens > FEW_TOKENS, threads)
 
     def on_execute(self, inputs, outputs) -> None:
-        x = np.ascontiguousarray(self.x)
-        linear(self.weight, self.rows.quantize(x, self.weight.block, self.tokens > FEW_TOKENS), self.result,
-               self.threads)
-        self.out[:] = self.result[:, :self.weight.oc]
-        finish(self.out, self.bias, self.activation)
+        for step in self.replay_steps(inputs, outputs):
+            step()
+
+    def replay_steps(self, inputs, outputs) -> list:
+        steps = [partial(np.copyto, self.x, self.source)] if self.copy_in else []
+        steps.append(self.kernel)
+        if self.result is not self.out:
+            steps.append(partial(np.copyto, self.out, self.result[:, :self.weight.oc]))
+        if self.bias is not None or self.activation:
+            steps.append(partial(finish, self.out, self.bias, self.activation))
+        return steps
 
     def on_clone(self, backend, op):
         return Int8LinearExecution(backend, self.weight, self.bias, self.activation)
