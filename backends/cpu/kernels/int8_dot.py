@@ -33,7 +33,7 @@ from numba.extending import intrinsic
 
 from . import jit
 from .layout import PackedWeight
-from .simd import GROUP_ROWS
+from .simd import GROUP_ROWS, PREFETCH_BYTES, prefetch
 
 ROWS = 16  # weight rows of one int32 vector
 CHUNK_INPUTS = 8  # inputs of one 64-byte chunk
@@ -207,7 +207,9 @@ def int8_group_dot(typingctx, tokens, first, codes, c_start, code_sums, alpha, a
                     builder.store(zero_i, isum[t])
                 with cgutils.for_range(builder, per_block) as chunk_loop:
                     c = builder.add(builder.mul(b, per_block), chunk_loop.index)
-                    w = load(code_p, builder.add(c_start_v, builder.mul(c, _const(64))), _VB, 1)
+                    offset = builder.add(c_start_v, builder.mul(c, _const(64)))
+                    prefetch(builder, code_p, builder.add(offset, _const(PREFETCH_BYTES)))
+                    w = load(code_p, offset, _VB, 1)
                     low = builder.and_(w, low_mask)
                     high = builder.and_(builder.lshr(w, four), low_mask)
                     for t in range(rows):
