@@ -9,6 +9,18 @@ quantized per token row as MNN does: asymmetric for one row, symmetric ("batch" 
 several rows. Here up to FEW_TOKENS rows (a decode step, a speculative verify step) are all
 quantized asymmetrically, so that a row gives the same bits alone or with others; only a
 longer prefill takes the symmetric rule.
+
+MNN's memory-low tokens are not reproduced (measured on the shared 135M q4 model, greedy, 64
+tokens; PyPI MNN 3.6.1 memory "low" gives exactly `mnn_cpp_q4`): prompt 0 all 8 tokens equal,
+prompt 1 first divergence at token 1 (MNN low itself leaves fp32 there), prompt 2 at token 0;
+MNN-low logits are 2-5 (max abs) away from ours on either path, as far as from MNN's fp32 ones.
+Quantizing every row symmetrically follows MNN low 4 tokens on prompt 1 but changes prompt 2's
+first token; so MNN's input quantization is not yet established exactly (per block? rounding?),
+and the path stays opt-in.
+
+Each linear is its own call (no q/k/v or gate/up sharing, no fused step programs as on the fp32
+path): with 2 threads a 135M decode step is slower than the fp32 path, 1 thread and larger
+models gain (`bench/int8_activation_bench.py`).
 """
 from __future__ import annotations
 
