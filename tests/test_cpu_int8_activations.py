@@ -24,11 +24,17 @@ SHAPES = {
 RNG = np.random.default_rng(11)
 
 
-def run(weight, x: np.ndarray, symmetric: bool, threads: int = 1) -> tuple[np.ndarray, int8_dot.QuantizedRows]:
-    rows = int8_dot.QuantizedRows().quantize(x, weight.block, symmetric)
+def run(weight, x: np.ndarray, symmetric: bool, threads: int = 1) -> tuple[np.ndarray, int8_dot.BoundLinear]:
     out = np.full((x.shape[0], weight.rows), np.nan, np.float32)
-    int8_dot.linear(weight, rows, out, threads)
-    return out[:, :weight.oc], rows
+    call = int8_dot.BoundLinear(weight, x, out, symmetric, threads)
+    call()
+    return out[:, :weight.oc], call
+
+
+def quantize(x: np.ndarray, block: int, symmetric: bool) -> int8_dot.BoundLinear:
+    """x's quantized rows (a call on a weight of zero codes, 16 rows, for its buffers)."""
+    packed = pack(quantized(oc=16, ic=x.shape[1], bits=4, block=block))
+    return run(int8_dot.repack(packed), x, symmetric)[1]
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -70,12 +76,13 @@ def test_one_row_and_k_rows_are_bit_identical(symmetric):
 def test_quantization_follows_mnn_rules():
     """Asymmetric: 255 steps over [min, max], zp = roundf(-min * 255 / range) - 128; symmetric:
     127 steps a side of max |x|; a constant row falls back to symmetric (no zero range)."""
-    x = np.array([[-1.0, 0.0, 0.5, 3.0], [2.0, -4.0, 1.0, 0.25], [0.7, 0.7, 0.7, 0.7]], np.float32)
-    rows = int8_dot.QuantizedRows().quantize(x, 4, symmetric=False)
+    x = np.array([[-1.0, 0.0, 0.5, 3.0, 1.0, 2.0, -0.5, 0.25], [2.0, -4.0, 1.0, 0.25, 0.0, 0.0, 1.0, -1.0],
+                  [0.7] * 8], np.float32)
+    rows = quantize(x, 8, symmetric=False)
     assert rows.zp[0] == round(1.0 * 255 / 4.0) - 128 and rows.ds[0] == np.float32(4.0) / np.float32(255.0)
     assert rows.xq[0, 0] == -128 and rows.xq[0, 3] == 127
     assert rows.zp[2] == 0 and rows.xq[2, 0] == 127
-    sym = int8_dot.QuantizedRows().quantize(x, 4, symmetric=True)
+    sym = quantize(x, 8, symmetric=True)
     assert sym.zp[1] == 0 and sym.xq[1, 1] == -127 and sym.ds[1] == np.float32(4.0) / np.float32(127.0)
 
 

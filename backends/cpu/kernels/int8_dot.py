@@ -259,25 +259,10 @@ def _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum,
 
 
 @jit(fastmath=False)
-def _linear(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out):
-    _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, np.int64(0),
-            np.int64(out.shape[1] // ROWS))
-
-
-@jit(parallel=True, fastmath=False)
-def _linear_parallel(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, parts):
-    total = out.shape[1] // ROWS
-    per_part = (total + parts - 1) // parts
-    for task in prange(parts):
-        part = np.int64(task)
-        _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, part * per_part,
-                min(total, (part + 1) * per_part))
-
-
-@jit(fastmath=False)
 def _quantize_and_multiply(x, symmetric, xq, ds, zp, qsum, xsum, codes, code_sums, alpha, n_blocks, block, out):
     quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
-    _linear(codes, code_sums, alpha, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, out)
+    _groups(codes, code_sums, alpha, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, out, np.int64(0),
+            np.int64(out.shape[1] // ROWS))
 
 
 @jit(parallel=True, fastmath=False)
@@ -293,44 +278,24 @@ def _quantize_and_multiply_parallel(x, symmetric, xq, ds, zp, qsum, xsum, codes,
                 min(total, (part + 1) * per_part))
 
 
-def bound_linear(weight: Int8Weight, x: np.ndarray, out: np.ndarray, symmetric: bool, threads: int):
-    """A call without arguments computing out [tokens, out.shape[1]] = x @ W.T, quantizing x first
-    (what a replay step runs: one compiled call). out.shape[1] is a multiple of 16 (the first
-    rows of the weight, padding included where it is weight.rows)."""
-    tokens, ic = x.shape
-    buffers = (np.empty((tokens, ic), np.int8), np.empty(tokens, np.float32), np.empty(tokens, np.int32),
-               np.empty((tokens, weight.n_blocks), np.int32), np.empty((tokens, weight.n_blocks), np.float32))
-    args = (x, symmetric, *buffers, weight.codes, weight.code_sums, weight.alpha, weight.n_blocks, weight.block, out)
-    if threads > 1:
-        return functools.partial(_quantize_and_multiply_parallel, *args, threads)
-    return functools.partial(_quantize_and_multiply, *args)
+class BoundLinear:
+    """out [tokens, out.shape[1]] = x @ W.T for the arrays given, x quantized first, as one
+    compiled call without arguments (a replay step). out.shape[1] is a multiple of 16: the
+    weight's first rows (padding included where it is weight.rows). The quantized rows stay
+    readable (xq, ds, zp, qsum, xsum) after a call."""
 
-
-class QuantizedRows:
-    """x quantized to int8 per token row (reused buffers, grown on demand)."""
-
-    def __init__(self):
-        self.capacity = (0, 0, 0)
-
-    def quantize(self, x: np.ndarray, block: int, symmetric: bool) -> "QuantizedRows":
+    def __init__(self, weight: Int8Weight, x: np.ndarray, out: np.ndarray, symmetric: bool, threads: int):
         tokens, ic = x.shape
-        if self.capacity != (tokens, ic, block):
-            self.xq = np.empty((tokens, ic), np.int8)
-            self.ds = np.empty(tokens, np.float32)
-            self.zp = np.empty(tokens, np.int32)
-            self.qsum = np.empty((tokens, ic // block), np.int32)
-            self.xsum = np.empty((tokens, ic // block), np.float32)
-            self.capacity = (tokens, ic, block)
-        quantize_rows(x, block, symmetric, self.xq, self.ds, self.zp, self.qsum, self.xsum)
-        self.words = self.xq.view(np.int32)
-        return self
+        self.xq = np.empty((tokens, ic), np.int8)
+        self.ds, self.zp = np.empty(tokens, np.float32), np.empty(tokens, np.int32)
+        self.qsum = np.empty((tokens, weight.n_blocks), np.int32)
+        self.xsum = np.empty((tokens, weight.n_blocks), np.float32)
+        args = (x, symmetric, self.xq, self.ds, self.zp, self.qsum, self.xsum, weight.codes, weight.code_sums,
+                weight.alpha, weight.n_blocks, weight.block, out)
+        if threads > 1:
+            self.call = functools.partial(_quantize_and_multiply_parallel, *args, threads)
+        else:
+            self.call = functools.partial(_quantize_and_multiply, *args)
 
-
-def linear(weight: Int8Weight, rows: QuantizedRows, out: np.ndarray, threads: int) -> None:
-    """out [tokens, weight.rows] (float32, C-contiguous; padding rows included) = W @ x_t per row."""
-    args = (weight.codes, weight.code_sums, weight.alpha, weight.n_blocks, weight.block, rows.words, rows.ds,
-            rows.zp, rows.qsum, rows.xsum, out)
-    if threads > 1:
-        _linear_parallel(*args, threads)
-    else:
-        _linear(*args)
+    def __call__(self) -> None:
+        self.call()

@@ -30,7 +30,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import Execution
 
-from ..kernels.int8_dot import Int8Weight, bound_linear
+from ..kernels.int8_dot import BoundLinear, Int8Weight
 from ..kernels.linear import FEW_TOKENS, PARALLEL_BYTES
 from .bias_activation import finish
 
@@ -52,7 +52,7 @@ class Int8LinearExecution(Execution):
         self.result = self.out if direct else np.empty((tokens, self.weight.rows), np.float32)
         threads = self.backend.runtime.thread_num
         threads = threads if self.weight.nbytes * tokens > PARALLEL_BYTES else 1
-        self.kernel = bound_linear(self.weight, self.x, self.result, tokens > FEW_TOKENS, threads)
+        self.kernel = BoundLinear(self.weight, self.x, self.result, tokens > FEW_TOKENS, threads).call
 
     def on_execute(self, inputs, outputs) -> None:
         for step in self.replay_steps(inputs, outputs):
