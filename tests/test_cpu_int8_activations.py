@@ -103,7 +103,7 @@ def int8_llm():
 def test_the_hint_puts_every_int4_linear_on_the_int8_path(int8_llm):
     from mnnllm_backends.cpu.ops.int8_linear import Int8LinearExecution
     from mnnllm_backends.cpu.ops.packed_linear import PackedLinearExecution
-    executions = [e for e in _executions(int8_llm)]
+    executions = _executions(int8_llm)
     assert any(isinstance(e, Int8LinearExecution) for e in executions)
     assert not any(isinstance(e, PackedLinearExecution) for e in executions)
 

@@ -45,7 +45,7 @@ class Int8LinearExecution(Execution):
         x = inputs[0].storage
         tokens = x.shape[0]
         self.x = np.ascontiguousarray(x.reshape(tokens, -1))
-        self.copy_in = self.x.base is not x and not np.shares_memory(self.x, x)
+        self.copy_in = not np.shares_memory(self.x, x)  # x was not contiguous: copied in each run
         self.source = x.reshape(tokens, -1)
         self.out = outputs[0].storage.reshape(tokens, -1)
         direct = self.weight.oc % 16 == 0 and self.out.flags.c_contiguous
