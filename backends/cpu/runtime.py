@@ -23,9 +23,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class CPUHints(RuntimeHints):
     """`cpu_kv_fp16`: keep float keys and values as fp16 (MNN does at precision "low" on a cpu with
-    fp16 arithmetic; ours computes fp32 on every precision, so it is asked for here)."""
+    fp16 arithmetic; ours computes fp32 on every precision, so it is asked for here).
+    `cpu_int8_activations`: under memory "low", quantize each linear's input to int8 per token
+    row and multiply with integer dot products (`ops/int8_linear.py`), as MNN's memory-low path
+    does: faster, but not fp32-exact (off by default; cpus without AVX512-VNNI ignore it)."""
 
     cpu_kv_fp16: bool = False
+    cpu_int8_activations: bool = False
 
 
 class CPUBackend(HostBackend):

@@ -95,14 +95,20 @@ class PackedLinearExecution(Execution):
         return PackedLinearExecution(backend, twin, self.member, self.bias, self.activation)
 
 
-def create_packed_linear(backend, inputs, name: str, weight, bias, activation: int) -> PackedLinearExecution:
+def create_packed_linear(backend, inputs, name: str, weight, bias, activation: int) -> Execution:
     """Pack `weight` (a QuantizedWeight of op `name`; with use_mmap, map the pack an earlier load
-    kept) and join the linears already reading the same input."""
+    kept) and join the linears already reading the same input; with the hint
+    `cpu_int8_activations` (on a cpu with AVX512-VNNI, 4-bit codes) the int8-activation linear."""
     cache = backend.runtime.weight_cache
     if cache is None:
         packed = pack(weight)
     else:
         packed = PackedWeight.from_arrays(cache.arrays(name, LAYOUT_VERSION, lambda: pack(weight).arrays()))
+    if backend.runtime.hints.cpu_int8_activations:
+        from ..kernels import int8_dot
+        if int8_dot.supported() and int8_dot.can_repack(packed):
+            from .int8_linear import Int8LinearExecution
+            return Int8LinearExecution(backend, int8_dot.repack(packed), bias, activation)
     key = inputs[0].index
     shared = backend.shared_inputs.get(key)
     member = shared.join(packed) if shared is not None else None

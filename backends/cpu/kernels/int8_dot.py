@@ -1,0 +1,301 @@
+"""int8 activations x int4 weight codes with integer dot products: the opt-in "dynamic quant"
+linear of memory "low" (MNN's low-memory CPU path, `DenseConvInt8TiledExecutor`, quantizes the
+input to int8 on the fly in the same way; `ops/int8_linear.py` says when it runs).
+
+The exact fp32 kernels (`linear.py`) widen every code to float and spend two FMAs per weight;
+here each input row is quantized to int8 once (`quantize_rows`) and AVX512-VNNI's `vpdpbusd`
+multiplies 4 unsigned codes by 4 signed int8 inputs and adds them into an int32 lane, so one
+instruction does 64 multiply-adds (`bench/int8_activation_feasibility.py`: 2.4-3.9x the fp32
+kernels at 1-8 rows).
+
+Layout (`Int8Weight`, repacked from `PackedWeight`'s 4-bit codes): 16 rows a group, a 64-byte
+chunk per 8 inputs, byte 4r + i = code[r, 8c + i] | code[r, 8c + 4 + i] << 4, so the low nibbles
+of a chunk are inputs 8c..8c+3 of the 16 rows and the high nibbles 8c+4..8c+7. The (zero, scale)
+pairs are `PackedWeight.alpha` as they are; `code_sums` holds each (row, block)'s sum of codes.
+
+Arithmetic, for weight w = zero + scale * (c - 8) and input x ~ ds * (q - zp) (per token row):
+per block, D = sum (c - 8)(q - zp) = isum - 8 * qsum - zp * (csum - 8 * block) exactly in int32,
+then acc = fma(scale, float(D) * ds, fma(zero, xsum, acc)) with xsum = ds * (qsum - zp * block).
+Every token row goes through the same instructions whatever the number of rows a call takes,
+so a row's result is bit-identical in a 1-row and a k-row call (speculative decoding stays exact
+against plain decoding on this path).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import binding, ir
+from numba import prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import jit
+from .layout import PackedWeight
+from .simd import GROUP_ROWS, PREFETCH_BYTES, prefetch
+
+ROWS = 16  # weight rows of one int32 vector
+CHUNK_INPUTS = 8  # inputs of one 64-byte chunk
+MAX_TOKENS = 8  # token rows one kernel call keeps in registers
+
+_I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (8, 16, 32, 64))
+_VI = ir.VectorType(_I32, ROWS)
+_VS = ir.VectorType(_I16, ROWS)
+_VB = ir.VectorType(_I8, 4 * ROWS)
+_VF = ir.VectorType(ir.FloatType(), ROWS)
+_VH = ir.VectorType(ir.HalfType(), ROWS)
+
+
+def supported() -> bool:
+    """Whether this cpu has the instruction the kernel is written with (AVX512-VNNI)."""
+    try:
+        features = binding.get_host_cpu_features()
+    except RuntimeError:
+        return False
+    return bool(features.get("avx512vnni")) and bool(features.get("avx512bw"))
+
+
+@dataclass(eq=False)
+class Int8Weight:
+    oc: int
+    ic: int
+    block: int
+    rows: int  # oc padded to whole 32-row groups (what `alpha` covers)
+    codes: np.ndarray  # uint8 [rows / 16][ic / 8][64]
+    code_sums: np.ndarray  # int16 [rows / 16][n_blocks][16]
+    alpha: np.ndarray  # PackedWeight.alpha: [rows / 32][n_blocks][zero[32], scale[32]], fp16 bits or float32
+
+    @property
+    def n_blocks(self) -> int:
+        return self.ic // self.block
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.code_sums.nbytes + self.alpha.nbytes
+
+
+def can_repack(packed: PackedWeight) -> bool:
+    """4-bit codes in blocks of whole chunks (8-bit codes stay on the fp32 kernels)."""
+    return packed.bits == 4 and packed.block % CHUNK_INPUTS == 0 and packed.ic % packed.block == 0
+
+
+def repack(packed: PackedWeight) -> Int8Weight:
+    """The int8 kernel's layout of a 4-bit `PackedWeight` (see the module docstring)."""
+    rows, ic, block = packed.groups * GROUP_ROWS, packed.ic, packed.block
+    raw = packed.codes.reshape(packed.groups, ic // 2, GROUP_ROWS).transpose(0, 2, 1).reshape(rows, ic // 2)
+    codes = np.empty((rows, ic), np.uint8)
+    codes[:, 0::2], codes[:, 1::2] = raw >> 4, raw & 15
+    chunked = codes.reshape(rows // ROWS, ROWS, ic // CHUNK_INPUTS, 2, 4)
+    nibbles = chunked[:, :, :, 0, :] | (chunked[:, :, :, 1, :] << 4)
+    sums = codes.reshape(rows // ROWS, ROWS, ic // block, block).sum(axis=3, dtype=np.int16)
+    return Int8Weight(packed.oc, ic, block, rows, np.ascontiguousarray(nibbles.transpose(0, 2, 1, 3)).reshape(-1),
+                      np.ascontiguousarray(sums.transpose(0, 2, 1)).reshape(-1), packed.alpha)
+
+
+@jit(fastmath=False)
+def _round_half_away(value):
+    """C's roundf."""
+    return np.floor(value + 0.5) if value >= 0 else np.ceil(value - 0.5)
+
+
+@jit(fastmath=False)
+def quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum):
+    """x float32 [tokens, ic] -> int8 xq [tokens, ic], one (ds, zp) per row: x ~ ds * (xq - zp).
+
+    Asymmetric (MNN's one-token quantization): 255 levels over [min, max], zp = round(-min *
+    255 / range) - 128; symmetric (MNN's several-token "batch" quantization): 127 levels a side
+    of max |x|, zp = 0. Values round to nearest (ties to even) and clamp to the int8 range. Also
+    qsum [tokens, n_blocks] (the int sums of xq per block) and xsum = ds * (qsum - zp * block).
+    """
+    tokens, ic = x.shape
+    n_blocks = ic // block
+    for t in range(tokens):
+        low = x[t, 0]
+        high = x[t, 0]
+        for j in range(ic):
+            low = min(low, x[t, j])
+            high = max(high, x[t, j])
+        top = max(high, -low)
+        span = high - low
+        if symmetric or span == 0:
+            scale = np.float32(127.0) / top if top > 0 else np.float32(0.0)
+            ds[t] = top / np.float32(127.0)
+            zp[t] = 0
+            lowest = -127
+        else:
+            scale = np.float32(255.0) / span
+            ds[t] = span / np.float32(255.0)
+            zp[t] = np.int32(_round_half_away(-low * np.float32(255.0) / span)) - 128
+            lowest = -128
+        for j in range(ic):
+            q = np.int32(np.rint(x[t, j] * scale)) + zp[t]
+            xq[t, j] = min(127, max(lowest, q))
+        for b in range(n_blocks):
+            total = np.int32(0)
+            for j in range(b * block, (b + 1) * block):
+                total += np.int32(xq[t, j])
+            qsum[t, b] = total
+            xsum[t, b] = ds[t] * np.float32(total - zp[t] * block)
+
+
+def _data(context, builder, ty, value):
+    return context.make_array(ty)(context, builder, value).data
+
+
+def _const(value: int) -> ir.Constant:
+    return ir.Constant(_I64, value)
+
+
+@intrinsic
+def int8_group_dot(typingctx, tokens, first, codes, c_start, code_sums, alpha, a_start, words, n_blocks, chunks,
+                   block, ds, zp, qsum, xsum, out, o_start, o_stride):
+    """One group of 16 rows for token rows first..first+tokens-1 (tokens 1..MAX_TOKENS):
+    out[o_start + t * o_stride + r] = W[r] . x_t (see the module docstring).
+
+    codes from c_start (the group's chunks), code_sums from (c_start / 64 / chunks) * 16, alpha
+    from a_start (this group's zero; its scale GROUP_ROWS further), words int32 [rows][ic / 4]
+    (the int8 xq, 4 a word), ds/zp [rows], qsum/xsum [rows][n_blocks].
+    """
+    sig = types.void(tokens, first, codes, c_start, code_sums, alpha, a_start, words, n_blocks, chunks, block, ds,
+                     zp, qsum, xsum, out, o_start, o_stride)
+    half = alpha.dtype == types.uint16
+
+    def codegen(context, builder, signature, args):
+        tys = signature.args
+        code_p, sums_p, alpha_p, word_p, ds_p, zp_p, qsum_p, xsum_p, out_p = (
+            _data(context, builder, tys[i], args[i]) for i in (2, 4, 5, 7, 11, 12, 13, 14, 15))
+        count, first_v, c_start_v, a_start_v, blocks, per_block, block_v, o_start_v, o_stride_v = (
+            context.cast(builder, args[i], tys[i], types.int64) for i in (0, 1, 3, 6, 8, 9, 10, 16, 17))
+        dot = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VI, [_VI, _VB, _VB]),
+                                             "llvm.x86.avx512.vpdpbusd.512")
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_VF, [_VF, _VF, _VF]), "llvm.fma.v16f32")
+        stride = builder.sdiv(builder.mul(blocks, builder.mul(per_block, _const(CHUNK_INPUTS))), _const(4))
+        low_mask, four = ir.Constant(_VB, [15] * 64), ir.Constant(_VB, [4] * 64)
+        zero_i, zero_f = ir.Constant(_VI, [0] * ROWS), ir.Constant(_VF, [0.0] * ROWS)
+        s_start = builder.mul(builder.sdiv(c_start_v, builder.mul(per_block, _const(64))), _const(ROWS))
+
+        def splat(value, vector_type):
+            undef = ir.Constant(vector_type, ir.Undefined)
+            one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
+            return builder.shuffle_vector(one, undef, ir.Constant(_VI, [0] * ROWS))
+
+        def load(pointer, index, vector_type, align):
+            address = builder.bitcast(builder.gep(pointer, [index]), vector_type.as_pointer())
+            return builder.load(address, align=align)
+
+        def alphas(index):
+            if half:
+                return builder.fpext(load(alpha_p, index, _VH, 2), _VF)
+            return load(alpha_p, index, _VF, 4)
+
+        def scalar(pointer, index):
+            return builder.load(builder.gep(pointer, [index]))
+
+        end = builder.append_basic_block("int8.end")
+        switch = builder.switch(count, end)
+        for rows in range(1, MAX_TOKENS + 1):
+            case = builder.append_basic_block(f"int8.{rows}")
+            switch.add_case(_const(rows), case)
+            builder.position_at_end(case)
+            token = [builder.add(first_v, _const(t)) for t in range(rows)]
+            isum = [cgutils.alloca_once_value(builder, zero_i) for _ in range(rows)]
+            acc = [cgutils.alloca_once_value(builder, zero_f) for _ in range(rows)]
+            with cgutils.for_range(builder, blocks) as block_loop:
+                b = block_loop.index
+                for t in range(rows):
+                    builder.store(zero_i, isum[t])
+                with cgutils.for_range(builder, per_block) as chunk_loop:
+                    c = builder.add(builder.mul(b, per_block), chunk_loop.index)
+                    offset = builder.add(c_start_v, builder.mul(c, _const(64)))
+                    prefetch(builder, code_p, builder.add(offset, _const(PREFETCH_BYTES)))
+                    w = load(code_p, offset, _VB, 1)
+                    low = builder.and_(w, low_mask)
+                    high = builder.and_(builder.lshr(w, four), low_mask)
+                    for t in range(rows):
+                        base = builder.add(builder.mul(token[t], stride), builder.mul(c, _const(2)))
+                        x_low = builder.bitcast(splat(scalar(word_p, base), _VI), _VB)
+                        x_high = builder.bitcast(splat(scalar(word_p, builder.add(base, _const(1))), _VI), _VB)
+                        total = builder.call(dot, [builder.load(isum[t]), low, x_low])
+                        builder.store(builder.call(dot, [total, high, x_high]), isum[t])
+                a_index = builder.add(a_start_v, builder.mul(b, _const(2 * GROUP_ROWS)))
+                zero = alphas(a_index)
+                scale = alphas(builder.add(a_index, _const(GROUP_ROWS)))
+                csum = builder.sext(load(sums_p, builder.add(s_start, builder.mul(b, _const(ROWS))), _VS, 2), _VI)
+                for t in range(rows):
+                    tb = builder.add(builder.mul(token[t], blocks), b)
+                    point = scalar(zp_p, token[t])
+                    # 8 * qsum - 8 * block * zp, the same for every row; zp * csum per row
+                    shift = builder.sub(builder.mul(scalar(qsum_p, tb), ir.Constant(_I32, 8)),
+                                        builder.mul(point, builder.trunc(builder.mul(block_v, _const(8)), _I32)))
+                    exact = builder.sub(builder.sub(builder.load(isum[t]), splat(shift, _VI)),
+                                        builder.mul(splat(point, _VI), csum))
+                    dots = builder.fmul(builder.sitofp(exact, _VF), splat(scalar(ds_p, token[t]), _VF))
+                    inner = builder.call(fma, [zero, splat(scalar(xsum_p, tb), _VF), builder.load(acc[t])])
+                    builder.store(builder.call(fma, [scale, dots, inner]), acc[t])
+            for t in range(rows):
+                row = builder.add(o_start_v, builder.mul(token[t], o_stride_v))
+                builder.store(builder.load(acc[t]), builder.bitcast(builder.gep(out_p, [row]), _VF.as_pointer()),
+                              align=4)
+            builder.branch(end)
+        builder.position_at_end(end)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit(fastmath=False)
+def _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, h0, h1):
+    tokens, rows = out.shape
+    chunks = block // CHUNK_INPUTS
+    flat_words, flat_out = words.reshape(-1), out.reshape(-1)
+    flat_qsum, flat_xsum = qsum.reshape(-1), xsum.reshape(-1)
+    for h in range(h0, h1):
+        a_start = (h // 2) * n_blocks * 2 * GROUP_ROWS + (h % 2) * ROWS
+        for t0 in range(0, tokens, MAX_TOKENS):
+            int8_group_dot(min(MAX_TOKENS, tokens - t0), t0, codes, h * n_blocks * chunks * 64, code_sums, alpha,
+                           a_start, flat_words, n_blocks, chunks, block, ds, zp, flat_qsum, flat_xsum, flat_out,
+                           h * ROWS, rows)
+
+
+@jit(fastmath=False)
+def _quantize_and_multiply(x, symmetric, xq, ds, zp, qsum, xsum, codes, code_sums, alpha, n_blocks, block, out):
+    quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
+    _groups(codes, code_sums, alpha, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, out, np.int64(0),
+            np.int64(out.shape[1] // ROWS))
+
+
+@jit(parallel=True, fastmath=False)
+def _quantize_and_multiply_parallel(x, symmetric, xq, ds, zp, qsum, xsum, codes, code_sums, alpha, n_blocks, block,
+                                    out, parts):
+    quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
+    words = xq.view(np.int32)
+    total = out.shape[1] // ROWS
+    per_part = (total + parts - 1) // parts
+    for task in prange(parts):
+        part = np.int64(task)
+        _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, part * per_part,
+                min(total, (part + 1) * per_part))
+
+
+class BoundLinear:
+    """out [tokens, out.shape[1]] = x @ W.T for the arrays given, x quantized first, as one
+    compiled call without arguments (a replay step). out.shape[1] is a multiple of 16: the
+    weight's first rows (padding included where it is weight.rows). The quantized rows stay
+    readable (xq, ds, zp, qsum, xsum) after a call."""
+
+    def __init__(self, weight: Int8Weight, x: np.ndarray, out: np.ndarray, symmetric: bool, threads: int):
+        tokens, ic = x.shape
+        self.xq = np.empty((tokens, ic), np.int8)
+        self.ds, self.zp = np.empty(tokens, np.float32), np.empty(tokens, np.int32)
+        self.qsum = np.empty((tokens, weight.n_blocks), np.int32)
+        self.xsum = np.empty((tokens, weight.n_blocks), np.float32)
+        args = (x, symmetric, self.xq, self.ds, self.zp, self.qsum, self.xsum, weight.codes, weight.code_sums,
+                weight.alpha, weight.n_blocks, weight.block, out)
+        if threads > 1:
+            self.call = functools.partial(_quantize_and_multiply_parallel, *args, threads)
+        else:
+            self.call = functools.partial(_quantize_and_multiply, *args)
+
+    def __call__(self) -> None:
+        self.call()
