@@ -109,6 +109,17 @@ def x_declaration(tokens: int, ic: int, max_uniform: int) -> str:
     return "var<storage, read> x: array<vec4<f32>>;"
 
 
+def tile_window(tokens: int, most: int) -> int:
+    """Tokens per window of linear_q4_tile.wgsl (at most `most`, a uniform block's worth): the
+    fewest windows, as even as multiples of 4 (an invocation's tokens) make them."""
+    if tokens <= most:
+        return tokens
+    window = most - most % 4 if most >= 4 else most
+    count = -(-tokens // window)
+    even = -(-tokens // count)
+    return min(window, even + -even % 4)
+
+
 class LinearExecution(StepsExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
@@ -155,7 +166,7 @@ class LinearExecution(StepsExecution):
         last window ends at the last token, recomputing some rows of the one before)."""
         p = self.packed
         row_bytes = p.ic * 4
-        window = min(tokens, self.backend.device.max_uniform // row_bytes)
+        window = tile_window(tokens, self.backend.device.max_uniform // row_bytes)
         steps = []
         for t0 in range(0, tokens, window):
             start = min(t0, tokens - window)

@@ -2,7 +2,8 @@
 // passes for a CPU adapter (lavapipe runs a work-group's invocations as SIMD lanes and pays for
 // every workgroupBarrier by switching coroutines): PASS 0 one invocation per (t, h, key j < stride)
 // writes the masked score into s; PASS 1 one per (t, h) turns its row of total scores into softmax
-// weights (sinks in the denominator); PASS 2 one per (t, h, d) sums the weighted values.
+// weights (sinks in the denominator); PASS 2 one per (t, h, d) sums the weighted values. Keys
+// a causal mask blocks are neither dotted nor summed (their weight is exactly 0).
 struct Params {
     seq: i32, heads: i32, kv_heads: i32, dim: i32, stride: i32, scale: f32,
     mask_mode: i32, mask_rows: i32, mask_cols: i32, has_sinks: i32, row: u32,
@@ -26,6 +27,10 @@ fn score(th: i32, j: i32) {
     if (j >= total) { return; }
     let h = th % p.heads;
     let t = th / p.heads;
+    if (p.mask_mode == 1 && j > past + t) {  // causally blocked: no dot product
+        s[th * p.stride + j] = NEG_INF;
+        return;
+    }
     let g = h / (p.heads / p.kv_heads);
     let qa = th * p.dim;
     let ka = (j * p.kv_heads + g) * p.dim;
@@ -63,7 +68,8 @@ fn softmax(th: i32) {
 }
 
 fn context(th: i32, d: i32) {
-    let total = step[1];
+    var total = step[1];
+    if (p.mask_mode == 1) { total = min(total, step[0] + th / p.heads + 1); }  // blocked keys weigh 0
     let g = (th % p.heads) / (p.heads / p.kv_heads);
     let sa = th * p.stride;
     var acc = 0.0;
