@@ -6,7 +6,7 @@ is split, each chunk one dispatch writing its rows of the output. 4-bit codes of
 with ic and the block size multiples of 32 read 32 codes a load: on a GPU linear_q4.wgsl (8 lanes
 per row summed by subgroup shuffles, or workgroup memory without subgroups; 8 tokens per
 work-group in prefill), on a CPU adapter
-linear_q4_rows.wgsl (four rows of one token per invocation; a decode step's input read as a
+linear_q4_rows.wgsl (eight rows of one token per invocation; a decode step's input read as a
 uniform block), over several tokens linear_q4_tile.wgsl (four rows of four tokens per invocation,
 the input read in windows of tokens as uniform blocks); the rest run linear.wgsl."""
 from __future__ import annotations
@@ -143,8 +143,8 @@ class LinearExecution(StepsExecution):
             if p.fast:
                 params = pack_params("10if", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.ic // 32, p.block // 32,
                                      p.ic // p.block, int(p.has_bias), self.act, float(p.offset))
-                if lanes == 1:  # a CPU: 4 rows of one token per invocation
-                    shader, rows_per_group, tile = "linear_q4_rows", 64 * 4, 1
+                if lanes == 1:  # a CPU: 8 rows of one token per invocation
+                    shader, rows_per_group, tile = "linear_q4_rows", 64 * 8, 1
                     defines = (("X_DECL", x_declaration(tokens, p.ic, self.backend.device.max_uniform)),)
                 else:
                     shader, rows_per_group = "linear_q4", 64 // lanes

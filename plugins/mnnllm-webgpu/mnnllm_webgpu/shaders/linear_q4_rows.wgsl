@@ -1,6 +1,6 @@
 // A 4-bit linear layer on a CPU adapter (linear_q4.wgsl's layout, parameters and outputs): one
-// invocation per 4 output rows of one token (the token: the dispatch's y), so that each input load
-// serves four rows (lavapipe reads a storage buffer one lane at a time: loads are what costs),
+// invocation per 8 output rows of one token (the token: the dispatch's y), so that each input load
+// serves eight rows (lavapipe reads a storage buffer one lane at a time: loads are what costs),
 // written without private arrays (its JIT keeps an indexed one in memory). X_DECL: x a storage
 // array, or for one token a uniform block (lavapipe reads a uniform one load for all lanes). The
 // codes' offset is taken off once per 32 codes: sum((c - offset) * x) = sum(c * x) - offset * sum(x).
@@ -41,13 +41,18 @@ fn finish(t: i32, o: i32, v: f32) {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) id: vec3<u32>) {
-    let o = i32(id.x) * 4;
+    let o = i32(id.x) * 8;
     let t = i32(id.y);
     if (o >= p.rows || t >= p.tokens) { return; }
     let r1 = min(o + 1, p.rows - 1);
     let r2 = min(o + 2, p.rows - 1);
     let r3 = min(o + 3, p.rows - 1);
+    let r4 = min(o + 4, p.rows - 1);
+    let r5 = min(o + 5, p.rows - 1);
+    let r6 = min(o + 6, p.rows - 1);
+    let r7 = min(o + 7, p.rows - 1);
     var acc = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
     for (var k = 0; k < p.vecs; k++) {
         let base = (t * p.vecs + k) * 8;
         let a = Inputs(x[base], x[base + 1], x[base + 2], x[base + 3],
@@ -62,9 +67,20 @@ fn main(@builtin(global_invocation_id) id: vec3<u32>) {
         let d = vec4<f32>(row_dot(w[o * p.vecs + k], a), row_dot(w[r1 * p.vecs + k], a),
                           row_dot(w[r2 * p.vecs + k], a), row_dot(w[r3 * p.vecs + k], a));
         acc += vec4<f32>(s0.x, s1.x, s2.x, s3.x) * (d - p.offset * xs) + vec4<f32>(s0.y, s1.y, s2.y, s3.y) * xs;
+        let s4 = sz[r4 * p.blocks + b];
+        let s5 = sz[r5 * p.blocks + b];
+        let s6 = sz[r6 * p.blocks + b];
+        let s7 = sz[r7 * p.blocks + b];
+        let e = vec4<f32>(row_dot(w[r4 * p.vecs + k], a), row_dot(w[r5 * p.vecs + k], a),
+                          row_dot(w[r6 * p.vecs + k], a), row_dot(w[r7 * p.vecs + k], a));
+        acc2 += vec4<f32>(s4.x, s5.x, s6.x, s7.x) * (e - p.offset * xs) + vec4<f32>(s4.y, s5.y, s6.y, s7.y) * xs;
     }
     finish(t, o, acc.x);
     finish(t, o + 1, acc.y);
     finish(t, o + 2, acc.z);
     finish(t, o + 3, acc.w);
+    finish(t, o + 4, acc2.x);
+    finish(t, o + 5, acc2.y);
+    finish(t, o + 6, acc2.z);
+    finish(t, o + 7, acc2.w);
 }
