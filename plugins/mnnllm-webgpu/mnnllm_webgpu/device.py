@@ -32,10 +32,13 @@ from mnnllm_core.backend_api import Execution
 
 ENV_ADAPTER = "MNNLLM_WEBGPU_ADAPTER"
 MAX_GROUPS = 65535  # a dispatch over more groups along x is folded into y
-STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+# UNIFORM too: a decode step's linear reads its input as a uniform block (linear_q4_rows.wgsl)
+STORAGE = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_SRC
+           | wgpu.BufferUsage.COPY_DST)
 OPTIONAL_FEATURES = ("shader-f16", "subgroup")
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
-          "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup")
+          "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+          "max-uniform-buffer-binding-size")
 
 
 @lru_cache(maxsize=None)
@@ -92,6 +95,8 @@ class WebGPUDevice:
         self.queue = self.device.queue
         self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
         self.max_storage_bindings = int(self.device.limits["max-storage-buffers-per-shader-stage"])
+        self.max_uniform = int(self.device.limits["max-uniform-buffer-binding-size"])
+        self.uniform_alignment = int(self.device.limits["min-uniform-buffer-offset-alignment"])
         self.description = describe_adapter(adapter)
         self.is_cpu = adapter.info.get("adapter_type") == "CPU"
         self.compiler = Compiler(self)
@@ -150,15 +155,17 @@ def fold(groups: int, local: int) -> tuple[tuple[int, int, int], int]:
 
 
 class Program:
-    """One kernel bound to its buffers (bindings 0..n-1, in order) and a uniform block of its
-    parameters (binding n), dispatched over `groups`; made once per resize, recorded per run."""
+    """One kernel bound to its buffers (bindings 0..n-1, in order; a (buffer, offset, nbytes)
+    triple binds that window) and a uniform block of its parameters (binding n), dispatched over `groups`;
+    made once per resize, recorded per run."""
 
     def __init__(self, device: WebGPUDevice, shader: str, buffers: list, params: bytes | None,
                  groups: tuple[int, int, int], defines: tuple[tuple[str, Any], ...] = ()):
         self.shader, self.groups = shader, tuple(int(g) for g in groups)
         self.pipeline = device.compiler.pipeline(shader, defines)
-        entries = [{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}}
-                   for i, b in enumerate(buffers)]
+        bound = [b if isinstance(b, tuple) else (b, 0, b.size) for b in buffers]
+        entries = [{"binding": i, "resource": {"buffer": b, "offset": offset, "size": size}}
+                   for i, (b, offset, size) in enumerate(bound)]
         if params:
             self.uniform = device.device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)
             entries.append({"binding": len(buffers), "resource": {"buffer": self.uniform, "offset": 0,

@@ -1,7 +1,9 @@
 """Attention owning its KV cache on the device (DeviceKVCache: token-major rows, shared by the
 prefill and decode clones), grouped-query heads, the scalar causal mask, float and int full
-masks and sinks. Two dispatches per run: kv_write (the step's k/v rows at `past`) and the fused
-attention (attention.wgsl: scores into a scratch row, softmax, the weighted values). Nothing
+masks and sinks. Per run kv_write (the step's k/v rows at `past`), then on a GPU the fused
+attention (attention.wgsl: scores into a scratch row, softmax, the weighted values; one work-group
+per query and head), on a CPU adapter the same in three barrier-free dispatches
+(attention_split.wgsl: scores, softmax, weighted values). Nothing
 recorded depends on the token: past and total live in a small storage buffer the host writes in
 `before_run`, so a replay encodes the same steps every token."""
 from __future__ import annotations
@@ -14,6 +16,7 @@ from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Refused, Un
 from ..device import Program, StepsExecution, fold, pack_params
 
 LOCAL = 256  # work-group size of kv_write.wgsl
+SPLIT_LOCAL = 64  # work-group size of attention_split.wgsl
 MASK_MODES = {"float": 2, "int": 3}  # attention.wgsl: 0 none, 1 causal, 2 added, 3 int (0 blocks)
 
 
@@ -98,11 +101,20 @@ class AttentionExecution(StepsExecution):
         mask = inputs[3].storage if len(inputs) > 3 else q
         sinks = inputs[4].storage if len(inputs) > 4 else q
         mode, rows, cols = self.mask
-        groups, row = fold(seq * heads, 1)
-        params = pack_params("5if4iI", seq, heads, kv_heads, dim, stride,
-                             float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(len(inputs) > 4), row)
-        steps = [Program(device, "attention", [q, keys, values, mask, sinks, self.scratch, outputs[0].storage,
-                                               self.step], params, groups)]
+        buffers = [q, keys, values, mask, sinks, self.scratch, outputs[0].storage, self.step]
+        scale = float(np.float32(self.params.scale_for(dim)))
+
+        def program(shader: str, groups_row: tuple, defines: tuple = ()) -> Program:
+            groups, row = groups_row
+            params = pack_params("5if4iI", seq, heads, kv_heads, dim, stride, scale, mode, rows, cols,
+                                 int(len(inputs) > 4), row)
+            return Program(device, shader, buffers, params, groups, defines)
+
+        if device.is_cpu:  # three barrier-free passes (attention_split.wgsl)
+            steps = [program("attention_split", fold(-(-seq * heads * n // SPLIT_LOCAL), SPLIT_LOCAL), (("PASS", k),))
+                     for k, n in enumerate((stride, 1, dim))]
+        else:
+            steps = [program("attention", fold(seq * heads, 1))]
         if self.params.kv_cache:
             count = self.kv_seq * kv_heads * dim
             write_groups, write_row = fold(-(-count // LOCAL), LOCAL)

@@ -40,9 +40,10 @@ class BinaryExecution(StepsExecution):
         total = outputs[0].size
         groups, row = fold(-(-total // LOCAL), LOCAL)
         params = pack_params("4i4i4iiiiI", *dims, *sa, *sb, total, self.code, self.act, row)
+        broadcast = any(t.size != total for t in inputs)
         self.steps = [Program(self.backend.device, "binary",
                               [inputs[0].storage, inputs[1].storage, outputs[0].storage], params,
-                              groups if total else (0, 0, 0))]
+                              groups if total else (0, 0, 0), (("BROADCAST", str(broadcast).lower()),))]
 
     def on_clone(self, backend, op):
         return BinaryExecution(backend, self.code, self.act)

@@ -6,7 +6,9 @@ is split, each chunk one dispatch writing its rows of the output. 4-bit codes of
 with ic and the block size multiples of 32 read 32 codes a load: on a GPU linear_q4.wgsl (8 lanes
 per row summed by subgroup shuffles, or workgroup memory without subgroups; 8 tokens per
 work-group in prefill), on a CPU adapter
-linear_q4_rows.wgsl (four rows of one token per invocation); the rest run linear.wgsl."""
+linear_q4_rows.wgsl (eight rows of one token per invocation; a decode step's input read as a
+uniform block), over several tokens linear_q4_tile.wgsl (four rows of four tokens per invocation,
+the input read in windows of tokens as uniform blocks); the rest run linear.wgsl."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -99,6 +101,25 @@ def pack_linear(backend, weights: ConvolutionWeights) -> PackedLinear | None:
     return PackedLinear(w.oc, w.ic, bits, offset, block, words.shape[1], bias is not None, chunks)
 
 
+def x_declaration(tokens: int, ic: int, max_uniform: int) -> str:
+    """linear_q4_rows.wgsl's input: one token's row as a uniform block where it fits one
+    (lavapipe loads a uniform value once for all lanes, a storage one lane by lane), else storage."""
+    if tokens == 1 and ic * 4 <= max_uniform:
+        return f"var<uniform> x: array<vec4<f32>, {ic // 4}>;"
+    return "var<storage, read> x: array<vec4<f32>>;"
+
+
+def tile_window(tokens: int, most: int) -> int:
+    """Tokens per window of linear_q4_tile.wgsl (at most `most`, a uniform block's worth): the
+    fewest windows, as even as multiples of 4 (an invocation's tokens) make them."""
+    if tokens <= most:
+        return tokens
+    window = most - most % 4 if most >= 4 else most
+    count = -(-tokens // window)
+    even = -(-tokens // count)
+    return min(window, even + -even % 4)
+
+
 class LinearExecution(StepsExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
@@ -110,13 +131,21 @@ class LinearExecution(StepsExecution):
         tokens = inputs[0].size // p.ic
         lanes = self.backend.runtime.linear_lanes
         self.steps = []
+        x_bytes = inputs[0].storage.size if tokens != 1 else p.ic * 4  # a uniform block: its size exactly
+        device = self.backend.device
+        if (lanes == 1 and p.fast and tokens > 1 and p.ic * 4 <= device.max_uniform
+                and p.ic * 4 % device.uniform_alignment == 0):
+            self.steps = [step for chunk in p.chunks for step in self._tiles(inputs[0].storage, chunk, tokens,
+                                                                             outputs[0].storage)]
+            return
         for chunk in p.chunks:
             tile = 1 if tokens == 1 else PREFILL_TILE  # tokens per work-group
             if p.fast:
                 params = pack_params("10if", p.ic, p.oc, chunk.row0, chunk.rows, tokens, p.ic // 32, p.block // 32,
                                      p.ic // p.block, int(p.has_bias), self.act, float(p.offset))
-                if lanes == 1:  # a CPU: 4 rows of one token per invocation
-                    shader, rows_per_group, tile, defines = "linear_q4_rows", 64 * 4, 1, ()
+                if lanes == 1:  # a CPU: 8 rows of one token per invocation
+                    shader, rows_per_group, tile = "linear_q4_rows", 64 * 8, 1
+                    defines = (("X_DECL", x_declaration(tokens, p.ic, self.backend.device.max_uniform)),)
                 else:
                     shader, rows_per_group = "linear_q4", 64 // lanes
                     subgroups = self.backend.runtime.subgroups
@@ -129,8 +158,25 @@ class LinearExecution(StepsExecution):
                                      int(p.has_bias), self.act)
             groups = (-(-chunk.rows // rows_per_group), -(-tokens // tile), 1) if tokens else (0, 0, 0)
             self.steps.append(Program(self.backend.device, shader,
-                                      [inputs[0].storage, chunk.weight, chunk.scales, chunk.bias,
+                                      [(inputs[0].storage, 0, x_bytes), chunk.weight, chunk.scales, chunk.bias,
                                        outputs[0].storage], params, groups, defines))
+
+    def _tiles(self, x, chunk: Chunk, tokens: int, y) -> list:
+        """linear_q4_tile.wgsl over windows of `window` tokens of x, each a uniform block (the
+        last window ends at the last token, recomputing some rows of the one before)."""
+        p = self.packed
+        row_bytes = p.ic * 4
+        window = tile_window(tokens, self.backend.device.max_uniform // row_bytes)
+        steps = []
+        for t0 in range(0, tokens, window):
+            start = min(t0, tokens - window)
+            params = pack_params("10ifi", p.ic, p.oc, chunk.row0, chunk.rows, window, p.ic // 32, p.block // 32,
+                                 p.ic // p.block, int(p.has_bias), self.act, float(p.offset), start)
+            groups = (-(-chunk.rows // (64 * 4)), -(-window // 4), 1)
+            steps.append(Program(self.backend.device, "linear_q4_tile",
+                                 [(x, start * row_bytes, window * row_bytes), chunk.weight, chunk.scales, chunk.bias,
+                                  y], params, groups, (("XV", window * p.ic // 4),)))
+        return steps
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
