@@ -63,7 +63,8 @@ from .core.dtypes import FLOAT32, INT32
 from .core.expert_program import EXPERT_BINARY, EXPERT_UNARY, ExpertProgram, ExpertStep, step_name
 from .core.file_backed import file_backed_zeros
 from .core.kv_cache import DeviceKVCache, KVCache
-from .core.kv_format import KVFormat, dequantize_int8_rows, kv_format, quantize_int8_rows
+from .core.kv_format import (AttentionMode, KVFormat, dequantize_int8_rows, kv_format, quantize_int8_rows,
+                             report_ignored)
 from .core.kv_meta import KVMeta
 from .core.kv_slots import BatchMeta, SlotCaches, SlotRows, slot_meta
 from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
@@ -99,8 +100,8 @@ __all__ = [
     "ConvolutionWeights", "ConvolutionWeight", "QuantizedWeight", "FloatWeight", "WeightReader", "linear_weights",
     "MoEExpert", "ExpertProgram", "ExpertStep", "EXPERT_UNARY", "EXPERT_BINARY", "step_name",
     # the KV cache; packed weights kept on disk (use_mmap)
-    "KVMeta", "KVCache", "DeviceKVCache", "KVFormat", "kv_format", "quantize_int8_rows",
-    "dequantize_int8_rows", "WeightCache", "file_backed_zeros",
+    "KVMeta", "KVCache", "DeviceKVCache", "AttentionMode", "KVFormat", "kv_format", "report_ignored",
+    "quantize_int8_rows", "dequantize_int8_rows", "WeightCache", "file_backed_zeros",
     # KV slots: a step of several sequences' rows (continuous batching)
     "BatchMeta", "SlotRows", "SlotCaches", "slot_meta",
     # kernel variants tuned once per device (gpu_tuning); compiled code kept per device; long steps said

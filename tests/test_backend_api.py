@@ -121,8 +121,8 @@ def test_a_setting_the_backend_ignores_is_logged_once(caplog, monkeypatch) -> No
         RuntimeManager.create(config)
         RuntimeManager.create(config)
     ignored = [r.getMessage() for r in caplog.records if "ignores" in r.getMessage()]
-    assert sorted(ignored) == ["backend cpu ignores power=normal (it honours: memory, thread_num)",
-                               "backend cpu ignores precision=high (it honours: memory, thread_num)"]
+    assert sorted(ignored) == ["backend cpu ignores power=normal (it honours: attention_mode, memory, thread_num)",
+                               "backend cpu ignores precision=high (it honours: attention_mode, memory, thread_num)"]
 
 
 def test_static_shapes_is_declared_by_the_runtime_creator_alone() -> None:

@@ -1,5 +1,5 @@
 """The opencl and vulkan KV caches in their other formats (kv_format.py): int8 (attention_mode 10)
-and fp16 (the hints opencl_kv_fp16 / vulkan_kv_fp16). The int8 rows the kernels store equal the
+and fp16 (the hint kv_fp16). The int8 rows the kernels store equal the
 reference quantizer's (byte for byte on opencl; vulkan's division may round a value to the
 neighbouring step), and attention over them equals float64 attention over the stored rows
 dequantized (the step's own rows unquantized where the kernel reads them from its inputs); the
@@ -53,7 +53,8 @@ def failures(results) -> list:
 
 
 def format_cases(tol: float) -> list:
-    short = [c for c in select("Attention") if any(name in c.name for name in SHORT_CASES) and "sinks" not in c.tags]
+    short = [c for c in select("Attention")
+             if any(name in c.name for name in SHORT_CASES) and not c.tags & {"sinks", "slots"}]
     return with_tolerance(short, tol) + attention_long.cases(tol)
 
 
@@ -66,14 +67,14 @@ def test_the_attention_cases_pass_with_int8_keys_and_values_within_their_toleran
 @pytest.mark.parametrize("backend", ["opencl", "vulkan"])
 def test_the_attention_cases_pass_with_an_fp16_cache_under_fp32_activations(backend: str) -> None:
     require(backend)
-    assert not failures(run_suite(backend, hints={f"{backend}_kv_fp16": True}, cases=format_cases(FP16_TOL)))
+    assert not failures(run_suite(backend, hints={"kv_fp16": True}, cases=format_cases(FP16_TOL)))
 
 
 @pytest.mark.parametrize("hints, tol", [({}, None), (INT8, INT8_TOL)])
 def test_flash_decoding_of_the_gpu_kernels_passes_the_attention_cases(hints, tol) -> None:
     """attention_split + attention_merge: what a decode step runs on a GPU (opencl_cpu_kernels false)."""
     require("opencl")
-    cases = [c for c in select("Attention") if "decode" in c.name and not c.tags & {"sinks", "head_dim%4"}]
+    cases = [c for c in select("Attention") if "decode" in c.name and not c.tags & {"sinks", "head_dim%4", "slots"}]
     cases = (with_tolerance(cases, tol) if tol else cases) + attention_long.cases(tol)
     assert not failures(run_suite("opencl", hints={**hints, "opencl_cpu_kernels": False}, cases=cases))
 

@@ -1,5 +1,5 @@
 """Long context on the cpu backend (issue #31): the KV cache below fp32 (attention_mode's int8
-keys and values, the cpu_kv_fp16 hint) within a stated logit tolerance of the fp32 cache on a long
+keys and values, the kv_fp16 hint) within a stated logit tolerance of the fp32 cache on a long
 prompt; a prefill in chunks (`chunk`, `chunk_limits`) equal to one at once; `kvcache_limit`
 moving a layer's cache into a file-backed mapping; the stored rows' own properties."""
 import mmap
@@ -9,7 +9,7 @@ import pytest
 
 import mnnllm_core
 from mnnllm_backends.cpu.kv_memory import KVMemory
-from mnnllm_backends.cpu.kv_storage import KVFormat, StoredKVCache
+from mnnllm_backends.cpu.kv_storage import StoredKinds, StoredKVCache
 from mnnllm_core.llm.prefix_cache import model_caches
 from paths import CONFIG
 
@@ -37,7 +37,7 @@ def fp32_logits(long_ids):
 
 
 @pytest.mark.parametrize("memory", ["low", "normal"])
-@pytest.mark.parametrize("kind, keys", [("fp16", {"backend_hints": {"cpu_kv_fp16": True}}),
+@pytest.mark.parametrize("kind, keys", [("fp16", {"backend_hints": {"kv_fp16": True}}),
                                         ("int8", {"attention_mode": 9}), ("int8", {"attention_mode": 10})])
 def test_a_kv_cache_below_fp32_stays_within_its_tolerance_on_a_long_prompt(long_ids, fp32_logits, memory, kind, keys):
     llm = load(memory=memory, **keys)
@@ -89,13 +89,12 @@ def test_kv_memory_chooses_by_the_bytes_of_a_layer():
 
 
 def test_attention_mode_reads_as_mnn_cpu_does():
-    assert KVFormat.of(8) == KVFormat("f32", "f32") and KVFormat.of(0).exact
-    assert KVFormat.of(9) == KVFormat.of(1) == KVFormat("i8", "f32")
-    assert KVFormat.of(10) == KVFormat("i8", "i8")
-    assert KVFormat.of(2) == KVFormat("i8", "f32")  # int8 values only with flash attention, as MNN
-    assert KVFormat.of(8, fp16=True) == KVFormat("f16", "f16")
-    with pytest.raises(mnnllm_core.errors.UnsupportedError):
-        KVFormat.of(12)
+    assert StoredKinds.of(8) == StoredKinds("f32", "f32") and StoredKinds.of(0).exact
+    assert StoredKinds.of(9) == StoredKinds.of(1) == StoredKinds("i8", "f32")
+    assert StoredKinds.of(10) == StoredKinds("i8", "i8")
+    assert StoredKinds.of(2) == StoredKinds("i8", "f32")  # int8 values only with flash attention, as MNN
+    assert StoredKinds.of(8, fp16=True) == StoredKinds("f16", "f16")
+    assert StoredKinds.of(12) == StoredKinds("f32", "f32")  # not MNN's two parts: runs as 8, reported as ignored
 
 
 def stored_cache(kind: str, transposed: bool = False) -> StoredKVCache:
@@ -106,7 +105,7 @@ def stored_cache(kind: str, transposed: bool = False) -> StoredKVCache:
             buffers[name] = np.empty(size, np.float32)
         return buffers[name]
 
-    return StoredKVCache(KVFormat(kind, kind), transposed, scratch, lambda nbytes: np.zeros)
+    return StoredKVCache(StoredKinds(kind, kind), transposed, scratch, lambda nbytes: np.zeros)
 
 
 @pytest.mark.parametrize("transposed", [False, True])

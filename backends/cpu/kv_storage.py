@@ -1,10 +1,9 @@
 """How the cpu backend keeps a KV cache below fp32: MNN's `attention_mode` and the fp16 hint.
 
-MNN reads `attention_mode` as two parts: `mode // 8 == 1` asks for flash attention, `mode % 8`
-for quantized keys and values (CPUAttention: 1 keys int8, 2 keys and values int8, the values only
-with the flash bit; 0 neither). Our attention streams the cache in blocks either way, so the flash
-bit changes nothing but that rule. Float keys and values are MNN's backend precision (fp32 on a
-cpu without fp16 arithmetic, as this one); the cpu backend's hint `cpu_kv_fp16` stores them as
+`attention_mode` is read as every backend reads it (`AttentionMode` in core/kv_format.py: int8
+keys for 1, 2, 9 and 10, int8 values for 10 only). Our attention streams the cache in blocks
+either way, so the flash bit changes nothing but that rule. Float keys and values are MNN's backend precision (fp32 on a
+cpu without fp16 arithmetic, as this one); the hint `kv_fp16` (every backend's) stores them as
 fp16 instead.
 
 int8 rows are quantized per token and kv head, asymmetric: scale = (max - min) / 255 and
@@ -21,28 +20,26 @@ from typing import Callable
 
 import numpy as np
 
-from mnnllm_core.backend_api import KVCache, UnsupportedError
+from mnnllm_core.backend_api import AttentionMode, KVCache, report_ignored
 
 PANEL = 16  # capacity in whole panels, as the key-transposed cache of the low-memory kernels
 QUANT_INFO = 8  # bytes of one row's scale and zero (float32 each) in a snapshot
+HONOURED = frozenset({0, 1, 2, 8, 9, 10})  # the attention_mode values the cpu backend keeps whole
 
 
 @dataclass(frozen=True)
-class KVFormat:
+class StoredKinds:
     """The element kind of the stored keys and of the stored values: "f32", "f16" or "i8"."""
 
     keys: str = "f32"
     values: str = "f32"
 
     @classmethod
-    def of(cls, attention_mode: int, fp16: bool = False) -> "KVFormat":
+    def of(cls, attention_mode: int, fp16: bool = False) -> "StoredKinds":
         float_kind = "f16" if fp16 else "f32"
-        quant, flash = attention_mode % 8, attention_mode // 8 == 1
-        if quant not in (0, 1, 2):
-            raise UnsupportedError(f"attention_mode {attention_mode}: the cpu backend quantizes keys (1) or keys "
-                                   "and values (2, with flash attention: 10); other modes are not supported",
-                                   field="attention_mode")
-        return cls("i8" if quant >= 1 else float_kind, "i8" if quant == 2 and flash else float_kind)
+        mode = AttentionMode.of(attention_mode)
+        report_ignored("cpu", attention_mode, mode.unknown_reason(), HONOURED)
+        return cls("i8" if mode.int8_keys else float_kind, "i8" if mode.int8_values else float_kind)
 
     @property
     def exact(self) -> bool:
@@ -138,7 +135,7 @@ class RowStore:
 
 
 class StoredKVCache(KVCache):
-    """A KV cache kept in a KVFormat. A decode step reads float32 and int8 rows as stored
+    """A KV cache kept in a StoredKinds. A decode step reads float32 and int8 rows as stored
     (`stored()`, `kernels/decode_attention.py`); a prefill (and fp16 rows) through `dense()`, the
     rows as float32 in a buffer the backend's Attentions share (one layer's worth), laid out as
     HostKVCache's arrays (keys [kv_heads, dim, capacity] when `keys_transposed`)."""
@@ -146,7 +143,7 @@ class StoredKVCache(KVCache):
     reservable = True
     saveable = True
 
-    def __init__(self, kv_format: KVFormat, keys_transposed: bool, scratch: Callable[[str, int], np.ndarray],
+    def __init__(self, kv_format: StoredKinds, keys_transposed: bool, scratch: Callable[[str, int], np.ndarray],
                  zeros_for: Callable[[int], Callable]) -> None:
         super().__init__()
         self.format = kv_format

@@ -14,7 +14,7 @@ from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, Runtim
                                      ScheduleConfig)
 
 from .kv_memory import KVMemory
-from .kv_storage import KVFormat
+from .kv_storage import StoredKinds
 from .ops import CREATORS
 
 log = logging.getLogger(__name__)
@@ -22,13 +22,10 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CPUHints(RuntimeHints):
-    """`cpu_kv_fp16`: keep float keys and values as fp16 (MNN does at precision "low" on a cpu with
-    fp16 arithmetic; ours computes fp32 on every precision, so it is asked for here).
-    `cpu_int8_activations`: under memory "low", quantize each linear's input to int8 per token
+    """`cpu_int8_activations`: under memory "low", quantize each linear's input to int8 per token
     row and multiply with integer dot products (`ops/int8_linear.py`), as MNN's memory-low path
     does: faster, but not fp32-exact (off by default; cpus without AVX512-VNNI ignore it)."""
 
-    cpu_kv_fp16: bool = False
     cpu_int8_activations: bool = False
 
 
@@ -74,7 +71,7 @@ class CPURuntime(Runtime):
         self._limits = _limit_blas_threads(self.thread_num)
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
         self.kv_memory = KVMemory(self.hints.kvcache_mmap, self.hints.kvcache_limit, self.hints.tmp_path)
-        self.kv_format = KVFormat.of(self.hints.attention_mode, self.hints.cpu_kv_fp16)
+        self.kv_format = StoredKinds.of(self.hints.attention_mode, self.hints.kv_fp16)
 
     def low_memory_kernels(self) -> bool:
         """Load the packed-weight kernels on first use (numba's import is paid only by memory "low")."""

@@ -23,8 +23,8 @@ Runtime hints (all optional):
                                       tiles, weights dequantized once per work-group; decode:
                                       gemv_cpu.cl; pocl) or those for a GPU; default by device
                                       class (ops/variant.py)
-  "opencl_kv_fp16": bool              store the KV cache as fp16 with fp32 activations too (by
-                                      default it is stored as the activations are)
+  "kv_fp16": bool                     (every backend's) store the KV cache as fp16 with fp32
+                                      activations too (by default it is stored as the activations are)
   "attention_mode": int               MNN's (kv_format.py): 8 (default) the cache as set above;
                                       10 keys and values int8 (a scale per token and kv head);
                                       the other parts are logged as ignored
@@ -62,7 +62,6 @@ class OpenCLHints(RuntimeHints):
     opencl_fp16: bool | None = None
     opencl_linear_split: int | None = None
     opencl_cpu_kernels: bool | None = None
-    opencl_kv_fp16: bool | None = None
 
 
 class OpenCLBackend(Backend):
@@ -148,7 +147,7 @@ class OpenCLRuntime(Runtime):
                               field="backend_hints.opencl_linear_split")
         self.tuning = TuningCache.from_hints(self.hints, self.device.tuning_key)
         self.op_creators.update(CREATORS)
-        self.kv_format = kv_format(self.name, self.hints.attention_mode, bool(self.hints.opencl_kv_fp16))
+        self.kv_format = kv_format(self.name, self.hints.attention_mode, self.hints.kv_fp16)
         self.step_buffer = self.allocator.alloc(8)  # int past, int total: see attention_step
         self.step_values: tuple[int, int] | None = None
 
@@ -182,7 +181,7 @@ class OpenCLRuntimeCreator(RuntimeCreator):
 
     name = "opencl"
     static_shapes = True
-    settings = frozenset({"precision"})
+    settings = frozenset({"precision", "attention_mode"})
     hints_type = OpenCLHints
     attention_modes = KVFormat.honoured
 

@@ -21,7 +21,7 @@ with subgroups of at least 8): the norms and the attention softmax with one 8-in
 work-group per row joined by subgroup operations; false forces the one-invocation-per-row kernels.
 
 Runtime hint "attention_mode" (MNN's; kv_format.py): 8 (the default) keeps the KV cache fp32 (or
-fp16 with the hint "vulkan_kv_fp16": true), 10 stores keys and values as int8 with a scale per
+fp16 with the hint "kv_fp16": true), 10 stores keys and values as int8 with a scale per
 token and kv head; the other parts (keys-only int8, non-flash) are logged as ignored. Other
 formats than fp32 need the one-dispatch attention (subgroups; attention.py).
 
@@ -55,7 +55,6 @@ class VulkanHints(RuntimeHints):
     vulkan_device: int | str | None = None
     vulkan_linear: str | None = None
     vulkan_subgroups: bool | None = None
-    vulkan_kv_fp16: bool | None = None
 
 
 class VulkanBackend(Backend):
@@ -141,7 +140,7 @@ class VulkanRuntime(Runtime):
         device_can = self.device.subgroup_arithmetic and self.device.subgroup_size >= 8
         forced = self.hints.vulkan_subgroups
         self.subgroups = (device_can if forced is None else forced) and device_can
-        self.kv_format = kv_format(self.name, self.hints.attention_mode, bool(self.hints.vulkan_kv_fp16),
+        self.kv_format = kv_format(self.name, self.hints.attention_mode, self.hints.kv_fp16,
                                    ATTENTION_MODES)
         self.op_creators.update(CREATORS)
 
@@ -168,6 +167,7 @@ class VulkanRuntimeCreator(RuntimeCreator):
     name = "vulkan"
     static_shapes = True
     hints_type = VulkanHints
+    settings = frozenset({"attention_mode"})
     attention_modes = ATTENTION_MODES
 
     def is_available(self) -> tuple[bool, str]:

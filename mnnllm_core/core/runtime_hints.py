@@ -28,11 +28,13 @@ class RuntimeHints:
     """The hints every backend may read. `replay`: record a pipeline wholly on one backend
     as one step (pipeline.py); `gpu_tuning`: MNN's tuning levels (TuningCache); the rest are
     the config's options of the same name (`model_identity`: the model files' identity, set
-    with use_mmap so packed weights can be cached on disk)."""
+    with use_mmap so packed weights can be cached on disk). `kv_fp16`: keep a float KV cache as
+    fp16 (MNN has no attention_mode for it: its float KV follows the backend's precision)."""
 
     replay: bool = True
     gpu_tuning: str = "none"
     attention_mode: int = 8
+    kv_fp16: bool = False
     dynamic_option: int = 0
     kvcache_mmap: bool = False
     kvcache_limit: int = -1

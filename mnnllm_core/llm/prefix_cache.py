@@ -98,6 +98,8 @@ class PrefixCache:
                     "memory": options.memory, "layers": len(caches)}
         if cfg.attention_mode % 8:  # quantized keys or values: another file (fp32 files keep their key)
             identity["attention_mode"] = cfg.attention_mode
+        if (cfg.get("backend_hints") or {}).get("kv_fp16"):  # fp16 rows: another file too
+            identity["kv_fp16"] = True
         return cls(str(folder), identity, conversation)
 
     # -- the Llm's two calls -------------------------------------------------------------

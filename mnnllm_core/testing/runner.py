@@ -4,7 +4,9 @@ Each case runs as a one-op graph through the real core path on the backend under
 RuntimeManager, with the cpu backend as the backup): "pass" when every output matches the
 float64 reference within the case's tolerance (and the op was lowered as the case says),
 "fail" when one does not or the run raised, "unsupported" when the backend handed the op to
-cpu, with the reason it gave (`Refused`), or had no kernel for it. An unsupported case still
+cpu, with the reason it gave (`Refused`), or had no kernel for it, or raised an UnsupportedError
+while running (a limit it meets only at run time, such as a device's largest binding: reported
+as "at run: ..."; a user sees the same typed error). An unsupported case still
 checks the fallback's numbers (`matches`). With `perf`, the op's run (inputs already in place)
 is timed: median microseconds over repeated runs.
 """
@@ -20,6 +22,7 @@ import numpy as np
 
 from ..core.kv_meta import KVMeta
 from ..core.kv_slots import BatchMeta, SlotRows, slot_refusal
+from ..errors import UnsupportedError
 from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config, StaticModule
 from .cases import Case, Trial, all_cases, perf_cases
@@ -124,6 +127,8 @@ class Runner:
                 problem = f"expected {trial.error[0].__name__} ({trial.error[1]!r}), got outputs"
         except Exception as err:  # a case that raises is a result, never the end of the suite
             expected = trial.error
+            if expected is None and isinstance(err, UnsupportedError) and module is not None:
+                return CaseResult(case, "unsupported", f"at run: {err}", None, tol)
             if expected is None or not isinstance(err, expected[0]) or expected[1] not in str(err):
                 problem = f"{type(err).__name__}: {err}"
             outputs = None

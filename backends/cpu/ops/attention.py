@@ -6,7 +6,7 @@ k and v likewise with kv heads. Grouped-query heads share kv heads. A scalar mas
 An optional fifth input, the sinks (one learned logit per head, gpt-oss), joins each row's
 softmax denominator and is then dropped, as in MNN's CPUAttention.
 With memory "low" and the causal mask, numba kernels attend (`kernels/attention.py`), over a
-cache that holds keys transposed. Below fp32 (`attention_mode`, the `cpu_kv_fp16` hint) the
+cache that holds keys transposed. Below fp32 (`attention_mode`, the `kv_fp16` hint) the
 cache is a StoredKVCache (`kv_storage.py`) read as float32 one layer at a time.
 """
 from __future__ import annotations
