@@ -9,7 +9,9 @@ plugin costs nothing and a machine without a WebGPU stack lists the backend as u
 
 Adapter selection: the runtime hint "webgpu_adapter" or $MNNLLM_WEBGPU_ADAPTER: an index into
 wgpu's adapter list (`mnnllm backends` shows it) or a power preference ("high-performance",
-"low-power"); default: wgpu's high-performance adapter.
+"low-power"); default: wgpu's high-performance adapter. Only the Vulkan, Metal and Direct3D 12
+backends of wgpu are asked for: its GL backend adds no compute path worth having and, probing
+EGL/Wayland, prints to stderr on machines without a display.
 
 WebGPU orders `queue.write_buffer` before the next submit, so the host writes a buffer only
 after what was encoded so far is submitted (`Recorder.flush`); reads (`queue.read_buffer`) wait
@@ -52,12 +54,33 @@ def device_spec(hint: int | str | None) -> str | None:
     return None if chosen in (None, "") else str(chosen)
 
 
+NATIVE_BACKENDS = ("Vulkan", "Metal", "DX12")
+
+
+@lru_cache(maxsize=None)
+def _instance() -> None:
+    """Limit wgpu's instance to NATIVE_BACKENDS, once, before its first use (a wgpu without the
+    extras, or an instance someone else made first, keeps wgpu's own choice). Without a display
+    (no XDG_RUNTIME_DIR) Mesa's device-select layer, seeing the surface extensions wgpu enables,
+    tries Wayland and prints an error line to stderr: the plugin presents nothing and picks its
+    own adapter, so that layer is switched off there."""
+    if "XDG_RUNTIME_DIR" not in os.environ:
+        os.environ.setdefault("NODEVICE_SELECT", "1")
+    try:
+        from wgpu.backends.wgpu_native.extras import set_instance_extras
+        set_instance_extras(backends=NATIVE_BACKENDS)
+    except (ImportError, RuntimeError, ValueError):
+        pass
+
+
 def _adapters() -> list:
+    _instance()
     return list(wgpu.gpu.enumerate_adapters_sync())
 
 
 def _adapter(spec: str | None):
     if spec is None or spec in ("high-performance", "low-power"):
+        _instance()
         adapter = wgpu.gpu.request_adapter_sync(power_preference=spec or "high-performance")
         if adapter is None:
             raise RuntimeError("wgpu found no adapter")
