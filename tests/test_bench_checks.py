@@ -50,14 +50,14 @@ def test_a_later_failure_prints_the_finished_rows_then_the_error(tmp_path):
     assert [(r["test"], r["model"]) for r in rows] == [("pp8", str(CONFIG)), ("tg2", str(CONFIG))]
     assert done.stderr.splitlines()[-1].startswith("error: ") and "\r" not in done.stderr
     assert "  cpu t2 pp8 1/1\n" in done.stderr  # progress: whole lines when stderr is a pipe
-    assert rows[0]["precision"] == "-" and rows[0]["honours"] == ["memory", "thread_num"]
+    assert rows[0]["precision"] == "-" and rows[0]["honours"] == ["attention_mode", "memory", "thread_num"]
 
 
 def test_columns_show_only_what_the_backend_honours():
     result = {"model": "m/config.json", "model_size": 1 << 20, "threads": 2, "load_s": 1.0, "peak_rss_mb": 1.0,
               "device": "d", "versions": {}, "rows": [{"test": "tg2", "n_prompt": 0, "n_gen": 2, "samples_ts": [1.0],
                                                        "avg_ts": 1.0, "stddev_ts": 0.0}]}
-    cpu = {**result, "backend": "cpu", "precision": "-", "honours": ["memory", "thread_num"]}
+    cpu = {**result, "backend": "cpu", "precision": "-", "honours": ["attention_mode", "memory", "thread_num"]}
     gpu = {**result, "backend": "opencl", "precision": "low", "honours": ["precision"]}
     lines = render([cpu, gpu], "md").splitlines()
     assert lines[2].startswith("| m | 1.0 MiB | cpu | 2 | - | tg2 |")

@@ -89,18 +89,20 @@ def report_ignored_settings(creator: RuntimeCreator, config: ScheduleConfig,
     return ignored
 
 
-def unavailable_message(name: str, reason: str) -> str:
+def unavailable_message(name: str, reason: str, after: str = "") -> str:
     """Why backend `name` cannot be used, its probe's reason cut to a readable length (the CLI's
-    checks before a run say it as creating the runtime does)."""
-    return f"backend {name!r} is not available: {cut_at_clause(reason, 160, '`mnnllm backends` shows it whole')}"
+    checks before a run say it as creating the runtime does); `after` ends the message, and its
+    length comes off the reason's, so the whole stays under an error line's limit uncut."""
+    shown = cut_at_clause(reason, min(160, 180 - len(after)), "`mnnllm backends` shows it whole")
+    return f"backend {name!r} is not available: {shown}{after}"
 
 
 def _create_runtime(creator: RuntimeCreator, config: ScheduleConfig, hints: dict[str, Any] | None) -> Runtime:
     available, reason = creator.is_available()
     if not available:
         others = [n for n in registry().runtime_creators() if n != creator.name]
-        raise BackendError(f"{unavailable_message(creator.name, reason)}; other registered backends: "
-                           f"{', '.join(sorted(others)) or 'none'}", field="backend_type")
+        after = f"; other registered backends: {', '.join(sorted(others)) or 'none'}"
+        raise BackendError(unavailable_message(creator.name, reason, after), field="backend_type")
     runtime = creator.create(config, hints)
     runtime.op_creators.update(registry().op_creators(creator.name))
     log.info("created %s runtime (%s)", creator.name, runtime.device_name())
