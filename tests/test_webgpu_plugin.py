@@ -23,6 +23,7 @@ from paths import CONFIG, REFERENCE
 from test_arch_models import DEVICE_CASES, FALLS_BACK
 from test_arch_models import REFERENCE as ARCH_REFERENCE
 from test_arch_models import expected, generate
+from test_replay import greedy_with_logits
 
 NEW_TOKENS = 24
 ON_WEBGPU = {"Convolution", "LayerNorm", "BinaryOp", "RoPE", "Attention", "UnaryOp", "Raster", "Cast"}
@@ -90,16 +91,6 @@ def test_weights_larger_than_one_binding_are_split_into_chunks_with_the_same_out
         device.max_binding, LinearExecution.on_resize = limit, original
     assert failures(results) == []
     assert max(chunked) > 1 and sum(r.status == "pass" for r in results) > 0
-
-
-def greedy_with_logits(llm, prompt_ids: list[int], steps: int) -> tuple[list[int], list[np.ndarray]]:
-    llm.reset()
-    logits = [llm.forward(prompt_ids)]
-    tokens = []
-    for _ in range(steps):
-        tokens.append(int(np.argmax(logits[-1])))
-        logits.append(llm.forward([tokens[-1]]))
-    return tokens, logits
 
 
 def test_the_decode_step_is_replayed_with_the_per_op_loops_logits() -> None:

@@ -5,8 +5,11 @@ input to int8 on the fly in the same way; `ops/int8_linear.py` says when it runs
 The exact fp32 kernels (`linear.py`) widen every code to float and spend two FMAs per weight;
 here each input row is quantized to int8 once (`quantize_rows`) and AVX512-VNNI's `vpdpbusd`
 multiplies 4 unsigned codes by 4 signed int8 inputs and adds them into an int32 lane, so one
-instruction does 64 multiply-adds (`bench/int8_activation_feasibility.py`: 2.4-3.9x the fp32
-kernels at 1-8 rows).
+instruction does 64 multiply-adds. A first probe of this kernel, timed single-threaded against the
+fp32 `Gemv` on a loaded Zen4 (2026-12-04), was 2.4-3.9x faster at 1-8 rows (576->1536: 2.4x / 3.1x
+/ 3.6x at 1 / 4 / 8 rows; 2048->8192: 3.2x / 3.1x / 3.9x), but only 1.1-1.5x at 4 rows while the
+per-(block, row) float epilogue was plain numba (scalar code): the epilogue is vector IR beside the
+integer sums. `bench/int8_activation_bench.py` times this path against fp32 in the model.
 
 Layout (`Int8Weight`, repacked from `PackedWeight`'s 4-bit codes): 16 rows a group, a 64-byte
 chunk per 8 inputs, byte 4r + i = code[r, 8c + i] | code[r, 8c + 4 + i] << 4, so the low nibbles

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..references import attention_reference
-from .attention import SCALAR, attention_op, feeds, packed, steps_trial
+from .attention import SCALAR, _chunked_prefill, attention_op, feeds, packed, steps_trial
 from .case import Case, Step, Trial, randn
 
 SHARPEN = 4.0
@@ -32,21 +32,6 @@ def _long_decode(heads: int, kv_heads: int, dim: int, prompt: int, count: int):
     return build
 
 
-def _long_prefill(heads: int, kv_heads: int, dim: int, chunks: tuple[int, ...]):
-    def build(rng) -> Trial:
-        total = sum(chunks)
-        q = randn(rng, total, heads, dim) * np.float32(SHARPEN)
-        k, v = randn(rng, total, kv_heads, dim), randn(rng, total, kv_heads, dim)
-        steps, start = [], 0
-        for size in chunks:
-            end = start + size
-            expected = attention_reference(q[start:end], k[:end], v[:end], causal_offset=start)
-            steps.append(Step(feeds(q[start:end], k[start:end], v[start:end], SCALAR), [packed(expected)]))
-            start = end
-        return steps_trial(attention_op(heads, kv_heads, dim), steps, resizes=len(set(chunks)))
-    return build
-
-
 def cases(tol: float | None = None, tag: str = "") -> list[Case]:
     """The long cases; `tol` and `tag` (a suffix of each name) for a run under another KV format."""
     tags = frozenset({"head_dim%4"})
@@ -54,7 +39,7 @@ def cases(tol: float | None = None, tag: str = "") -> list[Case]:
                   device_tol=tol, tags=tags if d % 4 else frozenset())
              for h, kv, d, p, n in DECODE]
     found += [Case("Attention", f"long causal prefill heads={h}/{kv} dim={d} chunks={list(c)}{tag}",
-                   _long_prefill(h, kv, d, c), device_tol=tol, tags=tags if d % 4 else frozenset())
+                   _chunked_prefill(h, kv, d, c, SHARPEN, check_meta=False), device_tol=tol, tags=tags if d % 4 else frozenset())
               for h, kv, d, c in PREFILL]
     return found
 
