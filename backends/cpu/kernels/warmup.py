@@ -13,6 +13,12 @@ compiles, so the kernels are split into PARTS compiled by up to one process per 
 (`python -m mnnllm_backends.cpu.kernels.warmup THREADS PART...`), each writing the shared disk
 cache; this process then loads them all from it. A marker file in the cache folder records a
 complete warm-up, so that later runs neither start processes nor announce a compile.
+
+This process never compiles a kernel itself, so that it runs the very code a later process loads:
+numba links a copy of each called kernel into its caller's library (weak symbols, optimized again
+there), and a caller compiled in this process calls the callee's own library, compiled before it,
+while one loaded from the cache calls its own copy. Under fastmath the copies differ (an FMA
+fused to the other product), so a GEMV gave other bits in the process that compiled it.
 """
 from __future__ import annotations
 
@@ -153,25 +159,24 @@ def warm_up(threads: int) -> None:
 
 
 def _compile(threads: int) -> None:
-    """Compile every part into the disk cache, in up to one process per core (this one included),
-    announced before (with the expected time) and after (with the time it took)."""
+    """Compile every part into the disk cache, in up to one process per core (not this one: see
+    the module's docstring), announced before (with the expected time) and after (with the time
+    it took)."""
     processes = max(1, min(len(PARTS), os.cpu_count() or 1))
     shares = _balanced(processes)
-    expected = max(sum(PARTS[name][1] for name in share) for share in shares) + (2.0 if processes > 1 else 0.0)
+    expected = max(sum(PARTS[name][1] for name in share) for share in shares) + 2.0
     announce(f"compiling the cpu kernels for this machine, once: about {expected:.0f} s in {processes} "
              f"process{'es' if processes > 1 else ''} (later runs load them from {numba.config.CACHE_DIR})")
     start = time.perf_counter()
     workers = []
-    for share in shares[1:]:
+    for share in shares:
         try:
             workers.append(subprocess.Popen([sys.executable, "-m", __name__, str(threads), *share],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
         except OSError as err:  # no interpreter to start (an embedded Python): this process compiles it all
             log.warning("no compile process (%s): compiling the cpu kernels in this one", err)
             break
-    for name in shares[0]:
-        PARTS[name][0](threads)
-    for worker, share in zip(workers, shares[1:]):
+    for worker, share in zip(workers, shares):
         _, errors = worker.communicate()
         if worker.returncode:  # what it did not compile, this process compiles when it loads
             log.warning("compiling kernels %s in a separate process failed (%s)", ", ".join(share),
