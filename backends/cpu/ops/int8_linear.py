@@ -14,9 +14,24 @@ MNN's memory-low tokens are not reproduced (measured on the shared 135M q4 model
 tokens; PyPI MNN 3.6.1 memory "low" gives exactly `mnn_cpp_q4`): prompt 0 all 8 tokens equal,
 prompt 1 first divergence at token 1 (MNN low itself leaves fp32 there), prompt 2 at token 0;
 MNN-low logits are 2-5 (max abs) away from ours on either path, as far as from MNN's fp32 ones.
-Quantizing every row symmetrically follows MNN low 4 tokens on prompt 1 but changes prompt 2's
-first token; so MNN's input quantization is not yet established exactly (per block? rounding?),
-and the path stays opt-in.
+The rules are MNN's; the float arithmetic around them is not, and since quantizing is a step
+function an ulp apart flips input codes, which 30 layers amplify. What MNN does, as read in its
+current sources (`DenseConvInt8TiledExecutor`, the x86 kernels; 3.6.1's may differ in detail; the
+PyPI x86-64 wheel has no AVX512 code, so its AVX2 kernels run even on a VNNI cpu), against ours:
+- one row: x*qscale + zero (float add, zero = roundf(-min*255/range) - 128) clamped to
+  [-128, 127], then +-0.5 and truncation (`_AVX_MNNFloat2Int8`: half away from zero, after the
+  add); ours rounds x*qscale half to even, then adds the integer zero. A range under 1e-7 (1e-6
+  in the vector path) gives scale 0, ours only an exact 0.
+- the sums: the input is stored as uint8 (q + 128) and the int4 codes as 0..15; per block
+  f = float(D) * (weight scale * input scale, one rounded product) + srcKernelSum * (zero - 8 *
+  scale, rounded) + the running sum, mul and add rounded apart; the +128 and input zero-point
+  terms are subtracted in float through `weightKernelSum` (per row, float sum over blocks of
+  code sum * scale + block * zero), folded into the bias once per call. Ours sums (c - 8)(q - zp)
+  exactly in int32 and takes fma(scale, float(D) * ds, fma(zero, xsum, acc)).
+- several rows: symmetric per row (absmax / 127, absmax under 1e-7: scale 1), as ours past
+  FEW_TOKENS; MNN does so from 2 rows on, in tiles of 4 rows (AVX2).
+Reproducing MNN low therefore needs its float epilogue op for op (and its rounding), not only
+its rules; the path stays opt-in.
 
 Linears reading one input (q/k/v, gate/up) share one call for 1..FEW_TOKENS rows in a replay
 (`SharedInt8Input`, `SharedInt8Step`): the input is quantized once and the members' row groups are
