@@ -71,12 +71,14 @@ class SharedInt8Input:
         if len(self.weights) == MEMBERS or (weight.ic, weight.block, weight.alpha.dtype) != (
                 first.ic, first.block, first.alpha.dtype):
             return None
-        self.__init__(self.weights + [weight])
+        self.weights.append(weight)
+        self.results.append(np.zeros(FEW_TOKENS * weight.rows, np.float32))
+        self.nbytes += weight.nbytes
         return len(self.weights) - 1
 
     def twin(self) -> "SharedInt8Input":
         """The same weights with buffers of their own (for a cloned session)."""
-        return SharedInt8Input(self.weights)
+        return SharedInt8Input(list(self.weights))
 
     def targets(self, tokens: int) -> tuple[np.ndarray, ...]:
         """Each member's result buffer for `tokens` rows ([tokens][padded rows], flat)."""
