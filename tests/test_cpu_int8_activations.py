@@ -76,6 +76,31 @@ def test_a_shared_call_gives_each_member_its_own_calls_bits(tokens, threads):
         assert np.array_equal(out.reshape(tokens, -1)[:, :weight.oc], alone)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("exact_alpha", [True, False], ids=["fp16 alphas", "float32 alphas"])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_step_program_runs_the_shared_call_as_called(symmetric, exact_alpha, threads):
+    """The call as an instruction of a compiled program (`step_program.py`, the replay's path)
+    gives the bits of the call itself."""
+    from mnnllm_backends.cpu.step_program import StepProgram
+    weights = [int8_dot.repack(pack(quantized(oc=oc, ic=128, bits=4, block=64, exact_alpha=exact_alpha)))
+               for oc in (64, 32)]
+    x = RNG.standard_normal((3, 128)).astype(np.float32)
+    results = []
+    for programmed in (False, True):
+        outs = [np.full(3 * w.rows, np.nan, np.float32) for w in weights]
+        call = int8_dot.bind(x, symmetric, np.empty(int8_dot.scratch_bytes(3, 128, 2), np.uint8), weights, outs,
+                             threads)
+        if programmed:
+            program = StepProgram()
+            assert program.add(call)
+            call = program.bound()
+        call()
+        results.append(outs)
+    for called, programmed in zip(*results):
+        assert np.array_equal(called, programmed)
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_one_row_and_k_rows_are_bit_identical(symmetric):
     """Each row gives the same bits alone, among 2..8 rows, past 8 rows and on several threads."""
