@@ -9,11 +9,12 @@ steps are timed: decode tok/s = tokens emitted / time. A warm-up of each shape r
 (the first steps of a shape resize and record its replay). The two alternate for --rounds rounds
 (the mean of each is printed), so the machine's drift hits both alike.
 
-    python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low]
+    python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low] [--hint KEY=JSON]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -61,9 +62,12 @@ def main() -> None:
     parser.add_argument("-t", type=int, default=2, help="thread_num")
     parser.add_argument("--rounds", type=int, default=2, help="alone and together alternate this many times")
     parser.add_argument("--memory", default=None, help="the config's memory mode (default: the model's own)")
+    parser.add_argument("--hint", action="append", default=[], metavar="KEY=JSON",
+                        help="a runtime hint, e.g. cpu_int8_activations=true (repeatable)")
     args = parser.parse_args()
     llm = mnnllm_core.create(args.config)
-    settings = {"sampler_type": "greedy", "thread_num": args.t}
+    hints = dict((k, json.loads(v)) for k, v in (h.split("=", 1) for h in args.hint))
+    settings = {"sampler_type": "greedy", "thread_num": args.t, "backend_hints": hints}
     if args.memory:
         settings["memory"] = args.memory
     llm.set_config(settings)

@@ -12,6 +12,10 @@ Measured 2026-12-04 (Zen4 with AVX512-VNNI, 2 loaded cores; medians, so +-15 %),
     135M q4, 2 threads (-n 7): tg32 103 vs 133 tok/s (0.78x: one launch per linear, mostly
         single-threaded below PARALLEL_BYTES, where the fp32 path fuses q/k/v and gate/up);
         8 tokens 18.9 vs 31.8 ms; prefill 128: 145 vs 310 ms
+Since q/k/v and gate/up share one int8 call each, an instruction of the replay's compiled program
+(measured 2026-12-04 with the machine at load 12-17 on 2 cores, so wall times swung +-50 %;
+process CPU time per decode token, medians of 5 x 32 tokens, was steadier): 135M q4 int8 vs fp32,
+2 threads 7.0-7.5 vs 7.3-7.8 ms (before: 8.8 vs 7.8 ms), 1 thread 6.2-6.6 vs 7.1-7.9 ms.
     1.7B q4b64 shape, 1 thread (-n 3 -t 8 --prefill 64): tg8 12.4 vs 6.8 tok/s (1.82x); 4 tokens
         143 vs 458 ms; prefill 64: 1.36 vs 4.36 s; int8 forward cost vs 1 token 1.06/1.24/1.94x
 """

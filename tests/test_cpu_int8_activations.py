@@ -1,5 +1,6 @@
 """The opt-in int8-activation linear of the cpu backend (`kernels/int8_dot.py`): against float64
-on odd shapes, its quantization error bound, and 1-row vs k-row bit-identity."""
+on odd shapes, its quantization error bound, 1-row vs k-row bit-identity, shared calls (q/k/v,
+gate/up) against each member alone, and the replay's compiled programs against the per-op loop."""
 from __future__ import annotations
 
 import numpy as np
@@ -58,6 +59,46 @@ def test_int8_linear_against_float64(case, tokens, symmetric):
     assert np.all(np.abs(x - x_hat) <= step)
     quant_bound = step * np.abs(w).sum(axis=1)[None, :] + fp32_margin
     assert np.all(np.abs(out - x.astype(np.float64) @ w.T) <= quant_bound)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("tokens", [1, 4, 8])
+def test_a_shared_call_gives_each_member_its_own_calls_bits(tokens, threads):
+    """q/k/v-like members (oc 96, 32 and 48, the last padded) in one call, x quantized once:
+    each member's rows are those of its own call."""
+    weights = [int8_dot.repack(pack(quantized(oc=oc, ic=192, bits=4, block=64))) for oc in (96, 32, 48)]
+    x = RNG.standard_normal((tokens, 192)).astype(np.float32)
+    outs = [np.full(tokens * w.rows, np.nan, np.float32) for w in weights]
+    scratch = np.empty(int8_dot.scratch_bytes(tokens, 192, weights[0].n_blocks), np.uint8)
+    int8_dot.bind(x, False, scratch, weights, outs, threads)()
+    for weight, out in zip(weights, outs):
+        alone, _ = run(weight, x, False)
+        assert np.array_equal(out.reshape(tokens, -1)[:, :weight.oc], alone)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("exact_alpha", [True, False], ids=["fp16 alphas", "float32 alphas"])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_step_program_runs_the_shared_call_as_called(symmetric, exact_alpha, threads):
+    """The call as an instruction of a compiled program (`step_program.py`, the replay's path)
+    gives the bits of the call itself."""
+    from mnnllm_backends.cpu.step_program import StepProgram
+    weights = [int8_dot.repack(pack(quantized(oc=oc, ic=128, bits=4, block=64, exact_alpha=exact_alpha)))
+               for oc in (64, 32)]
+    x = RNG.standard_normal((3, 128)).astype(np.float32)
+    results = []
+    for programmed in (False, True):
+        outs = [np.full(3 * w.rows, np.nan, np.float32) for w in weights]
+        call = int8_dot.bind(x, symmetric, np.empty(int8_dot.scratch_bytes(3, 128, 2), np.uint8), weights, outs,
+                             threads)
+        if programmed:
+            program = StepProgram()
+            assert program.add(call)
+            call = program.bound()
+        call()
+        results.append(outs)
+    for called, programmed in zip(*results):
+        assert np.array_equal(called, programmed)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -153,3 +194,34 @@ def test_greedy_tokens_against_mnn_memory_low_and_normal(int8_llm):
     prompts = json.loads(REFERENCE.read_text())["prompts"]
     out = int8_llm.generate(prompts[0]["prompt_ids"], 64)
     assert out == prompts[0]["mnn_cpp_q4"]["gen_ids"] == prompts[0]["mnn_cpp_q4_memory_normal"]["gen_ids"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_replayed_steps_give_the_per_op_loops_tokens_and_logits(threads):
+    """The int8 linears as instructions of the replay's compiled programs (q/k/v and gate/up one
+    call each): decode steps and 2..8-token forwards give the per-op loop's logits bit for bit."""
+    import dataclasses
+    import json
+    from paths import CONFIG, REFERENCE
+    from test_cpu_replay import assert_same, replayed_and_looped
+    prompts = [p["prompt_ids"] for p in json.loads(REFERENCE.read_text())["prompts"][:2]]
+    hints = {"cpu_int8_activations": True}
+    runs = replayed_and_looped(CONFIG, "low", threads, prompts, hints=hints)
+    assert_same(runs)
+    replay = runs["replay"]  # 30 layers: 5 linear calls, norms, rope, attention, silu in a few programs
+    assert replay.kernel_calls >= 30 * 11 and len(replay.calls) <= 16, (replay.kernel_calls, len(replay.calls))
+    llm = load_int8()
+    runtime = llm.runtime_manager.runtime
+    ids = json.loads(REFERENCE.read_text())["prompts"][0]["prompt_ids"][:20]
+    logits = {}
+    for replayed in (True, False):
+        runtime.hints = dataclasses.replace(runtime.hints, replay=replayed)
+        llm.pool.clear()
+        logits[replayed] = []
+        for tokens in (2, 8):
+            llm.reset()
+            llm.forward(ids[:4])
+            for at in range(4, 4 + 3 * tokens, tokens):  # looped, recorded, replayed
+                logits[replayed].append(llm.forward((ids * 2)[at:at + tokens], all_logits=True).copy())
+    for replayed, looped in zip(logits[True], logits[False]):
+        np.testing.assert_array_equal(replayed, looped)

@@ -24,13 +24,15 @@ ARCH3 = SHARED / "models" / "arch3"
 STEPS = 6  # greedy tokens per prompt and mode (memory "normal" reads fp32 weights: slow)
 
 
-def replayed_and_looped(config, memory: str, threads: int, prompts: list[list[int]], recorded_once: bool = True) -> dict:
+def replayed_and_looped(config, memory: str, threads: int, prompts: list[list[int]], recorded_once: bool = True,
+                        hints: dict | None = None) -> dict:
     """For each replay setting, per prompt (tokens, logits); asserts the decode step really was
     replayed or really ran op by op. `recorded_once`: the decode shapes stay put, so its step is
     recorded once (a model whose decode mask grows with the cache, gemma3's, resizes and records
-    again every token)."""
+    again every token). `hints`: backend hints of the load."""
     llm = mnnllm_core.create(str(config))
-    llm.set_config({"backend_type": "cpu", "memory": memory, "sampler_type": "greedy", "thread_num": threads})
+    llm.set_config({"backend_type": "cpu", "memory": memory, "sampler_type": "greedy", "thread_num": threads,
+                    "backend_hints": hints or {}})
     llm.load()
     runtime = llm.runtime_manager.runtime
     runs = {}

@@ -36,7 +36,7 @@ class CPUBackend(HostBackend):
         super().__init__(runtime, config)
         self._scratch: dict[str, np.ndarray] = {}
         self.run_count = 0
-        self.shared_inputs: dict[int, object] = {}  # input tensor index -> packed linears reading it
+        self.shared_inputs: dict[Any, object] = {}  # input tensor index (("int8", index)) -> linears reading it
         self.shared_twins: dict[int, object] = {}  # id of a cloned session's SharedInput -> this one's
 
     def low_memory(self) -> bool:

@@ -17,6 +17,7 @@ import numpy as np
 from .kernels import program as kernels
 from .kernels.activation import mul_silu
 from .kernels.attention import append_attend
+from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel
 from .kernels.linear import _few_gemv, _few_gemv_parallel, _gemv, _gemv_parallel
 from .kernels.norm import add_normalize_rows, normalize_rows
 from .kernels.rope import rope_qk
@@ -85,14 +86,17 @@ class StepProgram:
         self.rows.append(row + [0] * (kernels.KERNEL - len(row)) + [kernel])
         return True
 
-    def _from_gemv(self, bits, codes, alphas, outs, starts, x, n_blocks, block, threads=0) -> list[int]:
+    def _alphas(self, alphas) -> tuple[list[int], int]:
+        """The entries of a GEMV's alphas, and 1 for fp16 bits (in `halves`), 0 for float32 (`reals`)."""
         dtype = alphas[0].dtype
         if dtype == np.uint16:
-            alpha_rows, halves = [self._entry(self.halves, a, np.uint16) for a in alphas], 1
-        elif dtype == np.float32:
-            alpha_rows, halves = [self._entry(self.reals, a, np.float32) for a in alphas], 0
-        else:
-            raise NotRecognised(f"alphas of {dtype}")
+            return [self._entry(self.halves, a, np.uint16) for a in alphas], 1
+        if dtype == np.float32:
+            return [self._entry(self.reals, a, np.float32) for a in alphas], 0
+        raise NotRecognised(f"alphas of {dtype}")
+
+    def _from_gemv(self, bits, codes, alphas, outs, starts, x, n_blocks, block, threads=0) -> list[int]:
+        alpha_rows, halves = self._alphas(alphas)
         return [kernels.GEMV, bits, halves, *[self._entry(self.codes, c, np.uint8) for c in codes], *alpha_rows,
                 *[self.f32(o) for o in outs], self._entry(self.ints, starts, np.int64), self.f32(x), n_blocks,
                 block, threads]
@@ -132,10 +136,21 @@ class StepProgram:
                 self._entry(self.ints, past, np.int64), self.scalar(scale), self.f32(sinks), self.f32(out), tokens,
                 heads, kv_heads, dim, capacity]
 
+    def _from_int8(self, x, symmetric, scratch, codes, code_sums, alphas, outs, starts, n_blocks, block,
+                   threads=0) -> list[int]:
+        """`int8_dot.linear`'s arrays: code sums (int16) as fp16-bit entries, see `_int8_step`."""
+        alpha_rows, halves = self._alphas(alphas)
+        sums = [self._entry(self.halves, s.view(np.uint16), np.uint16) for s in code_sums]
+        return [kernels.INT8_LINEAR, halves, x.shape[0], self.f32(x), self._entry(self.codes, scratch, np.uint8),
+                *[self._entry(self.codes, c, np.uint8) for c in codes], *sums, *alpha_rows,
+                *[self.f32(o) for o in outs], self._entry(self.ints, starts, np.int64), n_blocks, block, threads,
+                int(symmetric)]
+
     _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, _few_gemv: _from_few_gemv,
                _few_gemv_parallel: _from_few_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
                add_normalize_rows: _from_add_norm, rope_qk: _from_rope, mul_silu: _from_mul_silu,
-               append_attend: _from_attend}
+               append_attend: _from_attend,
+               int8_linear: _from_int8, int8_linear_parallel: _from_int8}
 
     def bound(self) -> Callable[[], Any]:
         """The program as one call (holding the arrays its tables point into)."""

@@ -36,6 +36,7 @@ from numba.extending import intrinsic
 
 from . import jit
 from .layout import PackedWeight
+from .linear import MEMBERS
 from .simd import GROUP_ROWS, PREFETCH_BYTES, prefetch
 
 ROWS = 16  # weight rows of one int32 vector
@@ -248,37 +249,99 @@ def int8_group_dot(typingctx, tokens, first, codes, c_start, code_sums, alpha, a
 
 
 @jit(fastmath=False)
-def _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, h0, h1):
-    tokens, rows = out.shape
+def _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, tokens, h0, h1):
+    """Groups h0..h1 of one weight into out (flat [tokens][out.size / tokens])."""
+    rows = out.shape[0] // tokens
     chunks = block // CHUNK_INPUTS
-    flat_words, flat_out = words.reshape(-1), out.reshape(-1)
+    flat_words = words.reshape(-1)
     flat_qsum, flat_xsum = qsum.reshape(-1), xsum.reshape(-1)
     for h in range(h0, h1):
         a_start = (h // 2) * n_blocks * 2 * GROUP_ROWS + (h % 2) * ROWS
         for t0 in range(0, tokens, MAX_TOKENS):
             int8_group_dot(min(MAX_TOKENS, tokens - t0), t0, codes, h * n_blocks * chunks * 64, code_sums, alpha,
-                           a_start, flat_words, n_blocks, chunks, block, ds, zp, flat_qsum, flat_xsum, flat_out,
+                           a_start, flat_words, n_blocks, chunks, block, ds, zp, flat_qsum, flat_xsum, out,
                            h * ROWS, rows)
 
 
 @jit(fastmath=False)
-def _quantize_and_multiply(x, symmetric, xq, ds, zp, qsum, xsum, codes, code_sums, alpha, n_blocks, block, out):
+def _members(codes, code_sums, alphas, outs, starts, n_blocks, block, words, ds, zp, qsum, xsum, tokens, first,
+             last):
+    """Groups first..last of the members laid end to end (member m holds groups starts[m]..starts[m+1])."""
+    for m in range(MEMBERS):
+        h0 = max(first, starts[m]) - starts[m]
+        h1 = min(last, starts[m + 1]) - starts[m]
+        if h0 < h1:
+            _groups(codes[m], code_sums[m], alphas[m], n_blocks, block, words, ds, zp, qsum, xsum, outs[m], tokens,
+                    h0, h1)
+
+
+def scratch_bytes(tokens: int, ic: int, n_blocks: int) -> int:
+    """The bytes of one call's quantized rows (`quantized_rows`)."""
+    return tokens * (ic + 8 + 8 * n_blocks)
+
+
+@jit(fastmath=False)
+def quantized_rows(scratch, tokens, ic, n_blocks):
+    """The quantized rows' arrays laid end to end in the bytes `scratch`: xq int8 [tokens, ic],
+    ds float32 [tokens], zp int32 [tokens], qsum int32 and xsum float32 [tokens, n_blocks] (one
+    buffer, so that a replayed call holds a single array for them)."""
+    at = tokens * ic
+    xq = scratch[:at].view(np.int8).reshape(tokens, ic)
+    ds = scratch[at:at + 4 * tokens].view(np.float32)
+    at += 4 * tokens
+    zp = scratch[at:at + 4 * tokens].view(np.int32)
+    at += 4 * tokens
+    sums = 4 * tokens * n_blocks
+    qsum = scratch[at:at + sums].view(np.int32).reshape(tokens, n_blocks)
+    xsum = scratch[at + sums:at + 2 * sums].view(np.float32).reshape(tokens, n_blocks)
+    return xq, ds, zp, qsum, xsum
+
+
+@jit(fastmath=False)
+def linear(x, symmetric, scratch, codes, code_sums, alphas, outs, starts, n_blocks, block):
+    """outs[m] ([tokens][its rows], flat) = x [tokens, ic] @ W_m.T for up to MEMBERS weights of
+    one format reading x (unused places: empty arrays), x quantized once into `scratch`."""
+    tokens, ic = x.shape
+    xq, ds, zp, qsum, xsum = quantized_rows(scratch, tokens, ic, n_blocks)
     quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
-    _groups(codes, code_sums, alpha, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, out, np.int64(0),
-            np.int64(out.shape[1] // ROWS))
+    _members(codes, code_sums, alphas, outs, starts, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, tokens,
+             np.int64(0), starts[MEMBERS])
 
 
 @jit(parallel=True, fastmath=False)
-def _quantize_and_multiply_parallel(x, symmetric, xq, ds, zp, qsum, xsum, codes, code_sums, alpha, n_blocks, block,
-                                    out, parts):
+def linear_parallel(x, symmetric, scratch, codes, code_sums, alphas, outs, starts, n_blocks, block, parts):
+    """`linear` with the members' groups split into `parts` ranges, one a thread (the rows are
+    quantized first, on the calling thread)."""
+    tokens, ic = x.shape
+    xq, ds, zp, qsum, xsum = quantized_rows(scratch, tokens, ic, n_blocks)
     quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
     words = xq.view(np.int32)
-    total = out.shape[1] // ROWS
+    total = starts[MEMBERS]
     per_part = (total + parts - 1) // parts
     for task in prange(parts):
-        part = np.int64(task)
-        _groups(codes, code_sums, alpha, n_blocks, block, words, ds, zp, qsum, xsum, out, part * per_part,
-                min(total, (part + 1) * per_part))
+        part = np.int64(task)  # prange counts unsigned; int64 keeps the arithmetic integral
+        _members(codes, code_sums, alphas, outs, starts, n_blocks, block, words, ds, zp, qsum, xsum, tokens,
+                 part * per_part, min(total, (part + 1) * per_part))
+
+
+def bind(x: np.ndarray, symmetric: bool, scratch: np.ndarray, weights: list[Int8Weight], outs: list[np.ndarray],
+         threads: int) -> functools.partial:
+    """One `linear` call (`linear_parallel` for threads > 1) as a call without arguments (a
+    replay step): outs[m] = x @ weights[m].T, flat [tokens][rows], rows a multiple of 16 (the
+    weight's first rows, padding included where it is weights[m].rows). x float32 [tokens, ic]
+    C-contiguous, scratch at least `scratch_bytes` long; the weights share ic, block and alphas' type."""
+    tokens = x.shape[0]
+    first, pad = weights[0], MEMBERS - len(weights)
+    starts = np.zeros(MEMBERS + 1, np.int64)
+    starts[1:len(weights) + 1] = np.cumsum([out.size // tokens // ROWS for out in outs])
+    starts[len(weights) + 1:] = starts[len(weights)]
+    args = (x, symmetric, scratch, tuple(w.codes for w in weights) + (first.codes[:0],) * pad,
+            tuple(w.code_sums for w in weights) + (first.code_sums[:0],) * pad,
+            tuple(w.alpha for w in weights) + (first.alpha[:0],) * pad, tuple(outs) + (outs[0][:0],) * pad, starts,
+            first.n_blocks, first.block)
+    if threads > 1:
+        return functools.partial(linear_parallel, *args, threads)
+    return functools.partial(linear, *args)
 
 
 class BoundLinear:
@@ -289,16 +352,9 @@ class BoundLinear:
 
     def __init__(self, weight: Int8Weight, x: np.ndarray, out: np.ndarray, symmetric: bool, threads: int):
         tokens, ic = x.shape
-        self.xq = np.empty((tokens, ic), np.int8)
-        self.ds, self.zp = np.empty(tokens, np.float32), np.empty(tokens, np.int32)
-        self.qsum = np.empty((tokens, weight.n_blocks), np.int32)
-        self.xsum = np.empty((tokens, weight.n_blocks), np.float32)
-        args = (x, symmetric, self.xq, self.ds, self.zp, self.qsum, self.xsum, weight.codes, weight.code_sums,
-                weight.alpha, weight.n_blocks, weight.block, out)
-        if threads > 1:
-            self.call = functools.partial(_quantize_and_multiply_parallel, *args, threads)
-        else:
-            self.call = functools.partial(_quantize_and_multiply, *args)
+        self.scratch = np.empty(scratch_bytes(tokens, ic, weight.n_blocks), np.uint8)
+        self.xq, self.ds, self.zp, self.qsum, self.xsum = quantized_rows(self.scratch, tokens, ic, weight.n_blocks)
+        self.call = bind(x, symmetric, self.scratch, [weight], [out.reshape(-1)], threads)
 
     def __call__(self) -> None:
         self.call()

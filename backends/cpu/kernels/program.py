@@ -26,6 +26,7 @@ from numba.extending import intrinsic
 from . import jit
 
 GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND, FEW_GEMV = range(8)
+INT8_LINEAR = 100  # the int8-activation linear (`int8_dot.linear`), numbered apart from the list above
 WIDTH = 24  # int64 fields of one instruction
 KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
 
@@ -39,6 +40,13 @@ def _gemv_signature(alphas: types.Type, parallel: bool, few: bool = False) -> ty
     `few`, `_few_gemv` (`_few_gemv_parallel`), whose x is [tokens, ic]."""
     members = [types.UniTuple(t, 3) for t in (_BYTES, alphas, _F32)]
     return types.none(types.int64, *members, _INTS, _MATRIX if few else _F32, types.int64, types.int64,
+                      *([types.int64] if parallel else []))
+
+
+def _int8_signature(alphas: types.Type, parallel: bool) -> types.Signature:
+    """`int8_dot.linear` (`linear_parallel`, with its thread count) for fp16-bit or float32 alphas."""
+    members = [types.UniTuple(t, 3) for t in (_BYTES, types.int16[::1], alphas, _F32)]
+    return types.none(_MATRIX, types.boolean, _BYTES, *members, _INTS, types.int64, types.int64,
                       *([types.int64] if parallel else []))
 
 
@@ -57,6 +65,8 @@ SIGNATURES = {
     "mul_silu": types.none(_F32, _F32, _F32),
     "attend": types.none(_TENSOR, _TENSOR, _TENSOR, _TENSOR, _TENSOR, _INTS, types.float32, _F32, _TENSOR),
 }
+SIGNATURES.update({f"int8_{alphas}{suffix}": _int8_signature(kind, bool(suffix))
+                   for alphas, kind in (("half", _HALVES), ("real", _F32)) for suffix in ("", "_parallel")})
 
 
 _KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_silu", ATTEND: "attend"}
@@ -67,6 +77,8 @@ def kernel_signature(instruction: list[int]) -> str | None:
     if instruction[0] in (GEMV, FEW_GEMV):  # fields 2 (fp16-bit alphas) and 16 (threads), see `_gemv_step`
         kind = "gemv" if instruction[0] == GEMV else "few"
         return f"{kind}_{'half' if instruction[2] else 'real'}{'_parallel' if instruction[16] else ''}"
+    if instruction[0] == INT8_LINEAR:  # fields 1 (fp16-bit alphas) and 20 (threads), see `_int8_step`
+        return f"int8_{'half' if instruction[1] else 'real'}{'_parallel' if instruction[20] else ''}"
     return _KERNELS.get(instruction[0])
 
 
@@ -104,6 +116,8 @@ _few_half, _few_half_parallel = _function_at("few_half"), _function_at("few_half
 _few_real, _few_real_parallel = _function_at("few_real"), _function_at("few_real_parallel")
 _normalize_rows, _add_normalize_rows = _function_at("norm"), _function_at("add_norm")
 _rope_qk, _mul_silu, _append_attend = _function_at("rope"), _function_at("mul_silu"), _function_at("attend")
+_int8_half, _int8_half_parallel = _function_at("int8_half"), _function_at("int8_half_parallel")
+_int8_real, _int8_real_parallel = _function_at("int8_real"), _function_at("int8_real_parallel")
 
 
 @intrinsic
@@ -138,6 +152,12 @@ def _halves(table, i):
 @jit()
 def _ints(table, i):
     return carray(_pointer(table[i, 0]), table[i, 1], np.int64)
+
+
+@jit()
+def _shorts(table, i):
+    """Entry i of the fp16-bit table as int16 (the int8 linear's code sums)."""
+    return carray(_pointer(table[i, 0]), table[i, 1], np.int16)
 
 
 @jit()
@@ -182,6 +202,35 @@ def _few_gemv_step(c, floats, codes, reals, halves, ints):
             _few_real_parallel(c[KERNEL])(c[1], code, real_alphas, outs, starts, x, c[14], c[15], c[16])
         else:
             _few_real(c[KERNEL])(c[1], code, real_alphas, outs, starts, x, c[14], c[15])
+
+
+@jit()
+def _int8_step(c, floats, codes, reals, halves, ints):
+    """Fields: 1 alphas in `halves` (fp16 bits) else `reals`, 2 token rows, 3 x, 4 the quantized
+    rows' bytes (in `codes`), 5-7 weight codes, 8-10 code sums (int16, in `halves`), 11-13 alphas,
+    14-16 targets, 17 starts, 18 blocks, 19 block size, 20 threads (0: on this thread), 21 symmetric."""
+    tokens = c[2]
+    x = _tensor(floats, c[3], (tokens, floats[c[3], 1] // tokens))
+    scratch = _bytes(codes, c[4])
+    weights = (_bytes(codes, c[5]), _bytes(codes, c[6]), _bytes(codes, c[7]))
+    sums = (_shorts(halves, c[8]), _shorts(halves, c[9]), _shorts(halves, c[10]))
+    outs = (_floats(floats, c[14]), _floats(floats, c[15]), _floats(floats, c[16]))
+    starts = _ints(ints, c[17])
+    symmetric = c[21] != 0
+    if c[1]:
+        alphas = (_halves(halves, c[11]), _halves(halves, c[12]), _halves(halves, c[13]))
+        if c[20]:
+            _int8_half_parallel(c[KERNEL])(x, symmetric, scratch, weights, sums, alphas, outs, starts, c[18], c[19],
+                                           c[20])
+        else:
+            _int8_half(c[KERNEL])(x, symmetric, scratch, weights, sums, alphas, outs, starts, c[18], c[19])
+    else:
+        real_alphas = (_floats(reals, c[11]), _floats(reals, c[12]), _floats(reals, c[13]))
+        if c[20]:
+            _int8_real_parallel(c[KERNEL])(x, symmetric, scratch, weights, sums, real_alphas, outs, starts, c[18],
+                                           c[19], c[20])
+        else:
+            _int8_real(c[KERNEL])(x, symmetric, scratch, weights, sums, real_alphas, outs, starts, c[18], c[19])
 
 
 @jit()
@@ -237,6 +286,8 @@ def run_program(code, scalars, floats, codes, reals, halves, ints):
             _attend_step(c, scalars, floats, ints)
         elif op == FEW_GEMV:
             _few_gemv_step(c, floats, codes, reals, halves, ints)
+        elif op == INT8_LINEAR:
+            _int8_step(c, floats, codes, reals, halves, ints)
 
 
 def array_table(arrays: list[np.ndarray]) -> np.ndarray:

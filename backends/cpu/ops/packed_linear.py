@@ -104,12 +104,12 @@ def create_packed_linear(backend, inputs, name: str, weight, bias, activation: i
         packed = pack(weight)
     else:
         packed = PackedWeight.from_arrays(cache.arrays(name, LAYOUT_VERSION, lambda: pack(weight).arrays()))
+    key = inputs[0].index
     if backend.runtime.hints.cpu_int8_activations:
         from ..kernels import int8_dot
         if int8_dot.supported() and int8_dot.can_repack(packed):
-            from .int8_linear import Int8LinearExecution
-            return Int8LinearExecution(backend, int8_dot.repack(packed), bias, activation)
-    key = inputs[0].index
+            from .int8_linear import create_int8_linear
+            return create_int8_linear(backend, key, int8_dot.repack(packed), bias, activation)
     shared = backend.shared_inputs.get(key)
     member = shared.join(packed) if shared is not None else None
     if member is None:
