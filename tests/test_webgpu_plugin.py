@@ -1,12 +1,17 @@
 """The webgpu plugin (plugins/mnnllm-webgpu, installed by .ci/setup-test; wgpu on lavapipe where
-there is no GPU): listed with its adapter, the conformance suite with no failure (and the GPU's
-8-lane linear kernel, and weights split across bindings), the shared model's reference greedy
-tokens wholly on webgpu, replayed and op by op alike, and the arch models the GPU backends run.
-Skipped only when the plugin is not installed or wgpu finds no adapter (the reason says which)."""
+there is no GPU): listed with its adapter and what it honours, the conformance suite with no
+failure (and the GPU's 8-lane linear kernel, weights split across bindings, the queries of an
+attention in blocks whose scores fit one binding, the GPU's fused attention kernel), fp16 storage
+where the adapter has shader-f16 (the KV cache and linear weights within FP16_TOL of float64,
+an fp16 model's reference tokens; without shader-f16 the request is reported ignored and fp32
+runs), the shared model's reference greedy tokens wholly on webgpu, replayed and op by op alike,
+and the arch models the GPU backends run. Skipped only when the plugin is not installed or wgpu
+finds no adapter (the reason says which)."""
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import subprocess
 import sys
 
@@ -14,13 +19,14 @@ import numpy as np
 import pytest
 
 import mnnllm_core
-from mnnllm_core.core.backend import ScheduleConfig
+from mnnllm_core.core.backend import BackendConfig, ScheduleConfig
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
-from mnnllm_core.testing import run_suite, select
+from mnnllm_core.testing import FP16_TOL, run_suite, select
+from mnnllm_core.testing.cases import attention_long
 from paths import CONFIG, REFERENCE
-from test_arch_models import DEVICE_CASES, FALLS_BACK
+from test_arch_models import ARCH, DEVICE_CASES, FALLS_BACK
 from test_arch_models import REFERENCE as ARCH_REFERENCE
 from test_arch_models import expected, generate
 from test_replay import greedy_with_logits
@@ -47,13 +53,23 @@ def test_backends_lists_the_adapter_and_what_the_plugin_honours() -> None:
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     row = {r["name"]: r for r in json.loads(done.stdout)["backends"]}["webgpu"]
-    assert (row["plugin"], row["available"], row["static_shapes"], row["settings"]) == ("webgpu", True, True, [])
+    honours = ["precision"] if default_device().f16 else []  # fp16 storage needs shader-f16
+    assert (row["plugin"], row["available"], row["static_shapes"], row["settings"]) == ("webgpu", True, True, honours)
     assert any("[default]" in d and "(" in d for d in row["devices"]), row["devices"]
 
 
+def default_device():
+    from mnnllm_webgpu.device import device_spec, open_device
+    return open_device(device_spec(None))
+
+
 def test_the_conformance_suite_has_no_failure() -> None:
+    """Every Attention case runs (long prompts included: their queries go in blocks) but the
+    KV-slot ones, which the plugin's one-sequence caches refuse."""
     results = run_suite("webgpu")
     assert [r.case.id for r in results if r.status == "fail"] == []
+    assert [r.case.id for r in results if r.status == "unsupported" and r.case.op_type == "Attention"
+            and "slots" not in r.case.tags] == []
 
 
 def failures(results) -> list[str]:
@@ -91,6 +107,126 @@ def test_weights_larger_than_one_binding_are_split_into_chunks_with_the_same_out
         device.max_binding, LinearExecution.on_resize = limit, original
     assert failures(results) == []
     assert max(chunked) > 1 and sum(r.status == "pass" for r in results) > 0
+
+
+LONG_IDS = {c.id for c in attention_long.cases()}
+SHORT_ATTENTION = [c for c in select("Attention") if not c.tags & {"slots"} and c.id not in LONG_IDS
+                   and not any(n in c.name for n in ("past 4096", "after 4059"))]
+
+
+def test_an_attentions_queries_go_in_blocks_whose_scores_fit_the_limit_with_the_same_results() -> None:
+    """With a block's scores limited to 16 KiB the short cases run in blocks of one to a few
+    queries, on the CPU adapter's three passes and on the GPU's fused kernel alike."""
+    from mnnllm_webgpu.ops import attention
+    device = default_device()
+    blocks = []
+    original, limit, is_cpu = attention.query_block, attention.SCORES_LIMIT, device.is_cpu
+
+    def spy(seq, heads, stride, most):
+        blocks.append((seq, original(seq, heads, stride, most)))
+        return blocks[-1][1]
+
+    attention.query_block, attention.SCORES_LIMIT = spy, 1 << 14
+    try:
+        for cpu in (True, False):
+            device.is_cpu = cpu
+            results = run_suite("webgpu", cases=SHORT_ATTENTION)
+            assert failures(results) == [], cpu
+            refused = [r.case.id for r in results if r.status != "pass"]
+            assert all("one query's" in r.reason for r in results if r.status != "pass"), refused
+            assert len(refused) <= 1, refused  # "decode past 256": 9 heads x 512 keys over 16 KiB
+    finally:
+        attention.query_block, attention.SCORES_LIMIT, device.is_cpu = original, limit, is_cpu
+    assert any(0 < block < seq for seq, block in blocks)
+
+
+F16 = pytest.mark.skipif(not AVAILABLE or not default_device().f16, reason="the adapter has no shader-f16")
+FP16_LONG = [c for c in attention_long.cases(FP16_TOL) if "prefill" in c.name]
+
+
+@F16
+def test_an_fp16_kv_cache_passes_the_attention_cases_within_the_fp16_tolerance() -> None:
+    """The hint kv_fp16 (f16 rows, f32 arithmetic), the long prefills included, on both kernels."""
+    device = default_device()
+    cases = [dataclasses.replace(c, device_tol=FP16_TOL) for c in SHORT_ATTENTION if c.dtype == "float32"]
+    is_cpu = device.is_cpu
+    try:
+        for cpu in (True, False):
+            device.is_cpu = cpu
+            chosen = cases + (FP16_LONG if cpu else [])
+            assert failures(run_suite("webgpu", hints={"kv_fp16": True}, cases=chosen)) == [], cpu
+    finally:
+        device.is_cpu = is_cpu
+    runtime = RuntimeManager.create(ScheduleConfig(backend_type="webgpu", thread_num=2), {"kv_fp16": True}).runtime
+    assert runtime.create_backend(BackendConfig()).kv_format.name == "fp16"
+
+
+@F16
+def test_fp16_weights_stay_fp16_at_every_precision_and_fp32_ones_under_precision_low() -> None:
+    """fp16 weights in linear_f16.wgsl pass within the fp32 tolerance (f16 -> f32 is exact);
+    under precision "low" fp32 weights join them, within FP16_TOL (the runner's fp16 bound)."""
+    from mnnllm_webgpu.ops import linear_f16
+    made = []
+    original = linear_f16.HalfLinearExecution.on_resize
+
+    def spy(self, inputs, outputs):
+        made.append(self)
+        original(self, inputs, outputs)
+
+    linear_f16.HalfLinearExecution.on_resize = spy
+    try:
+        counts = {}
+        for precision in ("normal", "low"):
+            made.clear()
+            assert failures(run_suite("webgpu", precision=precision, cases=select("Convolution"))) == [], precision
+            counts[precision] = len(made)
+    finally:
+        linear_f16.HalfLinearExecution.on_resize = original
+    assert 0 < counts["normal"] < counts["low"], counts
+
+
+@F16
+def test_an_fp16_model_gives_its_reference_tokens_with_fp16_weights_and_kv_cache() -> None:
+    """tiny-hunyuan-mnn-fp16 (a llama-like dense model, fp16 weights) under precision "low": its
+    linears in linear_f16.wgsl, its KV cache fp16, the three prompts' 24 greedy tokens equal the
+    reference (transformers' fp32 tokens, which MNN's runtime reproduces)."""
+    folder = "tiny-hunyuan-mnn-fp16"
+    if folder not in ARCH_REFERENCE:
+        pytest.skip(f"{folder} missing under {ARCH}")
+    llm = mnnllm_core.create(str(ARCH / folder / "config.json"))
+    llm.set_config({"backend_type": "webgpu", "precision": "low", "sampler_type": "greedy", "thread_num": 2})
+    llm.load()
+    runtime = llm.runtime_manager.runtime
+    got = []
+    for prompt in ARCH_REFERENCE[folder]["prompts"]:
+        llm.reset()
+        got.append(list(llm.generate(prompt["prompt_ids"], NEW_TOKENS)))
+    assert got == expected(folder)
+    pipeline = llm.pool.get(1, False).static_module.session.pipeline
+    kinds = {type(e).__name__ for _, e in pipeline.executions.values()}
+    assert {"HalfLinearExecution", "AttentionExecution"} <= kinds, kinds
+    assert pipeline.backend.kv_format.name == "fp16" and runtime.device.f16
+
+
+def test_without_shader_f16_storage_stays_fp32_and_precision_low_is_reported_ignored(caplog) -> None:
+    """An adapter without the feature (the device's features narrowed here): fp32 weights and
+    KV cache, `settings` empty, and the request logged as ignored."""
+    from mnnllm_webgpu.runtime import WebGPURuntimeCreator
+    device = default_device()
+    features = device.features
+    device.features = [f for f in features if f != "shader-f16"]
+    try:
+        assert WebGPURuntimeCreator().settings == frozenset()
+        with caplog.at_level(logging.INFO):
+            runtime = RuntimeManager.create(ScheduleConfig(backend_type="webgpu", thread_num=2,
+                                                           backend_config=BackendConfig(precision="low"))).runtime
+            backend = runtime.create_backend(BackendConfig(precision="low"))
+        assert (backend.kv_format.name, backend.f16_weights) == ("float", False)
+        assert "shader-f16" in caplog.text and "precision=low" in caplog.text
+        results = run_suite("webgpu", precision="low", cases=select("Convolution")[:20])
+        assert failures(results) == [] and {r.tolerance for r in results} != {FP16_TOL}
+    finally:
+        device.features = features
 
 
 def test_the_decode_step_is_replayed_with_the_per_op_loops_logits() -> None:

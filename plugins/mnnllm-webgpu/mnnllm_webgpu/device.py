@@ -130,6 +130,11 @@ class WebGPUDevice:
         """Whether the device was opened with subgroup operations (WGSL `enable subgroups;`)."""
         return "subgroup" in self.features
 
+    @property
+    def f16(self) -> bool:
+        """Whether the device was opened with "shader-f16" (WGSL `enable f16;`, arrays of f16)."""
+        return "shader-f16" in self.features
+
     def fits(self, nbytes: int) -> bool:
         """Whether `nbytes` fit one storage binding (max_storage_buffer_binding_size)."""
         return nbytes <= self.max_binding

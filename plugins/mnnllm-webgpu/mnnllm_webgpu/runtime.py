@@ -13,18 +13,27 @@ A run encodes every dispatch of this backend into one command encoder (the Recor
 at on_execute_end; any host access to a buffer in between (a copy to or from cpu around a
 fallback op, an upload, a download) first submits what was encoded. A pipeline wholly on webgpu
 is replayed (replay.py): its steps made once per resize, encoded and submitted once per token.
-Storage and arithmetic are fp32 (the shared model's reference tokens are fp32's); int32 tensors
-are stored as they are on the host.
+Activations and arithmetic are fp32 (the shared model's reference tokens are fp32's); int32
+tensors are stored as they are on the host.
+
+fp16 storage, where the adapter has "shader-f16" (the device is opened with it; lavapipe has it):
+fp16 weights of unquantized linears stay fp16 on the device at any precision (f16 -> f32 is exact,
+so the results are fp32's bit for bit); precision "low" also stores fp32 unquantized weights as
+fp16 and keeps the KV cache fp16; the hint "kv_fp16" (every backend's) keeps the KV cache fp16 at
+any precision. Without shader-f16 all of it stays fp32, and a request for it is logged as ignored.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, Runtime, RuntimeCreator, RuntimeHints,
-                                     ScheduleConfig, Tensor)
+from mnnllm_core.backend_api import (Backend, BackendConfig, ConfigError, KVFormat, Runtime, RuntimeCreator,
+                                     RuntimeHints, ScheduleConfig, Tensor)
+
+log = logging.getLogger(__name__)
 
 LINEAR_LANES = (1, 8)
 
@@ -49,6 +58,12 @@ class WebGPUBackend(Backend):
         self.device = runtime.device
         self.allocator = runtime.allocator
         self.recorder = runtime.recorder
+        f16, low = self.device.f16, config.precision == "low"
+        self.f16_weights = f16  # fp16 weights kept fp16; fp32 ones too under precision "low"
+        self.f16_lossy = f16 and low
+        self.kv_format = KVFormat("fp16" if f16 and (low or runtime.hints.kv_fp16) else "float")
+        if not f16 and (low or runtime.hints.kv_fp16):
+            runtime.report_no_f16(config.precision)
 
     def fits(self, *tensors: Tensor) -> bool:
         """Whether every tensor fits one storage binding (max_storage_buffer_binding_size)."""
@@ -105,6 +120,13 @@ class WebGPURuntime(Runtime):
         self.subgroups = can and (self.hints.webgpu_subgroups is not False)
         self.op_creators.update(CREATORS)
 
+    def report_no_f16(self, precision: str) -> None:
+        """Log once per runtime that fp16 storage was asked for on an adapter without shader-f16."""
+        if not self.__dict__.get("_reported_f16"):
+            self._reported_f16 = True
+            log.info("backend webgpu ignores precision=%s / kv_fp16=%s: %s has no shader-f16, storage stays fp32",
+                     precision, self.hints.kv_fp16, self.device.description)
+
     def create_backend(self, config: BackendConfig) -> WebGPUBackend:
         return WebGPUBackend(self, config)
 
@@ -113,12 +135,22 @@ class WebGPURuntime(Runtime):
 
 
 class WebGPURuntimeCreator(RuntimeCreator):
-    """fp32 storage and arithmetic whatever precision says; 4- and 8-bit weights packed whatever
+    """fp32 arithmetic; precision "low" honoured (fp16 weights and KV cache) where the default
+    adapter has shader-f16, else ignored and reported so; 4- and 8-bit weights packed whatever
     memory says; the adapter schedules its own invocations, so thread_num has no meaning."""
 
     name = "webgpu"
     static_shapes = True
     hints_type = WebGPUHints
+
+    @property
+    def settings(self) -> frozenset[str]:
+        """{"precision"} where the default adapter (the one `mnnllm backends` probes) has
+        shader-f16, else nothing: what this machine's webgpu honours."""
+        if not self.is_available()[0]:
+            return frozenset()
+        module = device_module()
+        return frozenset({"precision"}) if module.open_device(module.device_spec(None)).f16 else frozenset()
 
     def is_available(self) -> tuple[bool, str]:
         """Compiles and runs the probe kernel on the selected adapter; never raises."""

@@ -1,23 +1,41 @@
 """Attention owning its KV cache on the device (DeviceKVCache: token-major rows, shared by the
-prefill and decode clones), grouped-query heads, the scalar causal mask, float and int full
-masks and sinks. Per run kv_write (the step's k/v rows at `past`), then on a GPU the fused
-attention (attention.wgsl: scores into a scratch row, softmax, the weighted values; one work-group
-per query and head), on a CPU adapter the same in three barrier-free dispatches
-(attention_split.wgsl: scores, softmax, weighted values). Nothing
-recorded depends on the token: past and total live in a small storage buffer the host writes in
-`before_run`, so a replay encodes the same steps every token."""
+prefill and decode clones; fp32, or fp16 where the backend's kv_format says so and a row is
+whole 4-byte words: WebGPU copies no less), grouped-query heads, the scalar causal mask, float
+and int full masks and sinks. Per run kv_write (the step's k/v rows at `past`), then on a GPU
+the fused attention (attention.wgsl: scores into a scratch row, softmax, the weighted values; one
+work-group per query and head), on a CPU adapter the same in three barrier-free dispatches
+(attention_split.wgsl: scores, softmax, weighted values). The
+queries go in blocks whose scores fit one storage binding (a 4,096-token prefill's do not: 9 heads
+x 4096 x 4096 floats are 604 MB, lavapipe binds 128 MiB), each block its own dispatches over one
+scratch buffer, in order. Nothing recorded depends on the token: past and total live in a small
+storage buffer the host writes in `before_run`, so a replay encodes the same steps every token."""
 from __future__ import annotations
 
 import numpy as np
 
-from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, Refused, UnsupportedError, attention_mask,
-                                     float_attention_creator)
+from mnnllm_core.backend_api import (AttentionParams, DeviceKVCache, KVFormat, Refused, UnsupportedError,
+                                     attention_mask, float_attention_creator)
 
 from ..device import Program, StepsExecution, fold, pack_params
 
 LOCAL = 256  # work-group size of kv_write.wgsl
 SPLIT_LOCAL = 64  # work-group size of attention_split.wgsl
 MASK_MODES = {"float": 2, "int": 3}  # attention.wgsl: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+SCORES_LIMIT = 1 << 27  # bytes of one block's scores at most (also the device's binding limit)
+# the WGSL a cache format's rows take: (enable directive, element type)
+KV_TYPES = {"float": ("", "f32"), "fp16": ("enable f16;", "f16")}
+
+
+def cache_format(wanted: KVFormat, row_values: int) -> KVFormat:
+    """The backend's KV format, but float where fp16 rows would not be whole 4-byte words
+    (WebGPU copies, hence the cache's appends, moves and growth, go in multiples of 4 bytes)."""
+    return wanted if wanted.name != "fp16" or row_values % 2 == 0 else KVFormat("float")
+
+
+def query_block(seq: int, heads: int, stride: int, limit: int) -> int:
+    """Queries per block: as many as keep a block's scores (block x heads x stride floats) within
+    `limit` bytes; 0 when not even one query's do."""
+    return min(seq, limit // (heads * stride * 4))
 
 
 def device_kv_cache(backend) -> DeviceKVCache:
@@ -47,6 +65,7 @@ class AttentionExecution(StepsExecution):
         self.shape = (0, 0, 0, 0)
         self.kv_seq = 0
         self.mask = (0, 1, 1)
+        self.kv_format = backend.kv_format
         self.scratch = None
         self.bound = None  # (keys, values, stride) the steps bind
         self.tensors = ((), ())
@@ -60,7 +79,8 @@ class AttentionExecution(StepsExecution):
         if len(inputs) > 4 and inputs[4].size != heads:
             raise UnsupportedError(f"Attention: {inputs[4].size} sinks for {heads} heads", field="sinks")
         self.kv_seq = inputs[1].size // (kv_heads * dim)
-        self.cache.row_bytes = kv_heads * dim * 4
+        self.kv_format = cache_format(self.backend.kv_format, kv_heads * dim)
+        self.cache.row_bytes = self.kv_format.row_bytes(kv_heads, dim, 4)
         mask = attention_mask(inputs[3] if len(inputs) > 3 else None, seq)
         self.mask = (1 if seq > 1 else 0, 1, 1) if mask.kind == "causal" else (MASK_MODES[mask.kind], mask.rows,
                                                                                mask.cols)
@@ -91,10 +111,11 @@ class AttentionExecution(StepsExecution):
         seq, heads, kv_heads, dim = self.shape
         if not seq or not stride:
             return []
-        scratch_bytes = seq * heads * stride * 4
-        if not device.fits(scratch_bytes):
-            raise UnsupportedError(f"webgpu Attention: {seq}x{heads}x{stride} scores exceed "
+        block = query_block(seq, heads, stride, min(device.max_binding, SCORES_LIMIT))
+        if block == 0:
+            raise UnsupportedError(f"webgpu Attention: one query's {heads}x{stride} scores exceed "
                                    "max_storage_buffer_binding_size", field="attention")
+        scratch_bytes = block * heads * stride * 4
         if self.scratch is None or self.scratch.size < scratch_bytes:
             self.scratch = self.backend.allocator.alloc(scratch_bytes)
         q = inputs[0].storage
@@ -103,24 +124,30 @@ class AttentionExecution(StepsExecution):
         mode, rows, cols = self.mask
         buffers = [q, keys, values, mask, sinks, self.scratch, outputs[0].storage, self.step]
         scale = float(np.float32(self.params.scale_for(dim)))
+        enable, kv_type = KV_TYPES[self.kv_format.name if self.params.kv_cache else "float"]
+        typed = (("ENABLE", enable), ("KV", kv_type))
 
-        def program(shader: str, groups_row: tuple, defines: tuple = ()) -> Program:
+        def program(shader: str, t0: int, count: int, groups_row: tuple, defines: tuple = ()) -> Program:
             groups, row = groups_row
-            params = pack_params("5if4iI", seq, heads, kv_heads, dim, stride, scale, mode, rows, cols,
-                                 int(len(inputs) > 4), row)
-            return Program(device, shader, buffers, params, groups, defines)
+            params = pack_params("5if4iIii", seq, heads, kv_heads, dim, stride, scale, mode, rows, cols,
+                                 int(len(inputs) > 4), row, t0, count)
+            return Program(device, shader, buffers, params, groups, typed + defines)
 
-        if device.is_cpu:  # three barrier-free passes (attention_split.wgsl)
-            steps = [program("attention_split", fold(-(-seq * heads * n // SPLIT_LOCAL), SPLIT_LOCAL), (("PASS", k),))
-                     for k, n in enumerate((stride, 1, dim))]
-        else:
-            steps = [program("attention", fold(seq * heads, 1))]
+        steps = []
+        for t0 in range(0, seq, block):  # each block reuses the scratch after the one before
+            count = min(block, seq - t0)
+            if device.is_cpu:  # three barrier-free passes (attention_split.wgsl)
+                steps += [program("attention_split", t0, count,
+                                  fold(-(-count * heads * n // SPLIT_LOCAL), SPLIT_LOCAL), (("PASS", k),))
+                          for k, n in enumerate((stride, 1, dim))]
+            else:
+                steps.append(program("attention", t0, count, fold(count * heads, 1)))
         if self.params.kv_cache:
             count = self.kv_seq * kv_heads * dim
             write_groups, write_row = fold(-(-count // LOCAL), LOCAL)
             steps.insert(0, Program(device, "kv_write", [inputs[1].storage, inputs[2].storage, keys, values,
                                                          self.step], pack_params("iiI", count, kv_heads * dim,
-                                                                                 write_row), write_groups))
+                                                                                 write_row), write_groups, typed))
         return steps
 
     def on_execute(self, inputs, outputs) -> None:

@@ -1,18 +1,20 @@
-// Fused attention, one work-group of 64 per (query token t, head h): scores of the `total` keys
-// (step[1], written by the host before each submit) into the scratch row s[(t*heads+h)*stride..],
-// their max and sum by a shared-memory tree, then the output o = sum_j p_j v_j / sum.
-// Keys and values are token-major rows: key j of kv head g at (j*kv_heads+g)*dim; grouped-query
-// heads share kv head h / (heads / kv_heads).
+${ENABLE}
+// Fused attention, one work-group of 64 per (query token t, head h) of one block of queries
+// (t0 <= t < t0 + block, so that a block's scores fit one storage binding): scores of the `total`
+// keys (step[1], written by the host before each submit) into the scratch row
+// s[((t-t0)*heads+h)*stride..], their max and sum by a shared-memory tree, then the output
+// o = sum_j p_j v_j / sum. Keys and values are token-major rows of KV (f32, or f16 read as f32):
+// key j of kv head g at (j*kv_heads+g)*dim; grouped-query heads share kv head h / (heads / kv_heads).
 // mask_mode 0: none; 1: causal (j <= past + t); 2: a float mask added; 3: an int mask (0 blocks),
 // a [mask_rows, mask_cols] mask over the last mask_cols keys (its last seq rows). Blocked: -inf.
 // has_sinks: one extra logit per head (sinks[h]) in the softmax's denominator.
 struct Params {
     seq: i32, heads: i32, kv_heads: i32, dim: i32, stride: i32, scale: f32,
-    mask_mode: i32, mask_rows: i32, mask_cols: i32, has_sinks: i32, row: u32,
+    mask_mode: i32, mask_rows: i32, mask_cols: i32, has_sinks: i32, row: u32, t0: i32, block: i32,
 }
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> keys: array<f32>;
-@group(0) @binding(2) var<storage, read> values: array<f32>;
+@group(0) @binding(1) var<storage, read> keys: array<${KV}>;
+@group(0) @binding(2) var<storage, read> values: array<${KV}>;
 @group(0) @binding(3) var<storage, read> mask: array<u32>;
 @group(0) @binding(4) var<storage, read> sinks: array<f32>;
 @group(0) @binding(5) var<storage, read_write> s: array<f32>;
@@ -39,20 +41,21 @@ fn reduce(lane: u32, v: f32, is_max: bool) -> f32 {
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let th = i32(wg.x + wg.y * p.row);
-    if (th >= p.seq * p.heads) { return; }  // uniform per work-group
+    let local = i32(wg.x + wg.y * p.row);
+    if (local >= p.block * p.heads) { return; }  // uniform per work-group
+    let th = p.t0 * p.heads + local;
     let past = step[0];
     let total = step[1];
     let h = th % p.heads;
     let t = th / p.heads;
     let g = h / (p.heads / p.kv_heads);
     let qa = th * p.dim;
-    let sa = th * p.stride;
+    let sa = local * p.stride;
     var m = NEG_INF;
     for (var j = i32(lane); j < total; j += 64) {
         let ka = (j * p.kv_heads + g) * p.dim;
         var dotv = 0.0;
-        for (var d = 0; d < p.dim; d++) { dotv += q[qa + d] * keys[ka + d]; }
+        for (var d = 0; d < p.dim; d++) { dotv += q[qa + d] * f32(keys[ka + d]); }
         var score = dotv * p.scale;
         if (p.mask_mode == 1) {
             if (j > past + t) { score = NEG_INF; }
@@ -81,7 +84,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let inv = 1.0 / l;
     for (var d = i32(lane); d < p.dim; d += 64) {
         var acc = 0.0;
-        for (var j = 0; j < total; j++) { acc += s[sa + j] * values[(j * p.kv_heads + g) * p.dim + d]; }
+        for (var j = 0; j < total; j++) { acc += s[sa + j] * f32(values[(j * p.kv_heads + g) * p.dim + d]); }
         o[qa + d] = acc * inv;
     }
 }
