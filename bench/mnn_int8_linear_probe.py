@@ -91,7 +91,10 @@ def main() -> None:
     inputs = [(rng.standard_normal((int(r), a.ic)) * 2 + 0.3).astype(np.float32) for r in a.rows.split(",")]
     folder = Path(tempfile.mkdtemp())
     model = write_model(folder, w, a.block)
+    inputs.append(inputs[0][:1])  # the first row alone: does MNN give it the same bits as among others?
     mnn = run_mnn(model, inputs)
+    alone = inputs.pop(), mnn.pop()
+    print(f"MNN low, first row alone vs among {inputs[0].shape[0]}: equal {np.mean(alone[1][0] == mnn[0][0]):.3f}")
     mnn_fp32 = run_mnn(model, inputs, memory="normal")
     ours = run_ours(model, inputs)
     for x, m, f, o in zip(inputs, mnn, mnn_fp32, ours):

@@ -115,12 +115,15 @@ def test_one_row_and_k_rows_are_bit_identical(symmetric):
 
 
 def test_quantization_follows_mnn_rules():
-    """Asymmetric: 255 steps over [min, max], zp = roundf(-min * 255 / range) - 128; symmetric:
-    127 steps a side of max |x|; a constant row falls back to symmetric (no zero range)."""
+    """Asymmetric: 255 steps over [min, max], zp = -min * 255 / range - 128 as a float (MNN 3.6.1
+    does not round it: its runtime's outputs put the dequantized grid on min), x * 255 / range +
+    zp rounded half away from zero; symmetric: 127 steps a side of max |x|; a constant row falls
+    back to symmetric (no zero range)."""
     x = np.array([[-1.0, 0.0, 0.5, 3.0, 1.0, 2.0, -0.5, 0.25], [2.0, -4.0, 1.0, 0.25, 0.0, 0.0, 1.0, -1.0],
                   [0.7] * 8], np.float32)
     rows = quantize(x, 8, symmetric=False)
-    assert rows.zp[0] == round(1.0 * 255 / 4.0) - 128 and rows.ds[0] == np.float32(4.0) / np.float32(255.0)
+    assert rows.zp[0] == np.float32(-64.25) and rows.ds[0] == np.float32(4.0) / np.float32(255.0)
+    assert rows.xq[0, 1] == -64 and rows.xq[0, 2] == -32  # 0 -> -64.25, 0.5 -> 31.875 - 64.25
     assert rows.xq[0, 0] == -128 and rows.xq[0, 3] == 127
     assert rows.zp[2] == 0 and rows.xq[2, 0] == 127
     sym = quantize(x, 8, symmetric=True)
