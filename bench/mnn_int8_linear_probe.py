@@ -29,7 +29,7 @@ from mnnllm_core.schema.MNN.DataType import DataType
 MNN_SCRIPT = textwrap.dedent("""
     import json, os, sys, numpy as np, MNN.nn as nn, MNN.expr as F
     job = json.load(sys.stdin)
-    rt = nn.create_runtime_manager(({"backend": 0, "memory": {"normal": 0, "high": 1, "low": 2}[job["memory"]], "precision": "normal",
+    rt = nn.create_runtime_manager(({"backend": 0, "memory": {"normal": 0, "high": 1, "low": 2}[job["memory"]], "precision": job.get("precision", "normal"),
                                      "numThread": job["threads"]},))
     rt.set_external(job["model"] + ".weight")
     mod = nn.load_module_from_file(job["model"], ["x"], ["y"], runtime_manager=rt, rearrange=True)
@@ -56,8 +56,10 @@ def write_model(folder: Path, w: np.ndarray, block: int) -> Path:
     return path
 
 
-def run_mnn(model: Path, inputs: list[np.ndarray], memory: str = "low", threads: int = 1) -> list[np.ndarray]:
-    job = {"model": str(model), "memory": memory, "threads": threads, "inputs": [x.tolist() for x in inputs]}
+def run_mnn(model: Path, inputs: list[np.ndarray], memory: str = "low", threads: int = 1,
+            precision: str = "normal") -> list[np.ndarray]:
+    job = {"model": str(model), "memory": memory, "threads": threads, "precision": precision,
+           "inputs": [x.tolist() for x in inputs]}
     done = subprocess.run([sys.executable, "-c", MNN_SCRIPT], input=json.dumps(job), capture_output=True,
                           text=True, timeout=600)
     if "@@RESULT@@" not in done.stdout:
@@ -85,6 +87,7 @@ def main() -> None:
     p.add_argument("--block", type=int, default=64)
     p.add_argument("--rows", default="1,2,4,7")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", default="normal", help="MNN's precision (the shared model's config: low)")
     a = p.parse_args()
     rng = np.random.default_rng(a.seed)
     w = (rng.standard_normal((a.oc, a.ic)) * 0.05).astype(np.float32)
@@ -92,7 +95,7 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp())
     model = write_model(folder, w, a.block)
     inputs.append(inputs[0][:1])  # the first row alone: does MNN give it the same bits as among others?
-    mnn = run_mnn(model, inputs)
+    mnn = run_mnn(model, inputs, precision=a.precision)
     alone = inputs.pop(), mnn.pop()
     print(f"MNN low, first row alone vs among {inputs[0].shape[0]}: equal {np.mean(alone[1][0] == mnn[0][0]):.3f}")
     mnn_fp32 = run_mnn(model, inputs, memory="normal")

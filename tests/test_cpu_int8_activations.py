@@ -228,3 +228,29 @@ def test_replayed_steps_give_the_per_op_loops_tokens_and_logits(threads):
                 logits[replayed].append(llm.forward((ids * 2)[at:at + tokens], all_logits=True).copy())
     for replayed, looped in zip(logits[True], logits[False]):
         np.testing.assert_array_equal(replayed, looped)
+
+
+@pytest.mark.oracle
+def test_one_linear_against_mnn_memory_low():
+    """One int4 linear (576 -> 64, block 64) as an MNN model, run by MNN's runtime under memory
+    "low" (`bench/mnn_int8_linear_probe.py`): one row and more than FEW_TOKENS rows quantize as
+    MNN does (the input codes are MNN's), so only the float epilogue's rounding is left, 1-2e-5
+    measured on outputs up to ~30 (a code of difference would be ~1e-3); MNN's own int8 outputs
+    are 4e-2 from its fp32 ones."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+    from mnnllm_backends.cpu.kernels.linear import FEW_TOKENS
+    path = Path(__file__).resolve().parents[1] / "bench" / "mnn_int8_linear_probe.py"
+    spec = importlib.util.spec_from_file_location("mnn_int8_linear_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 576)) * 0.05).astype(np.float32)
+    inputs = [(rng.standard_normal((rows, 576)) * 2 + 0.3).astype(np.float32) for rows in (1, 1, FEW_TOKENS + 2)]
+    model = probe.write_model(Path(tempfile.mkdtemp()), w, 64)
+    mnn = probe.run_mnn(model, inputs)
+    mnn_fp32 = probe.run_mnn(model, inputs, memory="normal")
+    for x, theirs, fp32, ours in zip(inputs, mnn, mnn_fp32, probe.run_ours(model, inputs)):
+        assert np.abs(ours - theirs).max() <= 1e-4
+        assert np.abs(fp32 - theirs).max() > 1e-2  # MNN did take its int8 path
