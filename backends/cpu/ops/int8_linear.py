@@ -25,10 +25,13 @@ What MNN 3.6.1 (PyPI, x86-64: its AVX2 kernels) does, measured op by op on one i
   0..15, D = sum c * u per block; on a one-block linear with exactly representable inputs
   (scale 1/64, zp -128) MNN gives fl(fl(D * scale) * ds) + fl(ds * sum u * (zero - 8 * scale))
   (no FMA) for 98-99.6% of its outputs, the rest 1 ulp of those terms away (as if the weight
-  bias zero - 8 * scale were 1 ulp off for a few rows: not explained). With a fractional zero
-  point and several blocks a per-block term -(zp + 128) * ds * (sum of the block's weights)
-  comes in; the best order tried (those two terms, then that one by FMA, then the running sum)
-  is 1.6e-6 mean from MNN where the exact sum is 1.2e-5 away, but only 4% bit-equal.
+  bias zero - 8 * scale were 1 ulp off for a few rows: not explained). A fractional zero
+  point adds a per-block term I = fl(-(zp + 128) * ds * (sum of the block's weights)), after
+  those two: with inputs chosen so that ds, zp and I's factors are exact (scale 1/128, zp
+  -126.5), fl(fl(P + X) + I) is 96-98% of MNN's outputs. On random inputs the same order, with
+  every variant tried of how ds, the block sum of u and I are rounded, is 2-5% bit-equal
+  (1.6e-6 mean from MNN where the exact sum is 1.2e-5 away): how MNN rounds ds * (...) there
+  is the part not found.
 Ours sums (c - 8) q exactly in int32 per block and takes fma(scale, (float(E) - zp * (csum - 8 *
 block)) * ds, fma(zero, xsum, acc)): within a few ulps of MNN's terms, not their bits.
 The model amplifies what is left: on the shared 135M q4 model one token's logits move by up to
