@@ -115,12 +115,15 @@ def test_one_row_and_k_rows_are_bit_identical(symmetric):
 
 
 def test_quantization_follows_mnn_rules():
-    """Asymmetric: 255 steps over [min, max], zp = roundf(-min * 255 / range) - 128; symmetric:
-    127 steps a side of max |x|; a constant row falls back to symmetric (no zero range)."""
+    """Asymmetric: 255 steps over [min, max], zp = -min * 255 / range - 128 as a float (MNN 3.6.1
+    does not round it: its runtime's outputs put the dequantized grid on min), x * 255 / range +
+    zp rounded half away from zero; symmetric: 127 steps a side of max |x|; a constant row falls
+    back to symmetric (no zero range)."""
     x = np.array([[-1.0, 0.0, 0.5, 3.0, 1.0, 2.0, -0.5, 0.25], [2.0, -4.0, 1.0, 0.25, 0.0, 0.0, 1.0, -1.0],
                   [0.7] * 8], np.float32)
     rows = quantize(x, 8, symmetric=False)
-    assert rows.zp[0] == round(1.0 * 255 / 4.0) - 128 and rows.ds[0] == np.float32(4.0) / np.float32(255.0)
+    assert rows.zp[0] == np.float32(-64.25) and rows.ds[0] == np.float32(4.0) / np.float32(255.0)
+    assert rows.xq[0, 1] == -64 and rows.xq[0, 2] == -32  # 0 -> -64.25, 0.5 -> 31.875 - 64.25
     assert rows.xq[0, 0] == -128 and rows.xq[0, 3] == 127
     assert rows.zp[2] == 0 and rows.xq[2, 0] == 127
     sym = quantize(x, 8, symmetric=True)
@@ -225,3 +228,29 @@ def test_replayed_steps_give_the_per_op_loops_tokens_and_logits(threads):
                 logits[replayed].append(llm.forward((ids * 2)[at:at + tokens], all_logits=True).copy())
     for replayed, looped in zip(logits[True], logits[False]):
         np.testing.assert_array_equal(replayed, looped)
+
+
+@pytest.mark.oracle
+def test_one_linear_against_mnn_memory_low():
+    """One int4 linear (576 -> 64, block 64) as an MNN model, run by MNN's runtime under memory
+    "low" (`bench/mnn_int8_linear_probe.py`): one row and more than FEW_TOKENS rows quantize as
+    MNN does (the input codes are MNN's), so only the float epilogue's rounding is left, 1-2e-5
+    measured on outputs up to ~30 (a code of difference would be ~1e-3); MNN's own int8 outputs
+    are 4e-2 from its fp32 ones."""
+    import importlib.util
+    import tempfile
+    from pathlib import Path
+    from mnnllm_backends.cpu.kernels.linear import FEW_TOKENS
+    path = Path(__file__).resolve().parents[1] / "bench" / "mnn_int8_linear_probe.py"
+    spec = importlib.util.spec_from_file_location("mnn_int8_linear_probe", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    rng = np.random.default_rng(3)
+    w = (rng.standard_normal((64, 576)) * 0.05).astype(np.float32)
+    inputs = [(rng.standard_normal((rows, 576)) * 2 + 0.3).astype(np.float32) for rows in (1, 1, FEW_TOKENS + 2)]
+    model = probe.write_model(Path(tempfile.mkdtemp()), w, 64)
+    mnn = probe.run_mnn(model, inputs)
+    mnn_fp32 = probe.run_mnn(model, inputs, memory="normal")
+    for x, theirs, fp32, ours in zip(inputs, mnn, mnn_fp32, probe.run_ours(model, inputs)):
+        assert np.abs(ours - theirs).max() <= 1e-4
+        assert np.abs(fp32 - theirs).max() > 1e-2  # MNN did take its int8 path

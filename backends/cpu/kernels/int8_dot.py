@@ -16,9 +16,10 @@ chunk per 8 inputs, byte 4r + i = code[r, 8c + i] | code[r, 8c + 4 + i] << 4, so
 of a chunk are inputs 8c..8c+3 of the 16 rows and the high nibbles 8c+4..8c+7. The (zero, scale)
 pairs are `PackedWeight.alpha` as they are; `code_sums` holds each (row, block)'s sum of codes.
 
-Arithmetic, for weight w = zero + scale * (c - 8) and input x ~ ds * (q - zp) (per token row):
-per block, D = sum (c - 8)(q - zp) = isum - 8 * qsum - zp * (csum - 8 * block) exactly in int32,
-then acc = fma(scale, float(D) * ds, fma(zero, xsum, acc)) with xsum = ds * (qsum - zp * block).
+Arithmetic, for weight w = zero + scale * (c - 8) and input x ~ ds * (q - zp) (per token row, zp
+a float as MNN's): per block, E = sum (c - 8) q = isum - 8 * qsum exactly in int32, then
+acc = fma(scale, (float(E) - zp * float(csum - 8 * block)) * ds, fma(zero, xsum, acc)) with
+xsum = ds * (qsum - zp * block); zp is 0 for symmetric rows, whose bits do not depend on it.
 Every token row goes through the same instructions whatever the number of rows a call takes,
 so a row's result is bit-identical in a 1-row and a k-row call (speculative decoding stays exact
 against plain decoding on this path).
@@ -107,10 +108,13 @@ def _round_half_away(value):
 def quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum):
     """x float32 [tokens, ic] -> int8 xq [tokens, ic], one (ds, zp) per row: x ~ ds * (xq - zp).
 
-    Asymmetric (MNN's one-token quantization): 255 levels over [min, max], zp = round(-min *
-    255 / range) - 128; symmetric (MNN's several-token "batch" quantization): 127 levels a side
-    of max |x|, zp = 0. Values round to nearest (ties to even) and clamp to the int8 range. Also
-    qsum [tokens, n_blocks] (the int sums of xq per block) and xsum = ds * (qsum - zp * block).
+    Asymmetric (MNN 3.6.1's one-token quantization, measured against its runtime by
+    `bench/mnn_int8_linear_probe.py`): 255 levels over [min, max] with a float zero point
+    zp = -min * 255 / range - 128 (not rounded: the dequantized grid starts at min), values
+    x * (255 / range) + zp clamped to [-128, 127] and rounded half away from zero. Symmetric
+    (MNN's several-token "batch" quantization): 127 levels a side of max |x|, zp = 0, ties to
+    even. Also qsum [tokens, n_blocks] (the int sums of xq per block) and xsum = ds * (qsum - zp
+    * block), the block sums of the dequantized row.
     """
     tokens, ic = x.shape
     n_blocks = ic // block
@@ -125,22 +129,22 @@ def quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum):
         if symmetric or span == 0:
             scale = np.float32(127.0) / top if top > 0 else np.float32(0.0)
             ds[t] = top / np.float32(127.0)
-            zp[t] = 0
-            lowest = -127
+            zp[t] = np.float32(0.0)
+            for j in range(ic):
+                xq[t, j] = min(127, max(-127, np.int32(np.rint(x[t, j] * scale))))
         else:
             scale = np.float32(255.0) / span
             ds[t] = span / np.float32(255.0)
-            zp[t] = np.int32(_round_half_away(-low * np.float32(255.0) / span)) - 128
-            lowest = -128
-        for j in range(ic):
-            q = np.int32(np.rint(x[t, j] * scale)) + zp[t]
-            xq[t, j] = min(127, max(lowest, q))
+            zp[t] = -low * np.float32(255.0) / span - np.float32(128.0)
+            for j in range(ic):
+                value = min(np.float32(127.0), max(np.float32(-128.0), x[t, j] * scale + zp[t]))
+                xq[t, j] = np.int32(_round_half_away(value))
         for b in range(n_blocks):
             total = np.int32(0)
             for j in range(b * block, (b + 1) * block):
                 total += np.int32(xq[t, j])
             qsum[t, b] = total
-            xsum[t, b] = ds[t] * np.float32(total - zp[t] * block)
+            xsum[t, b] = ds[t] * (np.float32(total) - zp[t] * np.float32(block))
 
 
 def _data(context, builder, ty, value):
@@ -226,15 +230,16 @@ def int8_group_dot(typingctx, tokens, first, codes, c_start, code_sums, alpha, a
                 zero = alphas(a_index)
                 scale = alphas(builder.add(a_index, _const(GROUP_ROWS)))
                 csum = builder.sext(load(sums_p, builder.add(s_start, builder.mul(b, _const(ROWS))), _VS, 2), _VI)
+                eight_block = splat(builder.trunc(builder.mul(block_v, _const(8)), _I32), _VI)
+                centred = builder.sitofp(builder.sub(csum, eight_block), _VF)  # sum of (c - 8), exact
                 for t in range(rows):
                     tb = builder.add(builder.mul(token[t], blocks), b)
-                    point = scalar(zp_p, token[t])
-                    # 8 * qsum - 8 * block * zp, the same for every row; zp * csum per row
-                    shift = builder.sub(builder.mul(scalar(qsum_p, tb), ir.Constant(_I32, 8)),
-                                        builder.mul(point, builder.trunc(builder.mul(block_v, _const(8)), _I32)))
-                    exact = builder.sub(builder.sub(builder.load(isum[t]), splat(shift, _VI)),
-                                        builder.mul(splat(point, _VI), csum))
-                    dots = builder.fmul(builder.sitofp(exact, _VF), splat(scalar(ds_p, token[t]), _VF))
+                    # sum (c - 8) q exactly, then the float zero point: - zp * (csum - 8 * block)
+                    shift = builder.mul(scalar(qsum_p, tb), ir.Constant(_I32, 8))
+                    exact = builder.sub(builder.load(isum[t]), splat(shift, _VI))
+                    offset = builder.fmul(splat(scalar(zp_p, token[t]), _VF), centred)
+                    dots = builder.fmul(builder.fsub(builder.sitofp(exact, _VF), offset),
+                                        splat(scalar(ds_p, token[t]), _VF))
                     inner = builder.call(fma, [zero, splat(scalar(xsum_p, tb), _VF), builder.load(acc[t])])
                     builder.store(builder.call(fma, [scale, dots, inner]), acc[t])
             for t in range(rows):
@@ -283,13 +288,13 @@ def scratch_bytes(tokens: int, ic: int, n_blocks: int) -> int:
 @jit(fastmath=False)
 def quantized_rows(scratch, tokens, ic, n_blocks):
     """The quantized rows' arrays laid end to end in the bytes `scratch`: xq int8 [tokens, ic],
-    ds float32 [tokens], zp int32 [tokens], qsum int32 and xsum float32 [tokens, n_blocks] (one
+    ds float32 [tokens], zp float32 [tokens], qsum int32 and xsum float32 [tokens, n_blocks] (one
     buffer, so that a replayed call holds a single array for them)."""
     at = tokens * ic
     xq = scratch[:at].view(np.int8).reshape(tokens, ic)
     ds = scratch[at:at + 4 * tokens].view(np.float32)
     at += 4 * tokens
-    zp = scratch[at:at + 4 * tokens].view(np.int32)
+    zp = scratch[at:at + 4 * tokens].view(np.float32)
     at += 4 * tokens
     sums = 4 * tokens * n_blocks
     qsum = scratch[at:at + sums].view(np.int32).reshape(tokens, n_blocks)

@@ -10,28 +10,36 @@ several rows. Here up to FEW_TOKENS rows (a decode step, a speculative verify st
 quantized asymmetrically, so that a row gives the same bits alone or with others; only a
 longer prefill takes the symmetric rule.
 
-MNN's memory-low tokens are not reproduced (measured on the shared 135M q4 model, greedy, 64
-tokens; PyPI MNN 3.6.1 memory "low" gives exactly `mnn_cpp_q4`): prompt 0 all 8 tokens equal,
-prompt 1 first divergence at token 1 (MNN low itself leaves fp32 there), prompt 2 at token 0;
-MNN-low logits are 2-5 (max abs) away from ours on either path, as far as from MNN's fp32 ones.
-The rules are MNN's; the float arithmetic around them is not, and since quantizing is a step
-function an ulp apart flips input codes, which 30 layers amplify. What MNN does, as read in its
-current sources (`DenseConvInt8TiledExecutor`, the x86 kernels; 3.6.1's may differ in detail; the
-PyPI x86-64 wheel has no AVX512 code, so its AVX2 kernels run even on a VNNI cpu), against ours:
-- one row: x*qscale + zero (float add, zero = roundf(-min*255/range) - 128) clamped to
-  [-128, 127], then +-0.5 and truncation (`_AVX_MNNFloat2Int8`: half away from zero, after the
-  add); ours rounds x*qscale half to even, then adds the integer zero. A range under 1e-7 (1e-6
-  in the vector path) gives scale 0, ours only an exact 0.
-- the sums: the input is stored as uint8 (q + 128) and the int4 codes as 0..15; per block
-  f = float(D) * (weight scale * input scale, one rounded product) + srcKernelSum * (zero - 8 *
-  scale, rounded) + the running sum, mul and add rounded apart; the +128 and input zero-point
-  terms are subtracted in float through `weightKernelSum` (per row, float sum over blocks of
-  code sum * scale + block * zero), folded into the bias once per call. Ours sums (c - 8)(q - zp)
-  exactly in int32 and takes fma(scale, float(D) * ds, fma(zero, xsum, acc)).
-- several rows: symmetric per row (absmax / 127, absmax under 1e-7: scale 1), as ours past
-  FEW_TOKENS; MNN does so from 2 rows on, in tiles of 4 rows (AVX2).
-Reproducing MNN low therefore needs its float epilogue op for op (and its rounding), not only
-its rules; the path stays opt-in.
+What MNN 3.6.1 (PyPI, x86-64: its AVX2 kernels) does, measured op by op on one int4 linear by
+`bench/mnn_int8_linear_probe.py` (MNN's Module API, memory code 2: pymnn ignores the string
+"low" there) against this path:
+- one row: asymmetric with a float zero point zp = -min * 255 / range - 128 (not rounded),
+  x * 255 / range + zp clamped then rounded half away from zero. Ours does exactly this, so
+  the input codes are MNN's: a 576 -> 64/1024 linear is 1-2e-5 (max abs) from MNN low, against
+  5e-2 with a rounded zero point (and 4e-2 between MNN low and MNN fp32).
+- several rows: symmetric per row (absmax / 127) from 2 rows on, hint or not; so MNN gives a
+  row other bits alone than among others (0 of 64 outputs equal). Ours keeps one-row
+  quantization up to FEW_TOKENS rows (a row's bits do not depend on the rows beside it) and is
+  symmetric past them, as MNN (codes equal there; 3e-5 apart).
+- the float epilogue, not reproduced bit for bit: the input is uint8 u = q + 128, the codes
+  0..15, D = sum c * u per block; on a one-block linear with exactly representable inputs
+  (scale 1/64, zp -128) MNN gives fl(fl(D * scale) * ds) + fl(ds * sum u * (zero - 8 * scale))
+  (no FMA) for 98-99.6% of its outputs, the rest 1 ulp of those terms away (as if the weight
+  bias zero - 8 * scale were 1 ulp off for a few rows: not explained). A fractional zero
+  point adds a per-block term I = fl(-(zp + 128) * ds * (sum of the block's weights)), after
+  those two: with inputs chosen so that ds, zp and I's factors are exact (scale 1/128, zp
+  -126.5), fl(fl(P + X) + I) is 96-98% of MNN's outputs. On random inputs the same order, with
+  every variant tried of how ds, the block sum of u and I are rounded, is 2-5% bit-equal
+  (1.6e-6 mean from MNN where the exact sum is 1.2e-5 away): how MNN rounds ds * (...) there
+  is the part not found.
+Ours sums (c - 8) q exactly in int32 per block and takes fma(scale, (float(E) - zp * (csum - 8 *
+block)) * ds, fma(zero, xsum, acc)): within a few ulps of MNN's terms, not their bits.
+The model amplifies what is left: on the shared 135M q4 model one token's logits move by up to
+1.0 for a relative noise of 1e-7 on its embedding row (4.7 for 1e-6), since a quantized input
+code flips at an ulp. So with the linear 2e-5 from MNN, MNN-low logits are still 2-4 (max abs)
+from ours (1-token forward 3.3; MNN low to MNN fp32: 2-6) and the greedy tokens are not MNN's
+`mnn_cpp_q4` beyond prompt 0 (prompt 1 first differs at token 1, prompt 2 at token 0): only a
+bit-exact epilogue (and bit-exact other ops) could give them. The path stays opt-in.
 
 Linears reading one input (q/k/v, gate/up) share one call for 1..FEW_TOKENS rows in a replay
 (`SharedInt8Input`, `SharedInt8Step`): the input is quantized once and the members' row groups are
