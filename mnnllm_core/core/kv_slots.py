@@ -16,15 +16,17 @@ batch says so with `slot_aware = True`; `slot_refusal` is why a module cannot ru
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ..errors import KVStateError
+from .backend import Refused
 from .kv_cache import KVCache
 from .kv_meta import KVMeta
+from .tensor import Tensor
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .backend import Backend, Execution
 
 
 @dataclass
@@ -76,6 +78,16 @@ class SlotCaches:
         return cache
 
 
+def group_rows(tensor: Tensor, seq: int, count: int, storage: object) -> Tensor:
+    """`count` of the `seq` rows of a step's [seq, ...] (or [1, seq, ...]) tensor, as a tensor of its
+    own on `storage`: what a device Attention hands its one-sequence kernels for one slot's group
+    (the rows copied there, or a view where the device allows one)."""
+    shape = list(tensor.shape)
+    axis = next(i for i, n in enumerate(shape) if n == seq and all(m == 1 for m in shape[:i]))
+    shape[axis] = count
+    return replace(tensor, shape=tuple(shape), storage=storage, host=None)
+
+
 @contextmanager
 def slot_meta(backend: "Backend", meta: KVMeta) -> Iterator[None]:
     """Within the block `backend.kv_meta` is `meta` (one slot's), so a single-sequence
@@ -90,6 +102,15 @@ def slot_meta(backend: "Backend", meta: KVMeta) -> Iterator[None]:
             backend.own_kv_meta = before
         else:
             del backend.own_kv_meta
+
+
+def slot_aware_creator(create: Callable[..., Any], execution: Callable[..., "Execution"]) -> Callable[..., Any]:
+    """An Attention creator: `create`'s one-sequence Execution (or its Refused, or None), made
+    slot-aware as `execution(backend, op.param, cache)` over the cache the one-sequence one made."""
+    def creator(backend, inputs, outputs, op):
+        made = create(backend, inputs, outputs, op)
+        return made if made is None or isinstance(made, Refused) else execution(backend, op.param, made.cache)
+    return creator
 
 
 def stateful_executions(executions: Sequence[object]) -> list[object]:
