@@ -2,7 +2,8 @@
 slot_attention.py, backends/vulkan/ops/slot_attention.py): the three reference prompts run together
 in the BatchEngine give, token for token, the greedy tokens each gives alone on the same backend
 (pocl and lavapipe here: GPUs on the CPU), with prompts chunked behind decode rows; a prompt queued
-behind them takes a freed slot. The numbers of the op itself: the conformance suite's KV slot cases."""
+behind them takes a freed slot; `serve --parallel 3` answers three concurrent clients as each alone.
+The numbers of the op itself: the conformance suite's KV slot cases."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ TOKENS = 12
 PROMPTS = [p["prompt_ids"] for p in json.loads(REFERENCE.read_text())["prompts"]]
 
 
-@pytest.fixture(scope="module", params=["opencl"])
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
 def llm(request):
     from mnnllm_core.plugins.manager import registry
     ok, reason = registry().get(request.param).is_available()
@@ -37,3 +38,25 @@ def test_the_reference_prompts_run_together_on_the_device_give_the_tokens_each_g
     engine.run()
     assert [s.tokens for s in sequences] == alone
     assert engine.idle
+
+
+def test_serve_parallel_on_the_device_answers_concurrent_clients_as_each_alone(llm) -> None:
+    import concurrent.futures
+
+    import openai
+
+    from serve_harness import LiveServer
+
+    questions = [p["prompt"] for p in json.loads(REFERENCE.read_text())["prompts"]]
+    alone = {q: llm.response([{"role": "user", "content": q}], max_new_tokens=8) for q in questions}
+    with LiveServer(llm, parallel=3, queue_size=4) as live:
+        assert live.worker.engine.slots and len(live.worker.engine.slots) == 3
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+        def ask(question):
+            answer = client.chat.completions.create(model="any", messages=[{"role": "user", "content": question}],
+                                                    temperature=0, max_tokens=8)
+            return answer.choices[0].message.content
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, questions))
+    assert answers == [alone[q] for q in questions]

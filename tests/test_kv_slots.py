@@ -64,7 +64,7 @@ def test_the_cpu_attention_is_slot_aware_and_a_module_without_state_is_refused()
     assert "no KV cache" in slot_refusal([])
 
 
-@pytest.mark.parametrize("backend", ["opencl"])
+@pytest.mark.parametrize("backend", ["opencl", "vulkan"])
 def test_the_device_attentions_are_slot_aware(backend: str) -> None:
     from mnnllm_core.core.backend import ScheduleConfig
     from mnnllm_core.plugins.manager import registry
