@@ -1,5 +1,6 @@
-"""What continuous batching buys on the cpu: the aggregate decode speed of S streams decoding together
-in the BatchEngine (llm/batch_engine.py) against the same S streams run one after another.
+"""What continuous batching buys on a backend (the model's own, or --backend opencl, vulkan ...):
+the aggregate decode speed of S streams decoding together in the BatchEngine
+(llm/batch_engine.py) against the same S streams run one after another.
 
 Each stream has its own prompt (PROMPT distinct token ids, no shared prefix) and decodes -n tokens
 (stop tokens banned, so every stream runs its whole budget). "alone": the streams one after
@@ -10,6 +11,7 @@ steps are timed: decode tok/s = tokens emitted / time. A warm-up of each shape r
 (the mean of each is printed), so the machine's drift hits both alike.
 
     python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low]
+                                [--backend opencl]
 """
 from __future__ import annotations
 
@@ -61,18 +63,21 @@ def main() -> None:
     parser.add_argument("-t", type=int, default=2, help="thread_num")
     parser.add_argument("--rounds", type=int, default=2, help="alone and together alternate this many times")
     parser.add_argument("--memory", default=None, help="the config's memory mode (default: the model's own)")
+    parser.add_argument("--backend", default=None, help="backend_type (default: the model's own; opencl, vulkan ...)")
     args = parser.parse_args()
     llm = mnnllm_core.create(args.config)
     settings = {"sampler_type": "greedy", "thread_num": args.t}
     if args.memory:
         settings["memory"] = args.memory
+    if args.backend:
+        settings["backend_type"] = args.backend
     llm.set_config(settings)
     llm.load()
     sampler = llm.make_sampler({"sampler_type": "greedy", "banned_tokens": sorted(llm.tokenizer.stop_ids)})
     counts = [int(c) for c in args.streams.split(",")]
     vocab = llm.tokenizer.vocab_size
     print(f"| streams | alone tok/s | together tok/s | speed-up |  ({Path(args.config).parent.name}, "
-          f"memory {llm.config.memory}, -n {args.n}, {args.t} threads)")
+          f"{llm.runtime_manager.config.backend_type}, memory {llm.config.memory}, -n {args.n}, {args.t} threads)")
     print("|---|---|---|---|")
     for count in counts:
         streams = prompts(count, vocab)
