@@ -1,5 +1,6 @@
-"""What continuous batching buys on the cpu: the aggregate decode speed of S streams decoding together
-in the BatchEngine (llm/batch_engine.py) against the same S streams run one after another.
+"""What continuous batching buys on a backend (the model's own, or --backend opencl, vulkan ...):
+the aggregate decode speed of S streams decoding together in the BatchEngine
+(llm/batch_engine.py) against the same S streams run one after another.
 
 Each stream has its own prompt (PROMPT distinct token ids, no shared prefix) and decodes -n tokens
 (stop tokens banned, so every stream runs its whole budget). "alone": the streams one after
@@ -9,7 +10,8 @@ steps are timed: decode tok/s = tokens emitted / time. A warm-up of each shape r
 (the first steps of a shape resize and record its replay). The two alternate for --rounds rounds
 (the mean of each is printed), so the machine's drift hits both alike.
 
-    python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low] [--hint KEY=JSON]
+    python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low]
+                                [--backend opencl] [--hint KEY=JSON]
 """
 from __future__ import annotations
 
@@ -64,19 +66,22 @@ def main() -> None:
     parser.add_argument("--memory", default=None, help="the config's memory mode (default: the model's own)")
     parser.add_argument("--hint", action="append", default=[], metavar="KEY=JSON",
                         help="a runtime hint, e.g. cpu_int8_activations=true (repeatable)")
+    parser.add_argument("--backend", default=None, help="backend_type (default: the model's own; opencl, vulkan ...)")
     args = parser.parse_args()
     llm = mnnllm_core.create(args.config)
     hints = dict((k, json.loads(v)) for k, v in (h.split("=", 1) for h in args.hint))
     settings = {"sampler_type": "greedy", "thread_num": args.t, "backend_hints": hints}
     if args.memory:
         settings["memory"] = args.memory
+    if args.backend:
+        settings["backend_type"] = args.backend
     llm.set_config(settings)
     llm.load()
     sampler = llm.make_sampler({"sampler_type": "greedy", "banned_tokens": sorted(llm.tokenizer.stop_ids)})
     counts = [int(c) for c in args.streams.split(",")]
     vocab = llm.tokenizer.vocab_size
     print(f"| streams | alone tok/s | together tok/s | speed-up |  ({Path(args.config).parent.name}, "
-          f"memory {llm.config.memory}, -n {args.n}, {args.t} threads)")
+          f"{llm.runtime_manager.config.backend_type}, memory {llm.config.memory}, -n {args.n}, {args.t} threads)")
     print("|---|---|---|---|")
     for count in counts:
         streams = prompts(count, vocab)

@@ -33,7 +33,10 @@ into the dataclasses below (ConvolutionParams for "Convolution", RasterParam for
 Shared machinery: `KVCache` (one Attention layer's cache bookkeeping; `DeviceKVCache` for a
 device cache of token-major rows), KV slots (`kv_meta.batch`, a `BatchMeta` of `SlotRows`: a step
 carrying several sequences' rows; an Attention that honours it sets `slot_aware = True` and keeps
-each slot's cache in `SlotCaches`, running a slot's rows under `slot_meta`), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
+each slot's cache in `SlotCaches`, running a slot's rows under `slot_meta`; `group_rows`: a group's
+rows as a tensor of their own, for a device kernel written for one sequence; `slot_aware_creator`:
+a one-sequence Attention creator made slot-aware; `SlotTwins`: a device Attention's per-slot twins
+of its one-sequence Execution over scratch buffers), `runtime.weight_cache` (a `WeightCache`, with `use_mmap`:
 the weights a backend packs at load, written once and memory-mapped by later loads),
 `file_backed_zeros` (arrays paged to a file, for `kvcache_mmap`), `TuningCache` (kernel variants
 timed once per device on the real shapes and kept in a file, MNN's mnn_cachefile.bin; the
@@ -66,7 +69,7 @@ from .core.kv_cache import DeviceKVCache, KVCache
 from .core.kv_format import (AttentionMode, KVFormat, dequantize_int8_rows, kv_format, quantize_int8_rows,
                              report_ignored)
 from .core.kv_meta import KVMeta
-from .core.kv_slots import BatchMeta, SlotCaches, SlotRows, slot_meta
+from .core.kv_slots import BatchMeta, SlotCaches, SlotRows, SlotTwins, group_rows, slot_aware_creator, slot_meta
 from .core.norm_tables import (HeadNormTables, NormLaunch, NormTables, check_norm_lengths, head_norm_tables,
                                layernorm_launch, norm_tables)
 from .core.op import Op
@@ -103,7 +106,7 @@ __all__ = [
     "KVMeta", "KVCache", "DeviceKVCache", "AttentionMode", "KVFormat", "kv_format", "report_ignored",
     "quantize_int8_rows", "dequantize_int8_rows", "WeightCache", "file_backed_zeros",
     # KV slots: a step of several sequences' rows (continuous batching)
-    "BatchMeta", "SlotRows", "SlotCaches", "slot_meta",
+    "BatchMeta", "SlotRows", "SlotCaches", "slot_meta", "group_rows", "slot_aware_creator", "SlotTwins",
     # kernel variants tuned once per device (gpu_tuning); compiled code kept per device; long steps said
     "TuningCache", "TUNING_HINT", "DeviceCache", "announce",
     # shared machinery

@@ -126,3 +126,23 @@ def test_one_stream_runs_in_the_llm_own_slot_as_the_one_sequence_step(llm, alone
     assert sequence.slot.index == 0 and sequence.tokens == alone[2]
     assert not any(batched for _, _, batched in engine._clones)  # no batch table: the Llm's own step
     assert llm.conversation.history[:len(PROMPTS[2])] == PROMPTS[2]  # the slot is the Llm's conversation
+
+
+def test_the_engine_reaches_the_llm_only_through_the_public_batch_host_protocol() -> None:
+    import ast
+    import inspect
+
+    from mnnllm_core.llm import batch_engine
+    from mnnllm_core.llm.batch_host import BatchHost
+    from mnnllm_core.llm.llm import Llm
+
+    def names_the_llm(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "llm") or (
+            isinstance(node, ast.Attribute) and node.attr == "llm" and isinstance(node.value, ast.Name)
+            and node.value.id == "self")
+
+    used = {node.attr for node in ast.walk(ast.parse(inspect.getsource(batch_engine)))
+            if isinstance(node, ast.Attribute) and names_the_llm(node.value)}
+    protocol = set(BatchHost.__annotations__) | {n for n in vars(BatchHost) if not n.startswith("_")}
+    assert used and used <= protocol, used - protocol
+    assert all(hasattr(Llm, n) for n in protocol if n not in BatchHost.__annotations__)

@@ -1,14 +1,14 @@
 """The opencl kernels for a CPU device (linear_cpu.cl, gemv_cpu.cl, attention_tiled), against float64
 numpy on every shape and format they take: q4 (blocks 32, 64, 128, 256, a whole row; one token
 on gemv_cpu.cl, alone, two layers paired into one launch, and gate, up and their MUL_SILU as one
-launch), q8 (blocks
+launch; 2 to 15 tokens on its per-token gemv_q4_tokens), q8 (blocks
 a multiple of 16, the value map's offset 128), fp32 and fp16 weights, with and without bias,
 fused activations, output rows and tokens that are not multiples of the tiles, several token
 groups, fp16 activation storage; attention over several key chunks, a query tile cut short,
 head dims 64 and 12, a second prefill on the cache, a float mask. Each case also checks that the
 kernel it meant to test ran (the shapes the CPU kernels cannot take, a q4 block whose slice
-outgrows the device's local memory, and linear layers of 2 to 15 tokens and one-token q8 stay on
-linear.cl), and the
+outgrows the device's local memory, and q8 layers of fewer than 16 tokens stay on linear.cl),
+and the
 hint "opencl_cpu_kernels" switches them off. Tolerances, relative to the largest expected
 magnitude: 2e-5 for linear layers and 1e-5 for attention in fp32 storage, FP16_TOL (4e-3) in
 fp16 storage.
@@ -84,7 +84,10 @@ LINEAR_CASES = [
     linear_case("fp16 weights oc 64 ic 576 tokens 16", "linear_cpu_f", 16, 64, 576, "f16"),
     linear_case("q8 block 8 stays on linear.cl", "linear_q8", 37, 37, 40, "q", bits=8, block=8),
     linear_case("fp32 weights ic 17 stay on linear.cl", "linear_f", 37, 9, 17, "f32"),
-    linear_case("15 tokens stay on linear.cl", "linear_q4", 15, 37, 576, "q", bias=True),
+    linear_case("q4 15 tokens bias on gemv_q4_tokens", "gemv_q4_tokens", 15, 37, 576, "q", bias=True),
+    linear_case("q4 2 tokens block 32 oc 200 relu on gemv_q4_tokens", "gemv_q4_tokens", 2, 200, 96, "q", block=32,
+                act=RELU),
+    linear_case("q8 3 tokens stay on linear.cl", "linear_q8", 3, 37, 576, "q", bits=8),
     linear_case("one token q4 block 64 oc 37 bias (a group past oc)", "gemv_q4", 1, 37, 576, "q", bias=True),
     linear_case("one token q4 block 32 oc 200 relu", "gemv_q4", 1, 200, 96, "q", block=32, act=RELU),
     linear_case("one token q4 block 128 oc 64 ic 1536", "gemv_q4", 1, 64, 1536, "q", block=128),

@@ -16,15 +16,18 @@ batch says so with `slot_aware = True`; `slot_refusal` is why a module cannot ru
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
-from ..errors import KVStateError
+from ..errors import KVStateError, UnsupportedError
+from .backend import Refused
 from .kv_cache import KVCache
 from .kv_meta import KVMeta
+from .op_params import attention_mask
+from .tensor import Tensor
 
 if TYPE_CHECKING:
-    from .backend import Backend
+    from .backend import Backend, Execution
 
 
 @dataclass
@@ -76,6 +79,16 @@ class SlotCaches:
         return cache
 
 
+def group_rows(tensor: Tensor, seq: int, count: int, storage: object) -> Tensor:
+    """`count` of the `seq` rows of a step's [seq, ...] (or [1, seq, ...]) tensor, as a tensor of its
+    own on `storage`: what a device Attention hands its one-sequence kernels for one slot's group
+    (the rows copied there, or a view where the device allows one)."""
+    shape = list(tensor.shape)
+    axis = next(i for i, n in enumerate(shape) if n == seq and all(m == 1 for m in shape[:i]))
+    shape[axis] = count
+    return replace(tensor, shape=tuple(shape), storage=storage, host=None)
+
+
 @contextmanager
 def slot_meta(backend: "Backend", meta: KVMeta) -> Iterator[None]:
     """Within the block `backend.kv_meta` is `meta` (one slot's), so a single-sequence
@@ -90,6 +103,62 @@ def slot_meta(backend: "Backend", meta: KVMeta) -> Iterator[None]:
             backend.own_kv_meta = before
         else:
             del backend.own_kv_meta
+
+
+class SlotTwins:
+    """What a device Attention adds to run a batch of slots with its one-sequence kernels,
+    written once: a mixin over that Execution (`backend`, `params`, `cache`), which names its
+    one-sequence class `one_sequence`. `init_slots` keeps the slots' caches; `resize_batch`
+    checks a batched resize (a KV cache, the scalar mask) and allocates scratch buffers of the
+    step's q, k, v and output rows; `twin(slot, rows)` is the slot's one-sequence Execution over
+    its cache, resized for `rows` rows at the head of the scratch (one per (slot, rows), kept
+    until the next resize, so nothing an enqueued command uses is freed inside a step). The
+    backend copies each group's rows in, runs the twin under `slot_meta`, copies its rows out."""
+
+    slot_aware = True
+    one_sequence: type
+
+    def init_slots(self, slots: SlotCaches | None) -> None:
+        self.slots = slots if slots is not None else SlotCaches(self.cache, self._fresh_cache)
+        self.twins: dict[tuple[int, int], tuple] = {}  # (slot, rows) -> (twin, its inputs, its outputs)
+        self.scratch: list | None = None  # q, k, v, output storage of the step's rows
+        self.layout: tuple | None = None  # (seq, heads, kv_heads, dim) of a batched resize; None: one sequence
+        self.step_tensors: tuple = ()  # the step's inputs and outputs at the batched resize
+
+    def _fresh_cache(self) -> KVCache:
+        return self.one_sequence(self.backend, self.params).cache
+
+    def resize_batch(self, inputs: Sequence[Tensor], outputs: Sequence[Tensor], shape: tuple) -> None:
+        if not self.params.kv_cache:
+            raise UnsupportedError("a batch of KV slots needs an Attention with a KV cache", field="batch")
+        if attention_mask(inputs[3] if len(inputs) > 3 else None, shape[0]).kind != "causal":
+            raise UnsupportedError("a batch of KV slots takes the scalar (causal) attention mask; each row's own "
+                                   "mask would need a plane per slot", field="attention_mask")
+        self.layout, self.step_tensors, self.twins = shape, (list(inputs), list(outputs)), {}
+        self.scratch = [self.backend.alloc(t) for t in (*inputs[:3], outputs[0])]
+
+    def twin(self, slot: int, count: int) -> tuple:
+        """(the twin, its inputs, its outputs) of `count` rows of `slot`."""
+        cache = self.slots.get(slot)
+        found = self.twins.get((slot, count))
+        if found is None or found[0].cache is not cache:
+            (inputs, outputs), seq = self.step_tensors, self.layout[0]
+            sub_inputs = [group_rows(t, seq, count, buffer) for t, buffer in zip(inputs[:3], self.scratch)]
+            sub_inputs += inputs[3:]
+            sub_outputs = [group_rows(outputs[0], seq, count, self.scratch[3])]
+            twin = self.one_sequence(self.backend, self.params, cache)
+            twin.on_resize(sub_inputs, sub_outputs)
+            found = self.twins[(slot, count)] = (twin, sub_inputs, sub_outputs)
+        return found
+
+
+def slot_aware_creator(create: Callable[..., Any], execution: Callable[..., "Execution"]) -> Callable[..., Any]:
+    """An Attention creator: `create`'s one-sequence Execution (or its Refused, or None), made
+    slot-aware as `execution(backend, op.param, cache)` over the cache the one-sequence one made."""
+    def creator(backend, inputs, outputs, op):
+        made = create(backend, inputs, outputs, op)
+        return made if made is None or isinstance(made, Refused) else execution(backend, op.param, made.cache)
+    return creator
 
 
 def stateful_executions(executions: Sequence[object]) -> list[object]:

@@ -15,6 +15,7 @@ B rows instead of one (float32 rounding; greedy tokens equal on the reference pr
 tests/test_batch_engine.py). The engine runs AR generation only (no speculative drafts), on models
 whose attention mask is MNN's scalar float mask with "full" attention; the backend's Attention
 must be slot-aware (else UnsupportedError saying why: the caller runs requests one at a time).
+The engine uses only the Llm's public `BatchHost` protocol (batch_host.py).
 Steps of a new shape run the per-op loop once (and resize); a shape seen again replays.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from ..core.kv_meta import KVMeta
 from ..core.kv_slots import BatchMeta, SlotRows, slot_refusal
 from ..core.op_params import AttentionParams
 from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedError
+from .attention_mask import step_mask
 from .batch_plan import StepPlan, plan_step
 from .context import LlmContext
 from .conversation import Conversation
@@ -38,7 +40,7 @@ from .kv_reuse import reuse_enabled
 
 if TYPE_CHECKING:
     from ..express.module import NetModule
-    from .llm import Llm
+    from .batch_host import BatchHost
     from .sampler import Sampler
 
 TOKEN_BUDGET = 64  # rows a step runs at most: decode rows first, prompt chunks in what is left
@@ -100,7 +102,7 @@ class BatchEngine:
     one-sequence step (no batch table; a decode step replays as one compiled program), so one
     stream through the engine runs as fast as alone."""
 
-    def __init__(self, llm: "Llm", slots: int = 4, token_budget: int = TOKEN_BUDGET):
+    def __init__(self, llm: "BatchHost", slots: int = 4, token_budget: int = TOKEN_BUDGET):
         if llm.module is None:
             raise MnnllmError("the Llm is not loaded: call load() first", field="llm")
         if not isinstance(slots, int) or slots < 1:
@@ -112,6 +114,8 @@ class BatchEngine:
         if refusal is not None:
             raise UnsupportedError(f"continuous batching: {refusal}", field="parallel")
         self.llm = llm
+        cfg = llm.config
+        self.mask = step_mask(cfg.attention_mask, cfg.attention_type, cfg.sliding_window, 0, 1)  # the scalar one
         self.token_budget = token_budget
         self.slots = [Slot(0, llm.conversation)] + [Slot(i) for i in range(1, slots)]
         self.waiting: deque[BatchSequence] = deque()
@@ -135,7 +139,7 @@ class BatchEngine:
             raise ContextLengthError(f"the prompt has {len(prompt)} tokens; max_all_tokens is {limit}, which leaves "
                                      "no room for a reply", file=llm.config.origin("max_all_tokens"),
                                      field="max_all_tokens")
-        budget = llm._budget(max_new_tokens)
+        budget = llm.reply_budget(max_new_tokens)
         sequence = BatchSequence(next(self._ids), prompt, budget, sampler or llm.make_sampler({}))
         with self._lock:
             self.waiting.append(sequence)
@@ -167,7 +171,7 @@ class BatchEngine:
                          [(s, s.pending) for s in self.running if s.state == PREFILL], self.token_budget)
         if plan is None:
             return []
-        with self.llm._exclusive("a batch step"):
+        with self.llm.exclusive("a batch step"):
             logits = self._forward(plan)
         emitted = []
         for part in plan.parts:
@@ -241,9 +245,8 @@ class BatchEngine:
         position_ids = np.concatenate(positions).reshape(1, -1)
         if llm.config.is_mrope:
             position_ids = np.repeat(position_ids, 3, axis=0)
-        feeds = {"input_ids": llm._input_embeddings(ids), "attention_mask": llm._decode_mask,
-                 "position_ids": position_ids, "logits_index": np.array([plan.logits_from], np.int32),
-                 **llm._extra_feeds(ids)}
+        feeds = {**llm.token_inputs(ids), "attention_mask": self.mask, "position_ids": position_ids,
+                 "logits_index": np.array([plan.logits_from], np.int32)}
         alone = len(groups) == 1 and groups[0].slot == 0  # the Llm's own one-sequence step
         key = (plan.rows, plan.logits_from, not alone)
         meta = llm.runtime_manager.kv_meta
@@ -268,7 +271,7 @@ class BatchEngine:
         return module
 
 
-def batch_refusal(llm: "Llm") -> str | None:
+def batch_refusal(llm: "BatchHost") -> str | None:
     """Why this loaded Llm cannot run batches of sequences, or None."""
     from .omni import Omni
     from .text_embedding import Embedding
@@ -282,7 +285,7 @@ def batch_refusal(llm: "Llm") -> str | None:
     return slot_refusal(executions)
 
 
-def kv_bytes_per_token(llm: "Llm") -> int:
+def kv_bytes_per_token(llm: "BatchHost") -> int:
     """fp32 bytes of one token's keys and values over every Attention layer (an upper bound where
     the backend stores the KV cache narrower)."""
     total = 0

@@ -177,8 +177,10 @@ class Llm(PymnnMethods):
         return self.runtime_manager.kv_meta
 
     @contextmanager
-    def _exclusive(self, what: str):
-        """Change the conversation alone: another thread inside a step makes this call an error."""
+    def exclusive(self, what: str) -> Iterator[None]:
+        """Hold the Llm while a step changes the conversation or the KV cache (`what` names the
+        step in the error): another thread inside a step makes this call a ConcurrentUseError,
+        and a live stream of this Llm is superseded. Part of the `BatchHost` protocol."""
         if not self._busy.acquire(blocking=False):
             raise ConcurrentUseError(f"{what} while another thread is running this Llm: an Llm serves one "
                                      f"caller at a time (use one Llm per thread, or serialize the calls)")
@@ -243,6 +245,12 @@ class Llm(PymnnMethods):
         """The values of _extra_input_names for a step running `ids` (after _input_embeddings)."""
         return {PLE_INPUT: self.per_layer.rows(ids)} if self.per_layer is not None else {}
 
+    def token_inputs(self, ids: list[int]) -> dict[str, np.ndarray]:
+        """The graph inputs a step's tokens decide, in row order: `input_ids` (their embedding rows)
+        and the extra inputs (Gemma 4's ple_embeddings); the caller adds the mask, position ids and
+        logits index. Part of the `BatchHost` protocol."""
+        return {"input_ids": self._input_embeddings(ids), **self._extra_feeds(ids)}
+
     def _commit(self, ids: list[int]) -> None:
         """Tokens that ran through the model join the history (the KV cache holds them now)."""
         self.conversation.commit(ids)
@@ -264,7 +272,7 @@ class Llm(PymnnMethods):
         if parents is not None and len(parents) != len(ids):
             raise MnnllmError(f"forward got {len(parents)} parents for {len(ids)} tokens", field="parents")
         all_logits = self.config.all_logits if all_logits is None else all_logits
-        with self._exclusive("forward"):
+        with self.exclusive("forward"):
             return self._forward(ids, bool(all_logits), parents)
 
     def _forward(self, ids: list[int], all_logits: bool, parents: list[int] | None = None) -> np.ndarray:
@@ -283,8 +291,8 @@ class Llm(PymnnMethods):
         else:
             mask = self._decode_mask if prepared else self._attention_mask(seq)
             positions = self._position_ids(seq)
-        feeds = {"input_ids": self._input_embeddings(ids), "attention_mask": mask, "position_ids": positions,
-                 "logits_index": self._logits_index[bool(all_logits)], **self._extra_feeds(ids)}
+        feeds = {**self.token_inputs(ids), "attention_mask": mask, "position_ids": positions,
+                 "logits_index": self._logits_index[bool(all_logits)]}
         conversation = self.conversation
         conversation.start_step(seq)
         try:
@@ -318,7 +326,10 @@ class Llm(PymnnMethods):
         self.hidden_states = np.array(hidden, np.float32).reshape(-1, width)
 
     # -- generation --------------------------------------------------------------------
-    def _budget(self, max_new_tokens: int | None) -> int:
+    def reply_budget(self, max_new_tokens: int | None) -> int:
+        """The new tokens a reply may have: `max_new_tokens`, or the config's when None; a
+        ConfigError naming the field (and the config file) when it is not an integer >= 1.
+        Part of the `BatchHost` protocol."""
         budget = self.config.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
             raise ConfigError(f"max_new_tokens must be an integer >= 1, got {shorten(repr(budget), 40)}",
@@ -342,7 +353,7 @@ class Llm(PymnnMethods):
 
     def _start(self, prompt_ids: list[int]) -> list[int]:
         """Reuse the KV cache for the longest common prefix of the history; return what is new."""
-        with self._exclusive("starting a generation"):
+        with self.exclusive("starting a generation"):
             return self._cut_to_prefix(prompt_ids)
 
     def _cut_to_prefix(self, prompt_ids: list[int]) -> list[int]:
@@ -387,7 +398,7 @@ class Llm(PymnnMethods):
     def generate(self, input_ids: Sequence[int], max_new_tokens: int | None = None,
                  sampler: Sampler | None = None) -> list[int]:
         """Greedy/sampled continuation of `input_ids` (a whole prompt); the new token ids."""
-        self._budget(max_new_tokens)
+        self.reply_budget(max_new_tokens)
         input_ids = arguments.token_ids(input_ids, "input_ids")
         sampler = arguments.instance(sampler, (Sampler, GuidedSampler), "sampler")
         arguments.require_loaded(self, "generate")
@@ -399,7 +410,7 @@ class Llm(PymnnMethods):
         the engine consistent: the history holds exactly the tokens the KV cache holds. Resumed
         after another call changed the conversation (a second stream, reset, forward), it raises
         ConcurrentUseError instead of continuing from someone else's cache."""
-        budget = self._budget(max_new_tokens)
+        budget = self.reply_budget(max_new_tokens)
         input_ids = arguments.token_ids(input_ids, "input_ids")
         sampler = arguments.instance(sampler, (Sampler, GuidedSampler), "sampler")
         arguments.require_loaded(self, "stream_ids")
@@ -439,7 +450,7 @@ class Llm(PymnnMethods):
         """
         prompt = arguments.messages(prompt, "prompt")
         stream = arguments.flag(stream, "stream")
-        self._budget(max_new_tokens)
+        self.reply_budget(max_new_tokens)
         constraint, logits_processor, logprobs = check_guidance(constraint, logits_processor, logprobs)
         arguments.require_loaded(self, "response")
         sampler = None
@@ -455,7 +466,7 @@ class Llm(PymnnMethods):
         (Ctrl-C, or the consumer closing the iterator), the status is STOPPED and the history
         holds the prompt and every token that ran through the model, the KV cache agreeing with it."""
         ids = arguments.token_ids(ids, "ids")
-        self._budget(max_new_tokens)
+        self.reply_budget(max_new_tokens)
         sampler = arguments.instance(sampler, (Sampler, GuidedSampler), "sampler")
         arguments.require_loaded(self, "stream_text")
         decoder = self.tokenizer.stream()
@@ -476,7 +487,7 @@ class Llm(PymnnMethods):
     def reset(self) -> None:
         """Forget the conversation: the KV cache is emptied on the next forward (the history is
         the truth; forward cuts the cache back to it). A live stream is superseded."""
-        with self._exclusive("reset"):
+        with self.exclusive("reset"):
             self._forget()
 
     def _forget(self) -> None:

@@ -83,7 +83,7 @@ class PymnnMethods:
         `end` stay where they are in the KV cache, as MNN's eraseHistory keeps them."""
         begin, end = _index(begin, "begin"), _index(end, "end")
         arguments.require_loaded(self, "erase_history")
-        with self._exclusive("erase_history"):
+        with self.exclusive("erase_history"):
             held = len(self.conversation)
             end = end or held
             if end > held or begin >= end:

@@ -98,7 +98,7 @@ class Embedding(Llm):
             raise MnnllmError("an embedding needs at least one token", field="input_ids")
         if len(ids) > self.config.max_all_tokens:
             raise self._too_long(f"{len(ids)} tokens exceed the model's {self.config.max_all_tokens} positions")
-        with self._exclusive("an embedding"):
+        with self.exclusive("an embedding"):
             start = time.perf_counter()
             seq = len(ids)
             feeds = {"input_ids": self.embedding.embedding(ids), "attention_mask": self._attention_mask(seq),

@@ -61,6 +61,19 @@ __kernel void gemv_q4(__global const store_t *x, __global const uchar *w, __glob
         q4_out(y, bias, has_bias, act, o, q4_row(xl, w, sz, ic, block, o));
 }
 
+/* A few tokens (a batch's decode rows, one per KV slot; a short prompt chunk): gemv_q4 for each,
+ * dimension 1 of the NDRange naming the token (local size (GEMV_GROUP, 1), so a group stages one
+ * token's x). Each token's values equal gemv_q4's on that token alone, bit for bit. */
+__kernel void gemv_q4_tokens(__global const store_t *x, __global const uchar *w, __global const float2 *sz,
+                             __global const float *bias, __global store_t *y, int ic, int oc, int block,
+                             int has_bias, int act, __local float *xl) {
+    const int t = get_global_id(1);
+    stage_x(x + (size_t)t * ic, xl, ic, block);
+    const int o = get_global_id(0);
+    if (o < oc)
+        q4_out(y + (size_t)t * oc, bias, has_bias, act, o, q4_row(xl, w, sz, ic, block, o));
+}
+
 /* Two layers that read the same x (q and k, gate and up) in one launch: work-items [0, oc0) take
  * layer 0's rows, [oc0, oc0 + oc1) layer 1's (OpenCLReplay pairs them); the same q4_row, so the
  * values equal the two launches' bit for bit. */

@@ -40,7 +40,8 @@ CPU_ROWS = 16  # linear_cpu.cl: output rows per work-group (a multiple of 8)
 CPU_TOKENS = 6  # linear_cpu.cl: tokens per work-item (6 x 2 float8 accumulators fit AVX2's 16 registers)
 CPU_GROUP = 64  # linear_cpu.cl: most work-items per work-group
 CPU_SLICE = 128  # linear_cpu.cl: ic per dequantized slice (rounded up to a multiple of the q4 block)
-CPU_MIN_ROWS = 16  # fewer tokens than this: dequantizing a slice per group costs more than it saves (pocl)
+CPU_MIN_ROWS = 16  # fewer tokens than this: dequantizing a slice per group costs more than it saves (pocl);
+# 2 to 15 q4 tokens run gemv_cpu.cl per token (linear.cl's tiles measured ~8x slower at 2 rows)
 GEMV_GROUP = 64  # gemv_cpu.cl: rows per work-group (pocl's own choice of group sometimes left a core idle)
 
 
@@ -124,6 +125,10 @@ class LinearExecution(ProgramExecution):
             self.program = self.bind_gemv(inputs, outputs)
             self.gemv = (inputs[0].storage, outputs[0].storage)
             return
+        if 1 < rows < CPU_MIN_ROWS and p.format == "q4" and cpu_kernels(backend) and \
+                gemv_stage(p).size <= backend.runtime.device.device.local_mem_size:
+            self.program = self.bind_gemv_tokens(inputs, outputs, rows)
+            return
         tile = 1 if rows == 1 else PREFILL_TILE
 
         def bind(split: int):
@@ -149,6 +154,16 @@ class LinearExecution(ProgramExecution):
         p = self.packed
         return self.backend.program("gemv_cpu.cl", "gemv_q4").bind(
             *gemv_sizes(p.oc),
+            inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
+            *(np.int32(v) for v in (p.ic, p.oc, p.block, p.has_bias, self.act)), gemv_stage(p))
+
+    def bind_gemv_tokens(self, inputs, outputs, rows: int):
+        """gemv_cpu.cl's gemv_q4_tokens: gemv_q4 for each of a few tokens (a batch's decode rows
+        are then each what the token's decode step alone gives)."""
+        p = self.packed
+        (items,), (group,) = gemv_sizes(p.oc)
+        return self.backend.program("gemv_cpu.cl", "gemv_q4_tokens").bind(
+            (items, rows), (group, 1),
             inputs[0].storage, p.weight, p.scales, p.bias, outputs[0].storage,
             *(np.int32(v) for v in (p.ic, p.oc, p.block, p.has_bias, self.act)), gemv_stage(p))
 

@@ -32,6 +32,9 @@ Q4_TILE = 8  # tokens per invocation in linear_q4_tile.comp (prefill: a tiled GE
 DECODE_Q4 = {"texel": ("linear_q4_texel", 16 * 8), "group": ("linear_q4_group", 8), "lanes": ("linear_q4", 64)}
 PAIRED_TEXEL = "linear_q4_texel2"  # two texel layers on one input in one dispatch (VulkanReplay pairs them)
 PREFILL_Q4 = {"texel": ("linear_q4_texel_tile", 8 * 8, 4)}
+# fewer texel tokens than the prefill tile (a batch's few decode rows): the decode shader, one
+# work-group row per token (2 rows on lavapipe: ~130 against ~165 ms a forward of the shared model)
+FEW_TEXEL_TOKENS = 4
 PREFILL_WORDS = ("linear_q4_tile", 64, Q4_TILE)
 
 
@@ -63,7 +66,7 @@ class PackedLinear:
         """The shader and work-groups for `rows` tokens."""
         if self.variant == "float":
             shader, per_group, tile = "linear_f", 64, 1
-        elif rows > 1:
+        elif rows > 1 and not (self.variant == "texel" and rows < FEW_TEXEL_TOKENS):
             shader, per_group, tile = PREFILL_Q4.get(self.variant, PREFILL_WORDS)
         else:
             shader, per_group, tile = (*DECODE_Q4[self.variant], 1)

@@ -1,0 +1,62 @@
+"""Continuous batching on the device backends (their slot-aware Attention: backends/opencl/ops/
+slot_attention.py, backends/vulkan/ops/slot_attention.py): the three reference prompts run together
+in the BatchEngine give, token for token, the greedy tokens each gives alone on the same backend
+(pocl and lavapipe here: GPUs on the CPU), with prompts chunked behind decode rows; a prompt queued
+behind them takes a freed slot; `serve --parallel 3` answers three concurrent clients as each alone.
+The numbers of the op itself: the conformance suite's KV slot cases."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import mnnllm_core
+from mnnllm_core.llm.batch_engine import BatchEngine, batch_refusal
+
+from paths import CONFIG, REFERENCE
+
+TOKENS = 12
+PROMPTS = [p["prompt_ids"] for p in json.loads(REFERENCE.read_text())["prompts"]]
+
+
+@pytest.fixture(scope="module", params=["opencl", "vulkan"])
+def llm(request):
+    from mnnllm_core.plugins.manager import registry
+    ok, reason = registry().get(request.param).is_available()
+    if not ok:
+        pytest.skip(f"{request.param} unavailable: {reason}")
+    model = mnnllm_core.create(CONFIG)
+    model.set_config({"sampler_type": "greedy", "thread_num": 2, "backend_type": request.param})
+    return model.load()
+
+
+def test_the_reference_prompts_run_together_on_the_device_give_the_tokens_each_gives_alone(llm) -> None:
+    assert batch_refusal(llm) is None
+    alone = [llm.generate(p, TOKENS) for p in PROMPTS]
+    engine = BatchEngine(llm, slots=2, token_budget=16)  # 16 rows a step: prompts in chunks; one queues
+    sequences = [engine.submit(p, TOKENS) for p in PROMPTS]
+    engine.run()
+    assert [s.tokens for s in sequences] == alone
+    assert engine.idle
+
+
+def test_serve_parallel_on_the_device_answers_concurrent_clients_as_each_alone(llm) -> None:
+    import concurrent.futures
+
+    import openai
+
+    from serve_harness import LiveServer
+
+    questions = [p["prompt"] for p in json.loads(REFERENCE.read_text())["prompts"]]
+    alone = {q: llm.response([{"role": "user", "content": q}], max_new_tokens=8) for q in questions}
+    with LiveServer(llm, parallel=3, queue_size=4) as live:
+        assert live.worker.engine.slots and len(live.worker.engine.slots) == 3
+        client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+        def ask(question):
+            answer = client.chat.completions.create(model="any", messages=[{"role": "user", "content": question}],
+                                                    temperature=0, max_tokens=8)
+            return answer.choices[0].message.content
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            answers = list(pool.map(ask, questions))
+    assert answers == [alone[q] for q in questions]
