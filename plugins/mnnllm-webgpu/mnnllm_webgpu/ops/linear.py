@@ -8,9 +8,9 @@ per row summed by subgroup shuffles, or workgroup memory without subgroups; 8 to
 work-group in prefill). On a CPU adapter (lavapipe: a storage-buffer read is a loop over the
 lanes, a texel fetch a vector gather) they are textures instead (Texels, linear_q4_texel*.wgsl):
 one token 16 rows per invocation, its input a uniform block, and a decode step's layers that read
-one input (q and k; gate and up) one dispatch (fused_with, linear_q4_texel3.wgsl); several tokens
-8 rows x 4 tokens per invocation, the input copied to a texture. A layer the textures do not take
-runs linear_q4_rows.wgsl (eight rows of one token per invocation) and linear_q4_tile.wgsl (four
+one input (q and k; gate and up) one dispatch (fused_with, linear_q4_texel3.wgsl); several
+tokens 16 rows x 4 tokens per invocation, the input copied to a texture. A layer the textures do
+not take runs linear_q4_rows.wgsl (eight rows of one token per invocation) and linear_q4_tile.wgsl (four
 rows of four tokens, the input in windows of tokens bound as uniform blocks); the rest linear.wgsl."""
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from ..shaders import SUM8_SHARED, SUM8_SUBGROUP, X_TEXTURE, X_UNIFORM
 
 ROWS_PER_GROUP = 8  # output rows of a work-group in linear.wgsl (x 8 lanes)
 TEXEL_GROUP_ROWS = 128  # output rows of a work-group in linear_q4_texel.wgsl (a texture's width: a multiple)
-TEXEL_TILE_ROWS, TEXEL_TILE_TOKENS = 64, 4  # of one in linear_q4_texel_tile.wgsl
+TEXEL_TILE_ROWS, TEXEL_TILE_TOKENS = 128, 4  # of one in linear_q4_texel_tile.wgsl
 TEXEL_FUSED = 3  # decode layers on one input in one linear_q4_texel3.wgsl dispatch, at most
 PREFILL_TILE = 8  # tokens per work-group when there is more than one (decode: 1)
 

@@ -1,7 +1,8 @@
 // One 4-bit layer over several tokens (prefill) on a CPU adapter (linear_q4_texel_common.wgsl):
-// a work-group of 8 invocations computes 64 output rows of 4 tokens (from the dispatch's y
-// times 4), 8 rows x 4 tokens each, so that each fetched texel serves 4 tokens. x: the input's
-// `tokens` rows from token t0 as a texture; past the last token the last one is read again and nothing written.
+// a work-group of 8 invocations computes 128 output rows of 4 tokens (from the dispatch's y
+// times 4), 16 rows x 4 tokens each, so that each fetched texel serves 4 tokens and each input
+// 16 rows. x: the input's `tokens` rows from token t0 as a texture; past the last token the last
+// one is read again and nothing written.
 ${COMMON}
 struct Params { rows: i32, width: i32, vecs: i32, vecs_per_block: i32, blocks: i32, has_bias: i32, act: i32,
                 offset: f32, tokens: i32, t0: i32 }
@@ -35,9 +36,28 @@ fn dots(t: Words4, a: Vec32) -> vec4<f32> {
     return vec4<f32>(dot32(t.a, a), dot32(t.b, a), dot32(t.c, a), dot32(t.d, a));
 }
 
+// one token's partial sums of 16 rows (groups of 4: texels wa .. wd) plus this k's
+fn add16(s: Rows16, wa: Words4, wb: Words4, wc: Words4, wd: Words4, a: Vec32) -> Rows16 {
+    return Rows16(s.a + dots(wa, a), s.b + dots(wb, a), s.c + dots(wc, a), s.d + dots(wd, a));
+}
+
+// acc plus one block's partial sums scaled: scale * (part - offset * xs) + zero * xs
+fn scaled16(acc: Rows16, part: Rows16, sa: ScaleZero, sb: ScaleZero, sc: ScaleZero, sd: ScaleZero, xs: f32) -> Rows16 {
+    let off = p.offset * xs;
+    return Rows16(acc.a + sa.scale * (part.a - off) + sa.zero * xs, acc.b + sb.scale * (part.b - off) + sb.zero * xs,
+                  acc.c + sc.scale * (part.c - off) + sc.zero * xs, acc.d + sd.scale * (part.d - off) + sd.zero * xs);
+}
+
+fn store16(t: i32, r0: i32, v: Rows16) {
+    store(t, r0, v.a);
+    store(t, r0 + 32, v.b);
+    store(t, r0 + 64, v.c);
+    store(t, r0 + 96, v.d);
+}
+
 @compute @workgroup_size(8)
 fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
-    let first = i32(g.x) * 64;
+    let first = i32(g.x) * 128;
     let t = i32(g.y) * 4;
     let last = p.tokens - 1;
     let t1 = min(t + 1, last);
@@ -47,66 +67,48 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_id) l: ve
     let r0 = first + i32(l.x);
     let ca = columns(r0, band * p.width, p.rows);
     let cb = columns(r0 + 32, band * p.width, p.rows);
+    let cc = columns(r0 + 64, band * p.width, p.rows);
+    let cd = columns(r0 + 96, band * p.width, p.rows);
     let ky = band * p.vecs;
     let by = band * p.blocks;
-    var a0 = vec4<f32>(0.0);
-    var b0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var b1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var b2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
-    var b3 = vec4<f32>(0.0);
+    let zero = Rows16(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    var acc0 = zero;
+    var acc1 = zero;
+    var acc2 = zero;
+    var acc3 = zero;
     for (var b = 0; b < p.blocks; b++) {
-        var pa0 = vec4<f32>(0.0);
-        var pb0 = vec4<f32>(0.0);
-        var pa1 = vec4<f32>(0.0);
-        var pb1 = vec4<f32>(0.0);
-        var pa2 = vec4<f32>(0.0);
-        var pb2 = vec4<f32>(0.0);
-        var pa3 = vec4<f32>(0.0);
-        var pb3 = vec4<f32>(0.0);
+        var p0 = zero;
+        var p1 = zero;
+        var p2 = zero;
+        var p3 = zero;
         var xs = vec4<f32>(0.0);
         for (var j = 0; j < p.vecs_per_block; j++) {
             let k = b * p.vecs_per_block + j;
             let wa = texels4(ca, ky + k);
             let wb = texels4(cb, ky + k);
+            let wc = texels4(cc, ky + k);
+            let wd = texels4(cd, ky + k);
             let x0 = inputs(t, p.vecs, k);
             let x1 = inputs(t1, p.vecs, k);
             let x2 = inputs(t2, p.vecs, k);
             let x3 = inputs(t3, p.vecs, k);
             xs += vec4<f32>(total(x0), total(x1), total(x2), total(x3));
-            let y0 = placed(x0);
-            let y1 = placed(x1);
-            let y2 = placed(x2);
-            let y3 = placed(x3);
-            pa0 += dots(wa, y0);
-            pb0 += dots(wb, y0);
-            pa1 += dots(wa, y1);
-            pb1 += dots(wb, y1);
-            pa2 += dots(wa, y2);
-            pb2 += dots(wb, y2);
-            pa3 += dots(wa, y3);
-            pb3 += dots(wb, y3);
+            p0 = add16(p0, wa, wb, wc, wd, placed(x0));
+            p1 = add16(p1, wa, wb, wc, wd, placed(x1));
+            p2 = add16(p2, wa, wb, wc, wd, placed(x2));
+            p3 = add16(p3, wa, wb, wc, wd, placed(x3));
         }
         let sa = scale_zero(sz, ca, by + b);
         let sb = scale_zero(sz, cb, by + b);
-        let off = p.offset * xs;
-        a0 += sa.scale * (pa0 - off.x) + sa.zero * xs.x;
-        b0 += sb.scale * (pb0 - off.x) + sb.zero * xs.x;
-        a1 += sa.scale * (pa1 - off.y) + sa.zero * xs.y;
-        b1 += sb.scale * (pb1 - off.y) + sb.zero * xs.y;
-        a2 += sa.scale * (pa2 - off.z) + sa.zero * xs.z;
-        b2 += sb.scale * (pb2 - off.z) + sb.zero * xs.z;
-        a3 += sa.scale * (pa3 - off.w) + sa.zero * xs.w;
-        b3 += sb.scale * (pb3 - off.w) + sb.zero * xs.w;
+        let sc = scale_zero(sz, cc, by + b);
+        let sd = scale_zero(sz, cd, by + b);
+        acc0 = scaled16(acc0, p0, sa, sb, sc, sd, xs.x);
+        acc1 = scaled16(acc1, p1, sa, sb, sc, sd, xs.y);
+        acc2 = scaled16(acc2, p2, sa, sb, sc, sd, xs.z);
+        acc3 = scaled16(acc3, p3, sa, sb, sc, sd, xs.w);
     }
-    store(t, r0, a0);
-    store(t, r0 + 32, b0);
-    store(t + 1, r0, a1);
-    store(t + 1, r0 + 32, b1);
-    store(t + 2, r0, a2);
-    store(t + 2, r0 + 32, b2);
-    store(t + 3, r0, a3);
-    store(t + 3, r0 + 32, b3);
+    store16(t, r0, acc0);
+    store16(t + 1, r0, acc1);
+    store16(t + 2, r0, acc2);
+    store16(t + 3, r0, acc3);
 }
