@@ -88,11 +88,13 @@ def test_the_gpus_eight_lane_linear_kernel_passes_every_linear_case_and_a_bad_hi
 
 def test_weights_larger_than_one_binding_are_split_into_chunks_with_the_same_outputs() -> None:
     """With max_storage_buffer_binding_size lowered to 4 KiB, every linear case still passes (or
-    is refused for an activation over the limit): the 576-wide weights run as chunks of rows."""
+    is refused for an activation over the limit): the 576-wide weights run as chunks of rows (the
+    textures of the CPU adapter's 4-bit kernels off: max_texture_dimension_2d 0)."""
     from mnnllm_webgpu.device import device_spec, open_device
     from mnnllm_webgpu.ops.linear import LinearExecution
     device = open_device(device_spec(None))
     limit, device.max_binding = device.max_binding, 4096
+    texture, device.max_texture = device.max_texture, 0
     chunked = []
     original = LinearExecution.on_resize
 
@@ -104,7 +106,7 @@ def test_weights_larger_than_one_binding_are_split_into_chunks_with_the_same_out
     try:
         results = run_suite("webgpu", cases=select("Convolution"))
     finally:
-        device.max_binding, LinearExecution.on_resize = limit, original
+        device.max_binding, device.max_texture, LinearExecution.on_resize = limit, texture, original
     assert failures(results) == []
     assert max(chunked) > 1 and sum(r.status == "pass" for r in results) > 0
 

@@ -34,11 +34,12 @@ from mnnllm_core.backend_api import Execution
 
 ENV_ADAPTER = "MNNLLM_WEBGPU_ADAPTER"
 MAX_GROUPS = 65535  # a dispatch over more groups along x is folded into y
-# UNIFORM too: a decode step's linear reads its input as a uniform block (linear_q4_rows.wgsl)
+# UNIFORM too: a decode step's linear reads its input as a uniform block (linear_q4_texel.wgsl)
 STORAGE = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_SRC
            | wgpu.BufferUsage.COPY_DST)
 OPTIONAL_FEATURES = ("shader-f16", "subgroup")
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
+          "max-texture-dimension-2d",
           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
           "max-uniform-buffer-binding-size")
 
@@ -119,6 +120,7 @@ class WebGPUDevice:
         self.max_binding = int(self.device.limits["max-storage-buffer-binding-size"])
         self.max_storage_bindings = int(self.device.limits["max-storage-buffers-per-shader-stage"])
         self.max_uniform = int(self.device.limits["max-uniform-buffer-binding-size"])
+        self.max_texture = int(self.device.limits["max-texture-dimension-2d"])
         self.uniform_alignment = int(self.device.limits["min-uniform-buffer-offset-alignment"])
         self.description = describe_adapter(adapter)
         self.is_cpu = adapter.info.get("adapter_type") == "CPU"
@@ -182,18 +184,25 @@ def fold(groups: int, local: int) -> tuple[tuple[int, int, int], int]:
     return (x, y, 1), x * local
 
 
+def resource(binding) -> Any:
+    """A bind group entry's resource: a texture view as it is, a buffer whole or a (buffer,
+    offset, nbytes) window of one."""
+    if isinstance(binding, wgpu.GPUTextureView):
+        return binding
+    b, offset, size = binding if isinstance(binding, tuple) else (binding, 0, binding.size)
+    return {"buffer": b, "offset": offset, "size": size}
+
+
 class Program:
     """One kernel bound to its buffers (bindings 0..n-1, in order; a (buffer, offset, nbytes)
-    triple binds that window) and a uniform block of its parameters (binding n), dispatched over `groups`;
-    made once per resize, recorded per run."""
+    triple binds that window; a texture view binds itself) and a uniform block of its parameters
+    (binding n), dispatched over `groups`; made once per resize, recorded per run."""
 
     def __init__(self, device: WebGPUDevice, shader: str, buffers: list, params: bytes | None,
                  groups: tuple[int, int, int], defines: tuple[tuple[str, Any], ...] = ()):
         self.shader, self.groups = shader, tuple(int(g) for g in groups)
         self.pipeline = device.compiler.pipeline(shader, defines)
-        bound = [b if isinstance(b, tuple) else (b, 0, b.size) for b in buffers]
-        entries = [{"binding": i, "resource": {"buffer": b, "offset": offset, "size": size}}
-                   for i, (b, offset, size) in enumerate(bound)]
+        entries = [{"binding": i, "resource": resource(b)} for i, b in enumerate(buffers)]
         if params:
             self.uniform = device.device.create_buffer_with_data(data=params, usage=wgpu.BufferUsage.UNIFORM)
             entries.append({"binding": len(buffers), "resource": {"buffer": self.uniform, "offset": 0,
@@ -222,6 +231,21 @@ class Copy:
 
     def record(self, recorder: "Recorder") -> None:
         recorder.copy(self.dst, self.src, self.nbytes, self.dst_offset, self.src_offset)
+
+
+@dataclass(eq=False)
+class CopyToTexture:
+    """`rows` rows of a texture (a view) from a buffer at `offset`, one texel row of the texture's
+    width per `bytes_per_row` (a multiple of 256)."""
+
+    view: Any
+    src: Any
+    offset: int
+    bytes_per_row: int
+    rows: int
+
+    def record(self, recorder: "Recorder") -> None:
+        recorder.copy_to_texture(self.view, self.src, self.offset, self.bytes_per_row, self.rows)
 
 
 @dataclass(eq=False)
@@ -273,6 +297,12 @@ class Recorder:
             src, src_offset = temp, 0
         encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, nbytes)
 
+    def copy_to_texture(self, view, src, offset: int, bytes_per_row: int, rows: int) -> None:
+        texture = view.texture
+        self._end_pass().copy_buffer_to_texture(
+            {"buffer": src, "offset": offset, "bytes_per_row": bytes_per_row, "rows_per_image": rows},
+            {"texture": texture}, (texture.size[0], rows, 1))
+
     def fill_zero(self, buffer, nbytes: int) -> None:
         if nbytes > 0:
             self._end_pass().clear_buffer(buffer, 0, nbytes)
@@ -301,6 +331,19 @@ class Allocator:
         padded = np.zeros(-(-max(4, data.size) // 4) * 4, np.uint8)
         padded[:data.size] = data
         return self.device.device.create_buffer_with_data(data=padded, usage=STORAGE)
+
+    def texture(self, height: int, width: int, channels: int = 4, array: np.ndarray | None = None):
+        """A view of a 2D rgba32uint (4 channels) or rg32uint (2) texture, holding `array` (uint32
+        [height, width, channels]) when given: what kernels read by texel fetches (lavapipe gathers
+        those, a storage buffer it reads lane by lane)."""
+        texture = self.device.device.create_texture(
+            size=(width, height, 1), format={4: "rgba32uint", 2: "rg32uint"}[channels],
+            usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
+        if array is not None:
+            self.device.queue.write_texture({"texture": texture}, np.ascontiguousarray(array, np.uint32),
+                                            {"bytes_per_row": width * channels * 4, "rows_per_image": height},
+                                            (width, height, 1))
+        return texture.create_view()
 
     def copyin(self, buffer, array: np.ndarray, offset: int = 0) -> None:
         data = np.ascontiguousarray(array).reshape(-1).view(np.uint8)

@@ -5,8 +5,8 @@ module never touches a driver.
 Runtime hints (optional): "webgpu_adapter": an adapter index or a power preference (device.py);
 "webgpu_linear_lanes": invocations sharing an output row in the 4-bit linear kernels, 1 or 8
 (default: 1 on a CPU adapter such as lavapipe, which runs a work-group's invocations as SIMD
-lanes, reads storage buffers lane by lane and pays for barriers: linear_q4_rows.wgsl, eight rows
-an invocation; 8 on a GPU: linear_q4.wgsl); "webgpu_subgroups" (default: whether the adapter has
+lanes, reads storage buffers lane by lane and pays for barriers: the codes as textures,
+linear_q4_texel*.wgsl, sixteen rows an invocation; 8 on a GPU: linear_q4.wgsl); "webgpu_subgroups" (default: whether the adapter has
 the "subgroup" feature): the 8 lanes summed by subgroup shuffles, false: through workgroup memory.
 
 A run encodes every dispatch of this backend into one command encoder (the Recorder), submitted

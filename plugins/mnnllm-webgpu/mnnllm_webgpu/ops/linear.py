@@ -5,10 +5,13 @@ output rows, each within one storage binding (max_storage_buffer_binding_size); 
 is split, each chunk one dispatch writing its rows of the output. 4-bit codes of the linear map
 with ic and the block size multiples of 32 read 32 codes a load: on a GPU linear_q4.wgsl (8 lanes
 per row summed by subgroup shuffles, or workgroup memory without subgroups; 8 tokens per
-work-group in prefill), on a CPU adapter
-linear_q4_rows.wgsl (eight rows of one token per invocation; a decode step's input read as a
-uniform block), over several tokens linear_q4_tile.wgsl (four rows of four tokens per invocation,
-the input read in windows of tokens as uniform blocks); the rest run linear.wgsl."""
+work-group in prefill). On a CPU adapter (lavapipe: a storage-buffer read is a loop over the
+lanes, a texel fetch a vector gather) they are textures instead (Texels, linear_q4_texel*.wgsl):
+one token 16 rows per invocation, its input a uniform block, and a decode step's layers that read
+one input (q and k; gate and up) one dispatch (fused_with, linear_q4_texel3.wgsl); several
+tokens 16 rows x 4 tokens per invocation, the input copied to a texture. A layer the textures do
+not take runs linear_q4_rows.wgsl (eight rows of one token per invocation) and linear_q4_tile.wgsl (four
+rows of four tokens, the input in windows of tokens bound as uniform blocks); the rest linear.wgsl."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,10 +20,13 @@ import numpy as np
 
 from mnnllm_core.backend_api import ConvolutionWeights, QuantizedWeight, Refused, linear_creator
 
-from ..device import Program, StepsExecution, pack_params
-from ..shaders import SUM8_SHARED, SUM8_SUBGROUP
+from ..device import CopyToTexture, Program, StepsExecution, pack_params, wgsl
+from ..shaders import SUM8_SHARED, SUM8_SUBGROUP, X_TEXTURE, X_UNIFORM
 
 ROWS_PER_GROUP = 8  # output rows of a work-group in linear.wgsl (x 8 lanes)
+TEXEL_GROUP_ROWS = 128  # output rows of a work-group in linear_q4_texel.wgsl (a texture's width: a multiple)
+TEXEL_TILE_ROWS, TEXEL_TILE_TOKENS = 128, 4  # of one in linear_q4_texel_tile.wgsl
+TEXEL_FUSED = 3  # decode layers on one input in one linear_q4_texel3.wgsl dispatch, at most
 PREFILL_TILE = 8  # tokens per work-group when there is more than one (decode: 1)
 
 
@@ -30,6 +36,18 @@ class Chunk:
 
     row0: int
     rows: int
+    weight: object
+    scales: object
+    bias: object
+
+
+@dataclass(eq=False)
+class Texels:
+    """A 4-bit layer as textures (linear_q4_texel_common.wgsl): rows folded into bands of `width`
+    columns, texel (c, band * vecs + k) holding codes 32k .. 32k + 31 of row band * width + c,
+    (c, band * blocks + b) that row's block b (scale, zero) as f32 bits."""
+
+    width: int
     weight: object
     scales: object
     bias: object
@@ -46,10 +64,15 @@ class PackedLinear:
     block: int
     words: int  # words of one output row
     has_bias: bool
-    chunks: list[Chunk]
+    chunks: list[Chunk]  # storage buffers (none when texels hold the layer)
+    texels: Texels | None = None
 
     @property
     def nbytes(self) -> int:
+        if self.texels is not None:
+            t = self.texels
+            return (t.weight.texture.size[0] * t.weight.texture.size[1] * 16
+                    + t.scales.texture.size[0] * t.scales.texture.size[1] * 8 + t.bias.size)
         return sum(c.weight.size + c.scales.size + c.bias.size for c in self.chunks)
 
     @property
@@ -90,15 +113,49 @@ def pack_linear(backend, weights: ConvolutionWeights) -> PackedLinear | None:
         words = np.ascontiguousarray(weights.dequantize(), np.float32).view(np.uint32)
         scales = np.zeros((w.oc, 1, 2), np.float32)
     device, constant = backend.device, backend.allocator.constant
+    biases = bias if bias is not None else np.zeros(w.oc, np.float32)
+    if bits == 4 and backend.runtime.linear_lanes == 1:
+        texels = pack_texels(backend, words, scales, block, biases)
+        if texels is not None:
+            return PackedLinear(w.oc, w.ic, bits, offset, block, words.shape[1], bias is not None, [], texels)
     row_bytes = max(words.shape[1] * 4, scales.shape[1] * 8)
     per_chunk = device.max_binding // row_bytes
     if per_chunk == 0:
         return None
-    biases = bias if bias is not None else np.zeros(w.oc, np.float32)
     chunks = [Chunk(row0, min(per_chunk, w.oc - row0), constant(words[row0:row0 + per_chunk]),
                     constant(scales[row0:row0 + per_chunk]), constant(biases[row0:row0 + per_chunk]))
               for row0 in range(0, w.oc, per_chunk)]
     return PackedLinear(w.oc, w.ic, bits, offset, block, words.shape[1], bias is not None, chunks)
+
+
+def pack_texels(backend, words: np.ndarray, scales: np.ndarray, block: int, biases: np.ndarray) -> Texels | None:
+    """The layer as Texels, for a CPU adapter (lavapipe gathers texel fetches); None where the
+    texel kernels do not take it: the block not a multiple of 32, ic of 64 (a token's row of the
+    prefill's input texture: 256 bytes), a token's input larger than a uniform block (or not a
+    multiple of its offset alignment), more rows or texels than a texture holds."""
+    device = backend.device
+    oc, n_words = words.shape
+    ic, vecs, blocks = n_words * 8, n_words // 4, scales.shape[1]
+    if (block % 32 or ic % 64 or ic * 4 > device.max_uniform or ic * 4 % device.uniform_alignment
+            or ic // 4 > device.max_texture):
+        return None
+    most = device.max_texture - device.max_texture % TEXEL_GROUP_ROWS
+    width = min(-(-oc // TEXEL_GROUP_ROWS) * TEXEL_GROUP_ROWS, most)
+    bands = -(-oc // width)
+    if width == 0 or bands * max(vecs, blocks) > device.max_texture:
+        return None
+
+    def folded(rows: np.ndarray) -> np.ndarray:  # [oc, n, c] -> [bands * n, width, c]
+        padded = np.zeros((bands * width, *rows.shape[1:]), np.uint32)
+        padded[:oc] = rows
+        n, c = rows.shape[1:]
+        return padded.reshape(bands, width, n, c).transpose(0, 2, 1, 3).reshape(bands * n, width, c)
+
+    weight = folded(words.reshape(oc, vecs, 4))
+    scale_zero = folded(np.ascontiguousarray(scales, np.float32).view(np.uint32))
+    allocator = backend.allocator
+    return Texels(width, allocator.texture(*weight.shape, weight), allocator.texture(*scale_zero.shape, scale_zero),
+                  allocator.constant(biases))
 
 
 def x_declaration(tokens: int, ic: int, max_uniform: int) -> str:
@@ -125,6 +182,7 @@ class LinearExecution(StepsExecution):
         super().__init__(backend)
         self.packed, self.act = packed, act
         self.packed_bytes = packed.nbytes
+        self.io = self.fused = None
 
     def on_resize(self, inputs, outputs) -> None:
         p = self.packed
@@ -133,6 +191,12 @@ class LinearExecution(StepsExecution):
         self.steps = []
         x_bytes = inputs[0].storage.size if tokens != 1 else p.ic * 4  # a uniform block: its size exactly
         device = self.backend.device
+        self.io, self.fused = None, None  # io: (input, output) of a texel decode layer (fused_with)
+        if p.texels is not None:
+            self.steps = self._texel_steps(inputs[0].storage, tokens, outputs[0].storage)
+            if tokens == 1:
+                self.io = (inputs[0].storage, outputs[0].storage)
+            return
         if (lanes == 1 and p.fast and tokens > 1 and p.ic * 4 <= device.max_uniform
                 and p.ic * 4 % device.uniform_alignment == 0):
             self.steps = [step for chunk in p.chunks for step in self._tiles(inputs[0].storage, chunk, tokens,
@@ -177,6 +241,68 @@ class LinearExecution(StepsExecution):
                                  [(x, start * row_bytes, window * row_bytes), chunk.weight, chunk.scales, chunk.bias,
                                   y], params, groups, (("XV", window * p.ic // 4),)))
         return steps
+
+    def _texel_steps(self, x, tokens: int, y) -> list:
+        """linear_q4_texel.wgsl for one token (its input a uniform block); for several,
+        linear_q4_texel_tile.wgsl on windows of tokens copied to a texture (the whole input
+        where it fits one)."""
+        p, t, device = self.packed, self.packed.texels, self.backend.device
+        if tokens == 0:
+            return []
+        common = wgsl("linear_q4_texel_common")
+        layer = (p.oc, t.width, p.ic // 32, p.block // 32, p.ic // p.block, int(p.has_bias), self.act, float(p.offset))
+        if tokens == 1:
+            return [Program(device, "linear_q4_texel", [(x, 0, p.ic * 4), t.weight, t.scales, t.bias, y],
+                            pack_params("7if", *layer), (-(-p.oc // TEXEL_GROUP_ROWS), 1, 1),
+                            (("COMMON", common), ("X_INPUTS", X_UNIFORM), ("XV", p.ic // 4)))]
+        window = min(tokens, device.max_texture)
+        rows = self.backend.allocator.texture(window, p.ic // 4)
+        steps = []
+        for t0 in range(0, tokens, window):
+            count = min(window, tokens - t0)
+            steps += [CopyToTexture(rows, x, t0 * p.ic * 4, p.ic * 4, count),
+                      Program(device, "linear_q4_texel_tile", [rows, t.weight, t.scales, t.bias, y],
+                              pack_params("7if2i", *layer, count, t0),
+                              (-(-p.oc // TEXEL_TILE_ROWS), -(-count // TEXEL_TILE_TOKENS), 1),
+                              (("COMMON", common), ("X_INPUTS", X_TEXTURE)))]
+        return steps
+
+    def fused_with(self, following) -> tuple[int, list] | None:
+        """This decode layer and the next one or two reading the same input (q, k, v; gate, up)
+        as one linear_q4_texel3.wgsl dispatch; None where they do not fuse."""
+        if self.io is None:
+            return None
+        layers = [self]
+        for command in following[:TEXEL_FUSED - 1]:
+            other = command.execution
+            if not (isinstance(other, LinearExecution) and other.io is not None and other.io[0] is self.io[0]
+                    and (other.packed.ic, other.packed.block, other.packed.offset)
+                    == (self.packed.ic, self.packed.block, self.packed.offset)):
+                break
+            layers.append(other)
+        if len(layers) == 1:
+            return None
+        key = tuple((layer, layer.io) for layer in layers)
+        if self.fused is None or self.fused[0] != key:
+            self.fused = (key, self._fused_program(layers))
+        return len(layers) - 1, [self.fused[1]]
+
+    def _fused_program(self, layers: list) -> Program:
+        p, device = self.packed, self.backend.device
+        groups = [-(-layer.packed.oc // TEXEL_GROUP_ROWS) for layer in layers]
+        ends = np.cumsum(groups).tolist()
+        padded = layers + [layers[-1]] * (TEXEL_FUSED - len(layers))  # bound, never reached
+        buffers: list = [(self.io[0], 0, p.ic * 4)]
+        for n, layer in enumerate(padded):
+            t = layer.packed.texels
+            buffers += [t.weight, t.scales, t.bias, layer.io[1] if n < len(layers) else device.dummy]
+        column = lambda f: [f(layer) for layer in padded] + [0]  # noqa: E731
+        params = pack_params("20i3if", *column(lambda e: e.packed.oc), *column(lambda e: e.packed.texels.width),
+                             *column(lambda e: int(e.packed.has_bias)), *column(lambda e: e.act),
+                             *(ends + [ends[-1]] * (4 - len(ends))), p.ic // 32, p.block // 32, p.ic // p.block,
+                             float(p.offset))
+        return Program(device, "linear_q4_texel3", buffers, params, (ends[-1], 1, 1),
+                       (("COMMON", wgsl("linear_q4_texel_common")), ("X_INPUTS", X_UNIFORM), ("XV", p.ic // 4)))
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)
