@@ -176,7 +176,7 @@ def test_the_decode_replay_gives_the_per_op_tokens_at_depth(long_ids, memory, at
     "low" an instruction of the step's programs, and the fp32 cache's past SPLIT_FROM tokens
     split over keys (`append_decode`): the same kernels as op by op, so the same tokens."""
     from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM
-    prompt = long_ids[:SPLIT_FROM + 100]
+    prompt = (long_ids * 4)[:SPLIT_FROM + 100]
     replayed = load(memory=memory, attention_mode=attention_mode)
     per_op = load(memory=memory, attention_mode=attention_mode, backend_hints={"replay": False})
     assert replayed.generate(prompt, 12) == per_op.generate(prompt, 12)
@@ -203,7 +203,7 @@ def test_the_decode_kernel_stores_a_row_as_the_cache_does(kind):
 
 
 @pytest.mark.parametrize("length, heads, kv_heads, sinks",
-                         [(4096, 9, 3, False), (1000, 4, 2, True), (700, 8, 1, False)])
+                         [(4096, 9, 3, False), (2500, 4, 2, True), (2100, 8, 1, False)])
 def test_decode_over_the_fp32_cache_split_over_keys_matches_float64(length, heads, kv_heads, sinks):
     """The fp32 cache's decode step at depth (`decode_attend` from SPLIT_FROM cached tokens, with
     threads: spans of keys across them, merged) against float64 attention (relative 1e-5 of the

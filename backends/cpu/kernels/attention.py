@@ -22,8 +22,9 @@ from .gemm import GEMM_ROWS, gemm_block
 PANEL = 16  # columns per GEMM block; the cache capacity is a multiple of it
 ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one parallel task of a prefill
 # cached tokens from which a decode step splits its keys over the threads (`decode_attend`):
-# below, a parallel launch costs about what the split saves
-SPLIT_FROM = 512
+# below, a parallel launch costs about what the split saves (on a loaded 2-core machine the
+# split lost at 1024 tokens: 20.6 against 30.4 tok/s, and drew even at 4096)
+SPLIT_FROM = 2048
 
 
 @jit()
