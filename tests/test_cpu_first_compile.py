@@ -97,13 +97,16 @@ def test_the_replay_program_calls_kernels_the_warm_up_loaded_with_the_same_types
     """run_program calls kernels by address for fixed signatures (kernels/program.SIGNATURES):
     those of the warm-up's calls, else a replay's first recording would compile (fp32 alphas,
     which the warm-up does not load, are left to their first use, as in the per-op loop)."""
-    from mnnllm_backends.cpu.kernels import activation, attention, linear, norm, rope, set_threads, warmup
+    from mnnllm_backends.cpu.kernels import (activation, attention, decode_attention, linear, norm, rope, set_threads,
+                                             warmup)
     from mnnllm_backends.cpu.kernels.program import SIGNATURES
     set_threads(threads)
     for run, _ in warmup.PARTS.values():
         run(threads)
     kernels = {"gemv_half": linear._gemv, "norm": norm.normalize_rows, "add_norm": norm.add_normalize_rows,
-               "rope": rope.rope_qk, "mul_silu": activation.mul_silu, "attend": attention.append_attend}
+               "rope": rope.rope_qk, "mul_silu": activation.mul_silu, "attend": attention.append_attend,
+               "decode": attention.append_decode, "stored_i8": decode_attention.append_attend_stored,
+               "stored_f32": decode_attention.append_attend_stored}
     if threads > 1:
         kernels["gemv_half_parallel"] = linear._gemv_parallel
     for name, kernel in kernels.items():

@@ -169,13 +169,69 @@ def test_decode_over_stored_rows_split_over_keys_matches_float64(kind, length, h
     assert np.abs(out - want).max() <= 1e-4 * (values.max() - values.min())
 
 
-@pytest.mark.parametrize("attention_mode", [9, 10])
-def test_the_decode_replay_runs_with_quantized_kv_and_gives_the_per_op_tokens(long_ids, attention_mode):
-    """memory "low" replays a decode step (`replay.py`); an Attention over a StoredKVCache records
-    its on_execute (the bookkeeping, the append and the split decode kernel) as one step of it."""
-    replayed = load(attention_mode=attention_mode)
-    per_op = load(attention_mode=attention_mode, backend_hints={"replay": False})
-    assert replayed.generate(long_ids[:300], 12) == per_op.generate(long_ids[:300], 12)
+@pytest.mark.parametrize("memory, attention_mode", [("low", 0), ("low", 9), ("low", 10), ("normal", 10)])
+def test_the_decode_replay_gives_the_per_op_tokens_at_depth(long_ids, memory, attention_mode):
+    """A replayed decode step (`replay.py`) runs an Attention over a StoredKVCache as one bound
+    call (`append_attend_stored`: the new rows stored, then the split decode kernel), at memory
+    "low" an instruction of the step's programs, and the fp32 cache's past SPLIT_FROM tokens
+    split over keys (`append_decode`): the same kernels as op by op, so the same tokens."""
+    from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM
+    prompt = (long_ids * 4)[:SPLIT_FROM + 100]
+    replayed = load(memory=memory, attention_mode=attention_mode)
+    per_op = load(memory=memory, attention_mode=attention_mode, backend_hints={"replay": False})
+    assert replayed.generate(prompt, 12) == per_op.generate(prompt, 12)
+    replay = replayed.pool.get(1, False).static_module.session.pipeline.replay
+    if memory == "low":  # no Attention left outside the programs
+        assert replay.kernel_calls >= 30 * 12 and len(replay.calls) <= 16, (replay.kernel_calls, len(replay.calls))
+
+
+@pytest.mark.parametrize("kind", ["i8", "f32"])
+def test_the_decode_kernel_stores_a_row_as_the_cache_does(kind):
+    """`append_attend_stored` quantizes the new rows as RowStore.write does, bit for bit (its
+    replay and the per-op loop keep the same cache)."""
+    from mnnllm_backends.cpu.kernels.decode_attention import _store_rows
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(6, 3, 64)).astype(np.float32) * rng.uniform(0.01, 30, size=(6, 3, 1)).astype(np.float32)
+    x[2, 1] = -1.5  # a constant row
+    cache, ours = stored_cache(kind), stored_cache(kind)
+    cache.add(x, x)
+    ours.add(np.zeros_like(x), x)
+    codes, scale, zero, *_ = ours.stored()
+    for at in range(6):
+        _store_rows(x[at], codes, scale, zero, at)
+    assert all(np.array_equal(a, b) for a, b in zip(ours.stored()[:3], cache.stored()[:3]))
+
+
+@pytest.mark.parametrize("length, heads, kv_heads, sinks",
+                         [(4096, 9, 3, False), (2500, 4, 2, True), (2100, 8, 1, False)])
+def test_decode_over_the_fp32_cache_split_over_keys_matches_float64(length, heads, kv_heads, sinks):
+    """The fp32 cache's decode step at depth (`decode_attend` from SPLIT_FROM cached tokens, with
+    threads: spans of keys across them, merged) against float64 attention (relative 1e-5 of the
+    values' range); below SPLIT_FROM it is `attend`, bit for bit."""
+    from mnnllm_backends.cpu.kernels import set_threads
+    from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM, attend, decode_attend
+    rng = np.random.default_rng(length)
+    dim, capacity = 64, -(-length // 16) * 16 + 16
+    keys_t, values = np.zeros((kv_heads, dim, capacity), np.float32), np.zeros((kv_heads, capacity, dim), np.float32)
+    keys_t[:, :, :length] = rng.normal(size=(kv_heads, dim, length)) * 3
+    values[:, :length] = rng.normal(size=(kv_heads, length, dim))
+    q = rng.normal(size=(1, heads, dim)).astype(np.float32)
+    sink = rng.normal(size=heads).astype(np.float32) if sinks else np.zeros(0, np.float32)
+    scale, group = 1 / np.sqrt(dim), heads // kv_heads
+    keys = np.repeat(keys_t[:, :, :length].astype(np.float64), group, axis=0)
+    scores = np.einsum("hd,hdp->hp", q[0].astype(np.float64), keys) * scale
+    top = scores.max(axis=1, keepdims=True) if not sinks else np.maximum(scores.max(1, keepdims=True), sink[:, None])
+    weights = np.exp(scores - top)
+    denominator = weights.sum(axis=1, keepdims=True) + (np.exp(sink[:, None] - top) if sinks else 0)
+    want = np.einsum("hp,hpd->hd", weights / denominator, np.repeat(values[:, :length].astype(np.float64), group, 0))
+    set_threads(2)
+    out = np.empty_like(q)
+    decode_attend(q, keys_t, values, length - 1, np.float32(scale), sink, out, 2)
+    assert np.abs(out[0] - want).max() <= 1e-5 * (values.max() - values.min())
+    short, single = np.empty_like(q), np.empty_like(q)
+    decode_attend(q, keys_t, values, SPLIT_FROM - 2, np.float32(scale), sink, short, 2)
+    attend(q, keys_t, values, SPLIT_FROM - 2, np.float32(scale), sink, single)
+    np.testing.assert_array_equal(short, single)
 
 
 def test_a_backend_not_honouring_attention_mode_reports_a_set_one_as_ignored(caplog):

@@ -16,8 +16,9 @@ import numpy as np
 
 from .kernels import program as kernels
 from .kernels.activation import mul_silu
-from .kernels.attention import append_attend
 from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel
+from .kernels.attention import append_attend, append_decode
+from .kernels.decode_attention import append_attend_stored
 from .kernels.linear import _few_gemv, _few_gemv_parallel, _gemv, _gemv_parallel
 from .kernels.norm import add_normalize_rows, normalize_rows
 from .kernels.rope import rope_qk
@@ -145,11 +146,28 @@ class StepProgram:
                 *[self._entry(self.codes, c, np.uint8) for c in codes], *sums, *alpha_rows,
                 *[self.f32(o) for o in outs], self._entry(self.ints, starts, np.int64), n_blocks, block, threads,
                 int(symmetric)]
+    def _from_decode(self, q, k, v, keys_t, values, past, scale, sinks, out, threads) -> list[int]:
+        """`_from_attend`'s fields (one token), then the threads (field 15)."""
+        row = self._from_attend(q, k, v, keys_t, values, past, scale, sinks, out)
+        return [kernels.DECODE_ATTEND, *row[1:], threads]
+
+    def _from_stored(self, q, k, v, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, past, scale, sinks, out,
+                     threads) -> list[int]:
+        if k_codes.dtype != np.int8 or v_codes.dtype not in (np.int8, np.float32):
+            raise NotRecognised(f"stored keys of {k_codes.dtype}, values of {v_codes.dtype}")
+        _, heads, dim = q.shape
+        kv_heads, capacity, _ = k_codes.shape
+        int8_values = v_codes.dtype == np.int8
+        codes = [self._entry(self.codes, c.view(np.uint8), np.uint8) for c in (k_codes, v_codes) if c.dtype == np.int8]
+        return [kernels.STORED_ATTEND, self.f32(q), self.f32(k), self.f32(v), codes[0], self.f32(k_scale),
+                self.f32(k_zero), codes[1] if int8_values else self.f32(v_codes), self.f32(v_scale), self.f32(v_zero),
+                self._entry(self.ints, past, np.int64), self.scalar(scale), self.f32(sinks), self.f32(out), heads,
+                kv_heads, dim, capacity, threads, int(int8_values)]
 
     _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, _few_gemv: _from_few_gemv,
                _few_gemv_parallel: _from_few_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
                add_normalize_rows: _from_add_norm, rope_qk: _from_rope, mul_silu: _from_mul_silu,
-               append_attend: _from_attend,
+               append_attend: _from_attend, append_decode: _from_decode, append_attend_stored: _from_stored,
                int8_linear: _from_int8, int8_linear_parallel: _from_int8}
 
     def bound(self) -> Callable[[], Any]:

@@ -6,6 +6,8 @@ a matrix A (scaled by `scale`); scores = A @ K^T and context = softmax(scores) @
 products of the GEMM core (`gemm.py`) reading the cache contiguously, for one token as for
 a prefill. Row r (token t) sees cache positions < past + t + 1. `sinks` (one logit per head, or
 empty) join each row's softmax denominator, as MNN's Attention fifth input, and are then dropped.
+One token over a long cache (`decode_attend`, from SPLIT_FROM cached tokens) instead splits the
+keys across the threads (`decode_attention.py`): one thread would read the whole cache alone.
 """
 from __future__ import annotations
 
@@ -13,11 +15,16 @@ import numpy as np
 from numba import prange
 
 from . import jit
+from .decode_attention import attend_split, splits_for
 from .exp import exp32
 from .gemm import GEMM_ROWS, gemm_block
 
 PANEL = 16  # columns per GEMM block; the cache capacity is a multiple of it
 ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one parallel task of a prefill
+# cached tokens from which a decode step splits its keys over the threads (`decode_attend`):
+# below, a parallel launch costs about what the split saves (on a loaded 2-core machine the
+# split lost at 1024 tokens: 20.6 against 30.4 tok/s, and drew even at 4096)
+SPLIT_FROM = 2048
 
 
 @jit()
@@ -120,3 +127,27 @@ def append_attend(q, k, v, keys_t, values, past, scale, sinks, out):
                 keys_t[h, d, start + t] = k[t, h, d]
                 values[h, start + t, d] = v[t, h, d]
     attend(q, keys_t, values, start, scale, sinks, out)
+
+
+@jit()
+def decode_attend(q, keys_t, values, past, scale, sinks, out, threads):
+    """One token (q, out [1, heads, dim]) after `past` cached ones: from SPLIT_FROM cached tokens
+    on, with threads, split over keys across the threads (`attend_split`, flash-decoding); below,
+    `attend` on the calling thread."""
+    length = past + 1
+    if threads > 1 and length >= SPLIT_FROM:
+        attend_split(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads))
+    else:
+        attend(q, keys_t, values, past, scale, sinks, out)
+
+
+@jit()
+def append_decode(q, k, v, keys_t, values, past, scale, sinks, out, threads):
+    """`append_attend` for one token with `decode_attend`."""
+    start = past[0]
+    _, kv_heads, dim = k.shape
+    for h in range(kv_heads):
+        for d in range(dim):
+            keys_t[h, d, start] = k[0, h, d]
+            values[h, start, d] = v[0, h, d]
+    decode_attend(q, keys_t, values, start, scale, sinks, out, threads)

@@ -1,12 +1,19 @@
-"""Decode attention over a StoredKVCache's rows (`kv_storage.py`), read as stored: one pass over
-the cache, split over keys across the threads and merged (flash-decoding).
+"""Decode attention, one token over a long cache: one pass over the keys, split over keys across
+the threads and merged (flash-decoding). Two layouts: a StoredKVCache's rows read as stored
+(`attend_stored`, `kv_storage.py`) and the low-memory fp32 cache, keys transposed (`attend_split`).
 
-Keys and values are token-major [kv_heads, capacity, dim], float32 or int8 codes; int8 rows carry
-a scale and zero each (x = code * scale + zero), so a score is scale * (q . code) + zero * sum(q)
-and a value sum is sum(w * scale * code) + sum(w * zero): the codes are never widened to a copy.
-Each task (a kv head and a span of keys) keeps, per query head of its group, its running max,
-its sum of weights and its weighted values; the spans merge by rescaling to the common max.
-`sinks` (one logit per head, or empty) join each head's denominator, as MNN's fifth input.
+Stored keys and values are token-major [kv_heads, capacity, dim], float32 or int8 codes; int8
+rows carry a scale and zero each (x = code * scale + zero), so a score is scale * (q . code) +
+zero * sum(q) and a value sum is sum(w * scale * code) + sum(w * zero): the codes are never
+widened to a copy. Each task (a kv head and a span of keys) keeps, per query head of its group,
+its running max, its sum of weights and its weighted values; the spans merge by rescaling to the
+common max. `sinks` (one logit per head, or empty) join each head's denominator, as MNN's fifth
+input. One span (a short cache) runs on the calling thread: a parallel launch would cost more
+than the keys.
+
+`append_attend_stored` is a replayed decode step's whole attention over a StoredKVCache: the
+new k and v rows quantized into the cache as `RowStore.write` does (bit for bit: no fastmath),
+then `attend_stored`.
 """
 from __future__ import annotations
 
@@ -15,82 +22,233 @@ from numba import prange
 
 from . import jit
 from .exp import exp32
+from .gemm import GEMM_ROWS, gemm_block
 
+PANEL = 16  # keys of one GEMM block: the fp32 cache's capacity, and a span's start, in whole panels
 SPAN = 256  # keys of one task at least: fewer would spend more on merging than on the keys
 
 
+@jit()
+def splits_for(length, threads):
+    """Spans of at least SPAN keys, two per thread at most (a thread done early takes another)."""
+    return max(1, min(2 * threads, -(-length // SPAN)))
+
+
+@jit()
+def _partials(splits, heads, dim):
+    """Per span and head: running max, sum of weights, weighted values."""
+    return (np.full((splits, heads), -np.inf, np.float32), np.zeros((splits, heads), np.float32),
+            np.zeros((splits, heads, dim), np.float32))
+
+
+@jit()
+def _task_keys(task, kv_heads, span, length):
+    """A parallel task's span and kv head, and the keys p0..p1 it reads (none when p0 >= p1)."""
+    part, kv = divmod(np.int64(task), kv_heads)  # prange counts unsigned; int64 keeps the arithmetic integral
+    p0 = part * span
+    return part, kv, p0, min(length, p0 + span)
+
+
+@jit()
+def _merge(best, total, acc, sinks, out):
+    """Each head's spans rescaled to their common max (and the sink's) into out[head]."""
+    for h in range(out.shape[0]):
+        _merge_head(best, total, acc, sinks, out, h)
+
+
+@jit()
+def _merge_head(best, total, acc, sinks, out, h):
+    splits, _, dim = acc.shape
+    has_sinks = sinks.shape[0] > 0
+    top = np.float32(-np.inf)
+    for part in range(splits):
+        top = max(top, best[part, h])
+    if has_sinks:
+        top = max(top, sinks[h])
+    denominator = exp32(sinks[h] - top) if has_sinks else np.float32(0.0)
+    for d in range(dim):
+        out[h, d] = 0.0
+    for part in range(splits):
+        if total[part, h] == 0.0:
+            continue
+        factor = exp32(best[part, h] - top)
+        denominator += factor * total[part, h]
+        for d in range(dim):
+            out[h, d] += factor * acc[part, h, d]
+    inverse = np.float32(1.0) / denominator
+    for d in range(dim):
+        out[h, d] *= inverse
+
+
+# -- stored rows: [kv_heads, capacity, dim], float32 or int8 codes -----------------------------
+@jit()
+def _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, p0, p1, scale, best, total, acc, part):
+    heads, dim = q.shape
+    group = heads // k_codes.shape[0]
+    keys_quantized = k_scale.shape[0] > 0
+    values_quantized = v_scale.shape[0] > 0
+    scores = np.empty(p1 - p0, np.float32)
+    for j in range(group):
+        h = kv * group + j
+        q_sum = np.float32(0.0)
+        for d in range(dim):
+            q_sum += q[h, d]
+        top = np.float32(-np.inf)
+        for p in range(p0, p1):
+            dot = np.float32(0.0)
+            for d in range(dim):
+                dot += q[h, d] * np.float32(k_codes[kv, p, d])
+            if keys_quantized:
+                dot = dot * k_scale[kv, p] + k_zero[kv, p] * q_sum
+            x = dot * scale
+            scores[p - p0] = x
+            top = max(top, x)
+        weight_sum = np.float32(0.0)
+        zero_sum = np.float32(0.0)
+        row = acc[part, h]
+        for p in range(p0, p1):
+            w = exp32(scores[p - p0] - top)
+            weight_sum += w
+            if values_quantized:
+                zero_sum += w * v_zero[kv, p]
+                w = w * v_scale[kv, p]
+            for d in range(dim):
+                row[d] += w * np.float32(v_codes[kv, p, d])
+        for d in range(dim):
+            row[d] += zero_sum
+        best[part, h] = top
+        total[part, h] = weight_sum
+
+
 @jit(parallel=True)
+def _stored_parallel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, length, scale, sinks, out, splits):
+    heads, dim = q.shape
+    kv_heads = k_codes.shape[0]
+    span = -(-length // splits)
+    best, total, acc = _partials(splits, heads, dim)
+    for task in prange(splits * kv_heads):
+        part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
+        if p0 < p1:
+            _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, p0, p1, scale, best, total, acc,
+                         part)
+    _merge(best, total, acc, sinks, out)  # on this thread: a second parallel launch would cost more
+
+
+@jit()
 def attend_stored(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, length, scale, sinks, out, splits):
     """q, out [heads, dim] (one token after `length` cached ones, itself included); k_scale,
     k_zero (v_scale, v_zero) [kv_heads, capacity] for int8 codes, empty for float32 ones."""
+    if splits > 1:
+        _stored_parallel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, length, scale, sinks, out, splits)
+        return
     heads, dim = q.shape
-    kv_heads = k_codes.shape[0]
+    best, total, acc = _partials(1, heads, dim)
+    for kv in range(k_codes.shape[0]):
+        _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, 0, length, scale, best, total, acc, 0)
+    _merge(best, total, acc, sinks, out)
+
+
+@jit(fastmath=False)
+def _store_rows(x, codes, row_scale, row_zero, at):
+    """x [kv_heads, dim] float32 as row `at` of codes [kv_heads, capacity, dim]: copied into
+    float32 codes, quantized into int8 ones (row_scale, row_zero [kv_heads, capacity]) in
+    RowStore.write's float32 operations, in its order."""
+    kv_heads, dim = x.shape
+    if row_scale.shape[0] == 0:
+        for h in range(kv_heads):
+            for d in range(dim):
+                codes[h, at, d] = x[h, d]
+        return
+    for h in range(kv_heads):
+        low = x[h, 0]
+        high = x[h, 0]
+        for d in range(1, dim):
+            low = min(low, x[h, d])
+            high = max(high, x[h, d])
+        step = (high - low) / np.float32(255)
+        zero = low + np.float32(128) * step
+        inverse = np.float32(1) / step if step > 0 else np.float32(0)
+        for d in range(dim):
+            code = np.rint((x[h, d] - zero) * inverse)
+            codes[h, at, d] = min(max(code, np.float32(-128)), np.float32(127))
+        row_scale[h, at] = step
+        row_zero[h, at] = zero
+
+
+@jit()
+def append_attend_stored(q, k, v, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, past, scale, sinks, out,
+                         threads):
+    """A replayed decode step over a StoredKVCache: q, k, v, out [1, heads or kv_heads, dim];
+    the new rows stored at row past[0] (the cache's bookkeeping ran before the step and left
+    past[0] there), then `attend_stored` over past[0] + 1 rows, split for `threads`."""
+    at = past[0]
+    _store_rows(k[0], k_codes, k_scale, k_zero, at)
+    _store_rows(v[0], v_codes, v_scale, v_zero, at)
+    attend_stored(q[0], k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, at + 1, scale, sinks, out[0],
+                  splits_for(at + 1, threads))
+
+
+@jit()
+def _exp_sum(row, top):
+    """row becomes exp(row - top); its sum (a function of its own: this loop vectorizes)."""
+    total = np.float32(0.0)
+    for p in range(row.shape[0]):
+        w = exp32(row[p] - top)
+        row[p] = w
+        total += w
+    return total
+
+
+# -- fp32 rows of the low-memory cache: keys [kv_heads, dim, capacity], values [kv_heads, capacity, dim]
+@jit()
+def _transposed_span(q, keys_t, values, kv, p0, p1, scale, best, total, acc, part):
+    """Keys p0..p1 (p0 a whole panel) for kv head `kv`'s query heads: the scores and the
+    weighted values as products of the GEMM core (`attention.py`'s way, over one span)."""
+    heads, dim = q.shape
+    kv_heads, _, capacity = keys_t.shape
     group = heads // kv_heads
-    span = -(-length // splits)
-    keys_quantized = k_scale.shape[0] > 0
-    values_quantized = v_scale.shape[0] > 0
-    best = np.full((splits, heads), -np.inf, np.float32)
-    total = np.zeros((splits, heads), np.float32)
-    acc = np.zeros((splits, heads, dim), np.float32)
+    count = p1 - p0
+    width = -(-count // PANEL) * PANEL  # within the capacity: it is in whole panels too
+    flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
+    queries = np.empty(group * dim, np.float32)
+    scores = np.empty(group * width, np.float32)
+    context = np.empty(group * dim, np.float32)
+    for j in range(group):
+        for d in range(dim):
+            queries[j * dim + d] = q[kv * group + j, d] * scale
+    for m0 in range(0, group, GEMM_ROWS):
+        rows = min(GEMM_ROWS, group - m0)
+        for n0 in range(0, width, PANEL):
+            gemm_block(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity + p0 + n0, capacity, dim, scores,
+                       m0 * width + n0, width, False)
+    for j in range(group):
+        row = scores[j * width:j * width + count]
+        top = row[0]
+        for p in range(1, count):
+            top = max(top, row[p])
+        best[part, kv * group + j] = top
+        total[part, kv * group + j] = _exp_sum(row, top)
+    for m0 in range(0, group, GEMM_ROWS):
+        rows = min(GEMM_ROWS, group - m0)
+        for n0 in range(0, dim, PANEL):
+            gemm_block(rows, scores, m0 * width, width, flat_v, (kv * capacity + p0) * dim + n0, dim, count, context,
+                       m0 * dim + n0, dim, False)
+    for j in range(group):
+        for d in range(dim):
+            acc[part, kv * group + j, d] = context[j * dim + d]
+
+
+@jit(parallel=True)
+def attend_split(q, keys_t, values, length, scale, sinks, out, splits):
+    """q, out [heads, dim] (head size a multiple of PANEL): one token over `length` cached rows
+    (itself included) of the key-transposed fp32 cache, in `splits` spans of whole panels of keys
+    across the threads."""
+    heads, dim = q.shape
+    kv_heads = keys_t.shape[0]
+    span = -(-(-(-length // splits)) // PANEL) * PANEL
+    best, total, acc = _partials(splits, heads, dim)
     for task in prange(splits * kv_heads):
-        part, kv = divmod(np.int64(task), kv_heads)
-        p0 = part * span
-        p1 = min(length, p0 + span)
-        if p0 >= p1:
-            continue
-        scores = np.empty(p1 - p0, np.float32)
-        for j in range(group):
-            h = kv * group + j
-            q_sum = np.float32(0.0)
-            for d in range(dim):
-                q_sum += q[h, d]
-            top = np.float32(-np.inf)
-            for p in range(p0, p1):
-                dot = np.float32(0.0)
-                for d in range(dim):
-                    dot += q[h, d] * np.float32(k_codes[kv, p, d])
-                if keys_quantized:
-                    dot = dot * k_scale[kv, p] + k_zero[kv, p] * q_sum
-                x = dot * scale
-                scores[p - p0] = x
-                top = max(top, x)
-            weight_sum = np.float32(0.0)
-            zero_sum = np.float32(0.0)
-            row = acc[part, h]
-            for p in range(p0, p1):
-                w = exp32(scores[p - p0] - top)
-                weight_sum += w
-                if values_quantized:
-                    zero_sum += w * v_zero[kv, p]
-                    w = w * v_scale[kv, p]
-                for d in range(dim):
-                    row[d] += w * np.float32(v_codes[kv, p, d])
-            for d in range(dim):
-                row[d] += zero_sum
-            best[part, h] = top
-            total[part, h] = weight_sum
-    has_sinks = sinks.shape[0] > 0
-    for h in prange(heads):
-        top = np.float32(-np.inf)
-        for part in range(splits):
-            top = max(top, best[part, h])
-        if has_sinks:
-            top = max(top, sinks[h])
-        denominator = exp32(sinks[h] - top) if has_sinks else np.float32(0.0)
-        for d in range(dim):
-            out[h, d] = 0.0
-        for part in range(splits):
-            if total[part, h] == 0.0:
-                continue
-            factor = exp32(best[part, h] - top)
-            denominator += factor * total[part, h]
-            for d in range(dim):
-                out[h, d] += factor * acc[part, h, d]
-        inverse = np.float32(1.0) / denominator
-        for d in range(dim):
-            out[h, d] *= inverse
-
-
-def splits_for(length: int, threads: int) -> int:
-    """Spans of at least SPAN keys, two per thread at most (a thread done early takes another)."""
-    return max(1, min(2 * threads, -(-length // SPAN)))
+        part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
+        if p0 < p1:
+            _transposed_span(q, keys_t, values, kv, p0, p1, scale, best, total, acc, part)
+    _merge(best, total, acc, sinks, out)  # on this thread: a second parallel launch would cost more

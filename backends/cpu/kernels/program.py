@@ -26,13 +26,15 @@ from numba.extending import intrinsic
 from . import jit
 
 GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND, FEW_GEMV = range(8)
-INT8_LINEAR = 100  # the int8-activation linear (`int8_dot.linear`), numbered apart from the list above
+INT8_LINEAR = 8  # the int8-activation linear (`int8_dot.linear`)
+DECODE_ATTEND, STORED_ATTEND = 9, 10  # one token's attention: fp32 split at depth; over a StoredKVCache
 WIDTH = 24  # int64 fields of one instruction
 KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
 
 _F32, _BYTES, _HALVES, _INTS = types.float32[::1], types.uint8[::1], types.uint16[::1], types.int64[::1]
 _TENSOR = types.Array(types.float32, 3, "C")
 _MATRIX = types.Array(types.float32, 2, "C")
+_CODES = types.Array(types.int8, 3, "C")
 
 
 def _gemv_signature(alphas: types.Type, parallel: bool, few: bool = False) -> types.Signature:
@@ -64,12 +66,17 @@ SIGNATURES = {
                        _F32, _F32),
     "mul_silu": types.none(_F32, _F32, _F32),
     "attend": types.none(_TENSOR, _TENSOR, _TENSOR, _TENSOR, _TENSOR, _INTS, types.float32, _F32, _TENSOR),
+    "decode": types.none(_TENSOR, _TENSOR, _TENSOR, _TENSOR, _TENSOR, _INTS, types.float32, _F32, _TENSOR, types.int64),
+    **{f"stored_{kind}": types.none(_TENSOR, _TENSOR, _TENSOR, _CODES, _MATRIX, _MATRIX, values, _MATRIX, _MATRIX,
+                                    _INTS, types.float32, _F32, _TENSOR, types.int64)
+       for kind, values in (("i8", _CODES), ("f32", _TENSOR))},
 }
 SIGNATURES.update({f"int8_{alphas}{suffix}": _int8_signature(kind, bool(suffix))
                    for alphas, kind in (("half", _HALVES), ("real", _F32)) for suffix in ("", "_parallel")})
 
 
-_KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_silu", ATTEND: "attend"}
+_KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_silu", ATTEND: "attend",
+            DECODE_ATTEND: "decode"}
 
 
 def kernel_signature(instruction: list[int]) -> str | None:
@@ -79,6 +86,8 @@ def kernel_signature(instruction: list[int]) -> str | None:
         return f"{kind}_{'half' if instruction[2] else 'real'}{'_parallel' if instruction[16] else ''}"
     if instruction[0] == INT8_LINEAR:  # fields 1 (fp16-bit alphas) and 20 (threads), see `_int8_step`
         return f"int8_{'half' if instruction[1] else 'real'}{'_parallel' if instruction[20] else ''}"
+    if instruction[0] == STORED_ATTEND:  # field 19: int8 values, see `_stored_step`
+        return f"stored_{'i8' if instruction[19] else 'f32'}"
     return _KERNELS.get(instruction[0])
 
 
@@ -118,6 +127,8 @@ _normalize_rows, _add_normalize_rows = _function_at("norm"), _function_at("add_n
 _rope_qk, _mul_silu, _append_attend = _function_at("rope"), _function_at("mul_silu"), _function_at("attend")
 _int8_half, _int8_half_parallel = _function_at("int8_half"), _function_at("int8_half_parallel")
 _int8_real, _int8_real_parallel = _function_at("int8_real"), _function_at("int8_real_parallel")
+_append_decode = _function_at("decode")
+_stored_i8, _stored_f32 = _function_at("stored_i8"), _function_at("stored_f32")
 
 
 @intrinsic
@@ -137,6 +148,12 @@ def _floats(table, i):
 def _tensor(table, i, shape):
     """Entry i as float32 [shape] (its element count is the product of shape)."""
     return carray(_pointer(table[i, 0]), shape, np.float32)
+
+
+@jit()
+def _codes(table, i, shape):
+    """Entry i (of the uint8 table) as int8 [shape]."""
+    return carray(_pointer(table[i, 0]), shape, np.int8)
 
 
 @jit()
@@ -246,6 +263,40 @@ def _attend_step(c, scalars, floats, ints):
 
 
 @jit()
+def _decode_step(c, scalars, floats, ints):
+    """`_attend_step`'s fields for one token (field 10), then 15 threads."""
+    heads, kv_heads, dim, capacity = c[11], c[12], c[13], c[14]
+    _append_decode(c[KERNEL])(
+        _tensor(floats, c[1], (1, heads, dim)), _tensor(floats, c[2], (1, kv_heads, dim)),
+        _tensor(floats, c[3], (1, kv_heads, dim)), _tensor(floats, c[4], (kv_heads, dim, capacity)),
+        _tensor(floats, c[5], (kv_heads, capacity, dim)), _ints(ints, c[6]),
+        np.float32(scalars[c[7]]), _floats(floats, c[8]), _tensor(floats, c[9], (1, heads, dim)), c[15])
+
+
+@jit()
+def _stored_step(c, scalars, floats, codes, ints):
+    """Fields: 1-3 q, k, v; 4-6 the keys' int8 codes (in `codes`), scale, zero; 7-9 the values'
+    (int8 codes in `codes` when field 19, else float32 rows and empty scale and zero); 10 past
+    (in `ints`); 11 scale (in `scalars`); 12 sinks; 13 out; 14-18 heads, kv heads, head size,
+    cache capacity, threads."""
+    heads, kv_heads, dim, capacity = c[14], c[15], c[16], c[17]
+    rows = (kv_heads, capacity)
+    values_rows = rows if c[19] else (0, 0)
+    q, k, v = (_tensor(floats, c[1], (1, heads, dim)), _tensor(floats, c[2], (1, kv_heads, dim)),
+               _tensor(floats, c[3], (1, kv_heads, dim)))
+    keys = (_codes(codes, c[4], (kv_heads, capacity, dim)), _tensor(floats, c[5], rows), _tensor(floats, c[6], rows))
+    v_scale, v_zero = _tensor(floats, c[8], values_rows), _tensor(floats, c[9], values_rows)
+    past, scale, sinks, out = (_ints(ints, c[10]), np.float32(scalars[c[11]]), _floats(floats, c[12]),
+                               _tensor(floats, c[13], (1, heads, dim)))
+    if c[19]:
+        _stored_i8(c[KERNEL])(q, k, v, *keys, _codes(codes, c[7], (kv_heads, capacity, dim)), v_scale, v_zero, past,
+                              scale, sinks, out, c[18])
+    else:
+        _stored_f32(c[KERNEL])(q, k, v, *keys, _tensor(floats, c[7], (kv_heads, capacity, dim)), v_scale, v_zero,
+                               past, scale, sinks, out, c[18])
+
+
+@jit()
 def _rope_step(c, scalars, floats):
     """Fields: 1 q, 2 k, 3-6 heads, kv heads, head size, rope size, 7 cos, 8 sin, 9 their rows,
     10-13 q norm (on, gamma, beta, rms), 14 its eps, 15-18 and 19 the k norm's, 20 q out, 21 k out."""
@@ -288,6 +339,10 @@ def run_program(code, scalars, floats, codes, reals, halves, ints):
             _few_gemv_step(c, floats, codes, reals, halves, ints)
         elif op == INT8_LINEAR:
             _int8_step(c, floats, codes, reals, halves, ints)
+        elif op == DECODE_ATTEND:
+            _decode_step(c, scalars, floats, ints)
+        elif op == STORED_ATTEND:
+            _stored_step(c, scalars, floats, codes, ints)
 
 
 def array_table(arrays: list[np.ndarray]) -> np.ndarray:

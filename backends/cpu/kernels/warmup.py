@@ -36,7 +36,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import announce
 
-from . import SOURCE_DIGEST, activation, attention, delta_rule, linear, norm, rope, set_threads
+from . import SOURCE_DIGEST, activation, attention, decode_attention, delta_rule, linear, norm, rope, set_threads
 from .layout import PackedWeight, interleave_rows
 from .program import warm_up_replay
 from .simd import GROUP_ROWS
@@ -109,6 +109,23 @@ def _attention(threads: int) -> None:
         attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
 
 
+def _decode(threads: int) -> None:
+    """One token's attention at depth: the fp32 cache's (`decode_attend`, which calls the split
+    kernel) and a StoredKVCache's over int8 keys with int8 or float32 values."""
+    one = np.zeros((1, 1, 16), np.float32)
+    keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
+    empty, past, rows = np.zeros(0, np.float32), np.zeros(1, np.int64), np.zeros((1, 16), np.float32)
+    attention.decode_attend(one, keys_t, values, 0, np.float32(1.0), empty, one.copy(), threads)
+    attention.append_decode(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty, one.copy(),
+                            threads)
+    codes = np.zeros((1, 16, 16), np.int8)
+    for stored_values, scale in ((codes.copy(), rows), (values, np.zeros((0, 0), np.float32))):
+        decode_attention.append_attend_stored(one, one.copy(), one.copy(), codes, rows, rows.copy(), stored_values,
+                                              scale, scale.copy(), past, np.float32(1.0), empty, one.copy(), threads)
+        decode_attention.attend_stored(one[0], codes, rows, rows, stored_values, scale, scale, 1, np.float32(1.0),
+                                       empty, one[0].copy(), 1)
+
+
 def _delta_rule(threads: int) -> None:
     qk, state = np.zeros((1, 2, 16), np.float32), np.zeros((2, 16, 16), np.float32)
     gates = np.zeros((1, 2), np.float32)
@@ -127,7 +144,8 @@ def _replay(threads: int) -> None:
 # machine): the compile processes get parts of about equal total time
 PARTS: dict[str, tuple[Callable[[int], None], float]] = {
     "gemv": (_gemv, 3.0), "few_tokens": (_few_tokens, 3.6), "matmul": (_matmul, 4.2), "rows": (_rows, 2.3),
-    "attention": (_attention, 4.7), "delta_rule": (_delta_rule, 2.4), "replay": (_replay, 2.1)}
+    "attention": (_attention, 4.7), "decode": (_decode, 8.0), "delta_rule": (_delta_rule, 2.4),
+    "replay": (_replay, 2.1)}
 
 
 def compiled_before(threads: int) -> bool:

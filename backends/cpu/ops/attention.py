@@ -7,7 +7,8 @@ An optional fifth input, the sinks (one learned logit per head, gpt-oss), joins 
 softmax denominator and is then dropped, as in MNN's CPUAttention.
 With memory "low" and the causal mask, numba kernels attend (`kernels/attention.py`), over a
 cache that holds keys transposed. Below fp32 (`attention_mode`, the `kv_fp16` hint) the
-cache is a StoredKVCache (`kv_storage.py`) read as float32 one layer at a time.
+cache is a StoredKVCache (`kv_storage.py`): a decode step reads its rows as stored (the replay
+runs it as one kernel call, `append_attend_stored`), a prefill as float32 one layer at a time.
 """
 from __future__ import annotations
 
@@ -131,6 +132,7 @@ class AttentionExecution(Execution):
         self.cache = cache if cache is not None else new_cache(backend, params.kv_cache and backend.low_memory())
         self.kernel_call = None  # (kernel, q, out, scale) bound at resize for the key-transposed cache
         self.replay_kernel = False  # whether a replay runs this step as `append_attend` (set at resize)
+        self.replay_stored = False  # ... as `append_attend_stored` (one token over a StoredKVCache)
         self.past = np.zeros(1, np.int64)  # the step's past, written by before_run for the replayed kernel
         self.bound = None  # the cache's keys the replay's step is bound to
 
@@ -151,39 +153,58 @@ class AttentionExecution(Execution):
 
     def on_resize(self, inputs, outputs) -> None:
         self.kernel_call = None
-        self.replay_kernel = False
+        self.replay_kernel = self.replay_stored = False
         seq, num_head, kv_heads, dim = self._layout(inputs)
         q = inputs[0].storage.reshape(seq, num_head, dim)
+        mask = inputs[3] if len(inputs) > 3 else None
+        causal = attention_mask(mask, seq).kind == "causal"
+        runtime = self.backend.runtime
         if self.cache.keys_transposed and dim % PANEL == 0 and q.flags.c_contiguous:
             from ..kernels.attention import attend, attend_parallel
-            kernel = attend if seq <= FEW_TOKENS or self.backend.runtime.thread_num == 1 else attend_parallel
+            kernel = attend if seq <= FEW_TOKENS or runtime.thread_num == 1 else attend_parallel
             self.kernel_call = (kernel, q, outputs[0].storage.reshape(seq, num_head, dim),
                                 np.float32(self.params.scale_for(dim)))
-            mask = inputs[3] if len(inputs) > 3 else None
             self.replay_kernel = (kernel is attend and self.params.kv_cache and isinstance(self.cache, HostKVCache)
-                                  and attention_mask(mask, seq).kind == "causal")
+                                  and causal)
             self.cache.set_rows(kv_heads, dim)
+        cache = self.cache
+        if (seq == 1 and causal and self.params.kv_cache and isinstance(cache, StoredKVCache) and cache.decodable()
+                and q.flags.c_contiguous and runtime.low_memory_kernels()):
+            self.replay_stored = True  # `_decode_stored`'s step: the replay runs it as `append_attend_stored`
+            cache.set_rows(kv_heads, dim)
 
     # -- replay: the KV bookkeeping before the step, the append and the kernel as one bound call --
     def before_run(self) -> bool:
-        if not self.replay_kernel:
+        if not (self.replay_kernel or self.replay_stored):
             return False  # the replay runs on_execute, which keeps the books itself
         self.past[0] = self.cache.begin_step(self.backend.kv_meta)
-        moved = self.cache.extend(self.kernel_call[1].shape[0])
-        return moved or self.bound is not self.cache.k  # grown here or by a clone sharing the cache
+        moved = self.cache.extend(self.kernel_call[1].shape[0] if self.replay_kernel else 1)
+        return moved or self.bound is not self._bound_array()  # grown here or by a clone sharing the cache
+
+    def _bound_array(self) -> np.ndarray | None:
+        """The cache array whose replacement (the cache grew) makes the recorded step stale."""
+        return self.cache.keys.codes if self.replay_stored else self.cache.k
 
     def replay_steps(self, inputs, outputs) -> list:
-        if not self.replay_kernel:
+        if not (self.replay_kernel or self.replay_stored):
             return super().replay_steps(inputs, outputs)
-        from ..kernels.attention import append_attend
-        _, q, out, scale = self.kernel_call
-        seq, _, dim = q.shape
-        kv_heads = self.params.layout(inputs[0].shape, inputs[1].shape)[2]
+        seq, num_head, kv_heads, dim = self._layout(inputs)
+        q = inputs[0].storage.reshape(seq, num_head, dim)
+        out = outputs[0].storage.reshape(seq, num_head, dim)
         k, v = (t.storage.reshape(seq, kv_heads, dim) for t in inputs[1:3])
-        sinks = self._sinks(inputs, q.shape[1])
-        self.bound = self.cache.k
-        return [partial(append_attend, q, k, v, self.cache.k, self.cache.v, self.past, scale,
-                        NO_SINKS if sinks is None else sinks, out)]
+        scale = np.float32(self.params.scale_for(dim))
+        sinks = self._sinks(inputs, num_head)
+        sinks = NO_SINKS if sinks is None else sinks
+        threads = self.backend.runtime.thread_num
+        self.bound = self._bound_array()
+        if self.replay_stored:
+            from ..kernels.decode_attention import append_attend_stored
+            return [partial(append_attend_stored, q, k, v, *self.cache.stored(), self.past, scale, sinks, out,
+                            threads)]
+        from ..kernels.attention import append_attend, append_decode
+        if seq == 1:  # split over keys at depth, as on_execute's `decode_attend`
+            return [partial(append_decode, q, k, v, self.cache.k, self.cache.v, self.past, scale, sinks, out, threads)]
+        return [partial(append_attend, q, k, v, self.cache.k, self.cache.v, self.past, scale, sinks, out)]
 
     def on_execute(self, inputs, outputs) -> None:
         seq, num_head, kv_heads, dim = self._layout(inputs)
@@ -204,7 +225,13 @@ class AttentionExecution(Execution):
             if self.cache.keys_transposed:
                 if self.kernel_call is not None and kind.kind == "causal":
                     kernel, queries, out, scale = self.kernel_call
-                    kernel(queries, stored_k, stored_v, past, scale, NO_SINKS if sinks is None else sinks, out)
+                    sinks = NO_SINKS if sinks is None else sinks
+                    if seq == 1:  # split over keys at depth (the replay's `append_decode`)
+                        from ..kernels.attention import decode_attend
+                        decode_attend(queries, stored_k, stored_v, past, scale, sinks, out,
+                                      self.backend.runtime.thread_num)
+                    else:
+                        kernel(queries, stored_k, stored_v, past, scale, sinks, out)
                     return
                 keys = stored_k[:, :, :length].transpose(0, 2, 1)
             else:
