@@ -16,9 +16,9 @@ import numpy as np
 
 from .kernels import program as kernels
 from .kernels.activation import mul_silu
-from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel
 from .kernels.attention import append_attend, append_decode
 from .kernels.decode_attention import append_attend_stored
+from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel
 from .kernels.linear import _few_gemv, _few_gemv_parallel, _gemv, _gemv_parallel
 from .kernels.norm import add_normalize_rows, normalize_rows
 from .kernels.rope import rope_qk
