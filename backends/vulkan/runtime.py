@@ -144,7 +144,8 @@ class VulkanRuntime(Runtime):
         forced = self.hints.vulkan_subgroups
         self.subgroups = (device_can if forced is None else forced) and device_can
         if (self.hints.vulkan_split_keys or 0) < 0:
-            raise ConfigError(f"vulkan_split_keys must be 0 (never) or a cache length, got {self.hints.vulkan_split_keys}",
+            raise ConfigError("vulkan_split_keys must be 0 (never) or a cache length, "
+                              f"got {self.hints.vulkan_split_keys}",
                               field="backend_hints.vulkan_split_keys")
         self.kv_format = kv_format(self.name, self.hints.attention_mode, self.hints.kv_fp16,
                                    ATTENTION_MODES)
