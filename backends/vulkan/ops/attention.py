@@ -14,9 +14,9 @@ A decode step (one query) on the one-dispatch path runs flash-decoding once the 
 `split_keys` keys (hint "vulkan_split_keys", default SPLIT_KEYS; 0: never): attn_split<dim>
 (attn_fused.glsl with SPLIT) gives each (head, split) work-group an even share of the keys and
 leaves its partial max, sum and unnormalised output, then attn_merge combines the splits. A
-decode step of attn_fused is heads work-groups each walking every key; split, a long cache's
+decode step of attn_fused is `heads` work-groups each walking every key; split, a long cache's
 keys are spread over every thread the device has. One work-group per (split, kv head) serving
-the kv head's query heads together read each key once, but measured 2 to 5x slower on lavapipe (its
+its query heads together reads each key once, but measured 2 to 5x slower on lavapipe (the
 per-head running softmax in arrays indexed by head). Crossing the threshold re-records the
 replay once (before_run says the dispatches changed); the split count is fixed per shape and
 the shader spreads the keys over as many splits as the depth fills (SPLIT_MIN_KEYS a split)."""
@@ -62,7 +62,7 @@ class AttentionExecution(Execution):
         self.mask = (0, 1, 1)
         self.scratch = None
         self.step = backend.allocator.alloc(8)  # int past, int total: this step's, for the shaders
-        self.bound = None  # (keys, values, scratch, stride) the dispatches bind
+        self.bound = None  # (keys, values, scratch, stride, split) the dispatches bind
         self.dispatches = ()
         self.splits = 0  # key splits of a decode step (0: this shape never splits)
         self.part = None  # the splits' partial results, attn_split -> attn_merge
@@ -165,7 +165,7 @@ class AttentionExecution(Execution):
 
     def _split(self, keys, values) -> tuple:
         """Flash-decoding: attn_split<dim> (cache append included) into `part`, attn_merge out."""
-        heads, kv_heads, dim = self.shape[1:]
+        heads, dim = self.shape[1], self.shape[3]
         split = self._fused_program("attn_split", keys, values, self.part, (heads, 1, self.splits), heads,
                                     self.splits)
         groups, row = fold(-(-heads * dim // 4 // 64), 64)
