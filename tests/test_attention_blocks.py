@@ -1,7 +1,8 @@
 """A prefill attends in blocks of queries, so its memory grows linearly with the prompt: both
 cpu paths (memory "normal" numpy, memory "low" numba kernel) give the float64 reference's
 answer however the prompt is cut into blocks, with the cache already holding tokens or not,
-under causal, float and int masks."""
+under causal, float and int masks; a block seeing more than TILED_FROM keys (lowered here) goes
+over them in key tiles with an online softmax and gives the same answer within the tolerance."""
 from __future__ import annotations
 
 import tracemalloc
@@ -100,3 +101,53 @@ def test_prefill_memory_grows_linearly_with_the_prompt(monkeypatch):
     assert large < 6 * small  # 4x the prompt: linear gives ~4x, unblocked gives ~16x
     scores_unblocked = HEADS * 4096 * 4096 * 4
     assert large < scores_unblocked / 4
+
+
+@pytest.mark.parametrize("cuts", [[300], [100, 300], [1, 40, 300]])
+@pytest.mark.parametrize("tile", [16, 37])
+def test_a_key_tiled_causal_prefill_equals_the_reference(monkeypatch, cuts, tile):
+    """TILED_FROM 50: every block past 50 keys runs attend_key_tiles (tiles of 16, or 37 that
+    cut the causal diagonal anywhere); blocks of 16 queries, so some blocks stay one-pass."""
+    monkeypatch.setattr(cpu_attention, "SCORES_BUDGET", 4 * 64 * 16)
+    monkeypatch.setattr(cpu_attention, "TILED_FROM", 50)
+    monkeypatch.setattr(cpu_attention, "KEY_TILE", tile)
+    q, k, v = qkv(cuts[-1], seed=3)
+    np.testing.assert_allclose(run_steps(False, q, k, v, cuts), attention_reference(q, k, v), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["float", "int"])
+def test_a_key_tiled_prefill_with_a_full_mask_equals_the_reference(monkeypatch, kind):
+    monkeypatch.setattr(cpu_attention, "TILED_FROM", 50)
+    monkeypatch.setattr(cpu_attention, "KEY_TILE", 23)
+    test_a_blocked_prefill_with_a_full_mask_equals_the_reference(monkeypatch, kind)
+
+
+def test_key_tiles_bound_the_scores_of_a_block_whatever_the_keys(monkeypatch):
+    """One block of 256 queries over 4096 keys: one-pass scores are 256 x 4096 a head, the
+    tiles' KEY_TILE (512 here) wide."""
+    monkeypatch.setattr(cpu_attention, "KEY_TILE", 512)
+    monkeypatch.setattr(cpu_attention, "SCORES_BUDGET", HEADS * 256 * 4096)
+    monkeypatch.setattr(cpu_attention, "CAUSAL_QUERIES", 256)
+    one_pass = peak_bytes(4096)
+    monkeypatch.setattr(cpu_attention, "TILED_FROM", 256)
+    tiled = peak_bytes(4096)
+    scores_block = HEADS * 256 * 4096 * 4
+    assert tiled < one_pass - scores_block / 2, (tiled, one_pass)
+
+
+def test_every_attention_case_passes_with_key_tiles_from_a_few_keys(monkeypatch):
+    """The conformance suite's Attention cases on cpu (memory normal, float64 references, the
+    cases' tolerances), sinks and float/int masks included, with every prefill block past 16
+    keys in tiles of 16."""
+    from mnnllm_core.testing import run_suite, select
+    monkeypatch.setattr(cpu_attention, "TILED_FROM", 16)
+    monkeypatch.setattr(cpu_attention, "KEY_TILE", 16)
+    calls, tiled = [], cpu_attention.attend_key_tiles
+
+    def counted(*args):
+        calls.append(args[3])
+        return tiled(*args)
+    monkeypatch.setattr(cpu_attention, "attend_key_tiles", counted)
+    results = run_suite("cpu", cases=[c for c in select("Attention") if "long" not in c.name])
+    assert results and not [(r.case.id, r.status, r.reason) for r in results if r.status != "pass"]
+    assert len(calls) > 50, "the cases' prefills ran in key tiles"

@@ -6,6 +6,7 @@ Skipped only when Vulkan cannot build and run the probe shader (with the probe's
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -25,7 +26,8 @@ from mnnllm_core.core.weights.formats import ConvolutionWeights, FloatWeight
 from mnnllm_core.errors import ConfigError
 from mnnllm_core.express.runtime_manager import RuntimeManager
 from mnnllm_core.plugins.manager import registry
-from mnnllm_core.testing import Graph, Weights, make_module, run_op, run_suite, select
+from mnnllm_core.testing import FP16_TOL, Graph, Weights, make_module, run_op, run_suite, select
+from mnnllm_core.testing.cases import attention_long
 from mnnllm_core.testing.references import attention_reference
 from paths import CONFIG, REFERENCE
 
@@ -200,6 +202,38 @@ def test_subgroup_kernels_follow_the_device() -> None:
     assert off.runtime.subgroups is False
 
 
+def spy_attention_programs(monkeypatch) -> list[str]:
+    """The names of the Programs the vulkan Attention creates from now on."""
+    from mnnllm_backends.vulkan.ops import attention
+    names, real = [], attention.Program
+
+    def program(device, name, *args):
+        names.append(name)
+        return real(device, name, *args)
+    monkeypatch.setattr(attention, "Program", program)
+    return names
+
+
+@pytest.mark.parametrize("hints, tol", [({}, None), ({"kv_fp16": True}, FP16_TOL), ({"attention_mode": 10}, 3e-2)])
+def test_flash_decoding_passes_the_decode_cases_in_every_cache_format(monkeypatch, hints, tol) -> None:
+    """vulkan_split_keys 1: every decode step splits its keys (attn_split, attn_merge), shallow
+    ones included (most splits then empty); the long-context cases in fp32 (tolerances: the
+    cases' own, fp16's, int8's relative step of 1/127 as tests/test_kv_formats_gpu.py)."""
+    if not shared_vulkan().runtime.subgroups:
+        pytest.skip("the device has no subgroup arithmetic: no one-dispatch attention to split")
+    names = spy_attention_programs(monkeypatch)
+    cases = [c for c in select("Attention") if "decode" in c.name and not c.tags & {"sinks", "slots"}]
+    cases = [dataclasses.replace(c, device_tol=tol) for c in cases] if tol else cases + attention_long.cases()
+    results = run_suite("vulkan", hints={**hints, "vulkan_split_keys": 1}, cases=cases)
+    assert not [(r.case.id, r.status, r.reason) for r in results if r.status != "pass"]
+    assert any(n.startswith("attn_split") for n in names) and "attn_merge" in names
+
+
+def test_a_negative_split_threshold_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="vulkan_split_keys"):
+        RuntimeManager.create(ScheduleConfig(backend_type="vulkan", thread_num=2), {"vulkan_split_keys": -1})
+
+
 # ------------------------------------------------------------------ the shared model
 
 def test_the_shared_model_gives_the_reference_greedy_tokens_with_vulkan_in_use() -> None:
@@ -219,6 +253,22 @@ def test_the_shared_model_gives_the_reference_greedy_tokens_with_vulkan_in_use()
     assert {"Convolution", "LayerNorm", "BinaryOp", "RoPE", "Attention", "UnaryOp", "Cast"} <= set(on_vulkan_types), \
         placement
     assert set(placement["ops_per_backend"]) == {"vulkan"} and placement["copies"] == 0, placement
+
+
+def test_greedy_tokens_are_unchanged_when_decode_crosses_the_flash_decoding_threshold(monkeypatch) -> None:
+    """The split threshold set 4 keys past the prompt: the replay runs the one-dispatch attention,
+    then is recorded again with attn_split + attn_merge, and the tokens stay MNN's."""
+    import mnnllm_core
+    prompt = json.loads(REFERENCE.read_text())["prompts"][0]
+    expected = prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:16]
+    names = spy_attention_programs(monkeypatch)
+    llm = mnnllm_core.create(CONFIG)
+    llm.set_config({"backend_type": "vulkan", "sampler_type": "greedy", "thread_num": 2,
+                    "backend_hints": {"vulkan_split_keys": len(prompt["prompt_ids"]) + 4}})
+    llm.load()
+    assert llm.generate(prompt["prompt_ids"], 16)[:len(expected)] == expected
+    if shared_vulkan().runtime.subgroups:
+        assert "attn_fused64" in names and "attn_split64" in names and "attn_merge" in names, sorted(set(names))
 
 
 @pytest.mark.skipif(shutil.which("glslangValidator") is None, reason="glslangValidator (glslang-tools) is not installed")

@@ -19,6 +19,8 @@ pipelineCacheUUID, written at exit beside and renamed; a corrupt file is ignored
 "vulkan_subgroups" (default: whether the device has subgroup arithmetic in compute shaders,
 with subgroups of at least 8): the norms and the attention softmax with one 8-invocation
 work-group per row joined by subgroup operations; false forces the one-invocation-per-row kernels.
+"vulkan_split_keys": the cache length from which a decode step runs flash-decoding (attention.py;
+0: never).
 
 Runtime hint "attention_mode" (MNN's; kv_format.py): 8 (the default) keeps the KV cache fp32 (or
 fp16 with the hint "kv_fp16": true), 10 stores keys and values as int8 with a scale per
@@ -55,6 +57,7 @@ class VulkanHints(RuntimeHints):
     vulkan_device: int | str | None = None
     vulkan_linear: str | None = None
     vulkan_subgroups: bool | None = None
+    vulkan_split_keys: int | None = None
 
 
 class VulkanBackend(Backend):
@@ -140,6 +143,10 @@ class VulkanRuntime(Runtime):
         device_can = self.device.subgroup_arithmetic and self.device.subgroup_size >= 8
         forced = self.hints.vulkan_subgroups
         self.subgroups = (device_can if forced is None else forced) and device_can
+        if (self.hints.vulkan_split_keys or 0) < 0:
+            raise ConfigError("vulkan_split_keys must be 0 (never) or a cache length, "
+                              f"got {self.hints.vulkan_split_keys}",
+                              field="backend_hints.vulkan_split_keys")
         self.kv_format = kv_format(self.name, self.hints.attention_mode, self.hints.kv_fp16,
                                    ATTENTION_MODES)
         self.op_creators.update(CREATORS)

@@ -9,6 +9,11 @@ With memory "low" and the causal mask, numba kernels attend (`kernels/attention.
 cache that holds keys transposed. Below fp32 (`attention_mode`, the `kv_fp16` hint) the
 cache is a StoredKVCache (`kv_storage.py`): a decode step reads its rows as stored (the replay
 runs it as one kernel call, `append_attend_stored`), a prefill as float32 one layer at a time.
+A prefill (the numpy path) attends in blocks of queries; a block that sees more than
+TILED_FROM keys goes over them in tiles of KEY_TILE with an online softmax (a running max and
+sum per query row, the context rescaled as the max grows), so its scores never span every key.
+The tiles' sums round differently from one softmax over the row, so shorter prompts, MNN's
+exact greedy tokens among them, keep the one-pass softmax.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ SCORES_BUDGET = 1 << 24  # attention scores (float32) held at once: a prefill at
 # causal blocks of queries on the numpy path: each block's scores stay in cache and skip the keys
 # past its last query (half the work of a prefill, whose scores are a triangle)
 CAUSAL_QUERIES = 128
+TILED_FROM = 2048  # a block of queries seeing more keys than this attends in key tiles (numpy path)
+KEY_TILE = 2048  # keys per tile of that online softmax (tiles of 512 took 2x one pass's time at 4,096 keys)
 NO_SINKS = np.zeros(0, np.float32)  # the kernels' sinks argument without a fifth input
 
 
@@ -253,6 +260,11 @@ class AttentionExecution(Execution):
         for t0 in range(0, seq, step):
             t1 = min(seq, t0 + step)
             visible = min(total, past + t1) if causal else total  # keys the block's last query sees
+            if visible > TILED_FROM:
+                masking = partial(self._mask, mask=mask, kind=kind.kind, past=past, seq=seq, total=total, t0=t0, t1=t1)
+                context = attend_key_tiles(queries[:, :, t0:t1], keys_t, values, visible, scale, sink_rows, masking)
+                out[t0:t1] = context.transpose(2, 0, 1, 3)
+                continue
             scores = np.matmul(queries[:, :, t0:t1], keys_t[..., :visible])
             scores *= scale
             self._mask(scores, mask, kind.kind, past, seq, visible, t0, t1)
@@ -274,23 +286,59 @@ class AttentionExecution(Execution):
         return True
 
     @staticmethod
-    def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int, t0: int, t1: int) -> None:
-        """Mask the scores of query tokens t0..t1 of the step's seq."""
+    def _mask(scores: np.ndarray, mask, kind: str, past: int, seq: int, total: int, t0: int, t1: int,
+              k0: int = 0, k1: int | None = None) -> None:
+        """Mask the scores of query tokens t0..t1 of the step's seq against keys k0..k1 (default:
+        all `total`; a mask's columns are the last of the `total` keys)."""
+        k1 = total if k1 is None else k1
         if kind == "causal":
-            if seq > 1:
-                allowed = np.arange(total)[None, :] <= (past + np.arange(t0, t1))[:, None]
+            if seq > 1 and k1 - 1 > past + t0:  # else the block's first query sees every key
+                allowed = np.arange(k0, k1)[None, :] <= (past + np.arange(t0, t1))[:, None]
                 scores[..., ~allowed] = -np.inf
             return
         m = mask.storage.reshape(mask.shape[-2], mask.shape[-1])[-seq:][t0:t1]
         if kind == "int":
             m = np.where(m == 0, -np.inf, 0.0).astype(np.float32)
-        if m.shape[-1] == total:
-            scores += m
-        else:
-            scores[..., total - m.shape[-1]:] += m
+        start = total - m.shape[-1]  # the key of the mask's first column
+        if k0 == 0 and k1 == total and start >= 0:
+            scores[..., start:] += m
+        elif max(k0, start) < k1:
+            first = max(k0, start)
+            scores[..., first - k0:] += m[:, first - start:k1 - start]
 
     def on_clone(self, backend, op):
         return AttentionExecution(backend, self.params, self.cache)
+
+
+def attend_key_tiles(queries: np.ndarray, keys_t: np.ndarray, values: np.ndarray, visible: int, scale: np.float32,
+                     sink_rows: np.ndarray | None, masking) -> np.ndarray:
+    """softmax(queries @ keys * scale, masked) @ values over the first `visible` keys, KEY_TILE
+    keys at a time with a running max and sum per row (a sink starts a row as a key of its own
+    logit and no value). queries [kvh, group, t, dim], keys_t [kvh, 1, dim, keys], values [kvh,
+    keys, dim]; `masking(scores, k0=, k1=)` masks a tile's scores in place. Returns [kvh, group,
+    t, dim]."""
+    rows = queries.shape[:-1] + (1,)
+    if sink_rows is None:
+        top, norm = np.full(rows, -np.inf, np.float32), np.zeros(rows, np.float32)
+    else:
+        top, norm = np.broadcast_to(sink_rows, rows).astype(np.float32), np.ones(rows, np.float32)
+    context = np.zeros(queries.shape, np.float32)
+    for k0 in range(0, visible, KEY_TILE):
+        k1 = min(visible, k0 + KEY_TILE)
+        scores = np.matmul(queries, keys_t[..., k0:k1])
+        scores *= scale
+        masking(scores, k0=k0, k1=k1)
+        grown = np.maximum(top, scores.max(axis=-1, keepdims=True))
+        shift = np.where(grown == -np.inf, np.float32(0.0), grown)  # a row masked so far: nothing to rescale
+        fade = np.exp(top - shift)
+        scores -= shift
+        np.exp(scores, out=scores)
+        norm = norm * fade + scores.sum(axis=-1, keepdims=True)
+        context *= fade
+        context += np.matmul(scores, values[:, None, k0:k1])
+        top = grown
+    context /= norm
+    return context
 
 
 def new_cache(backend, keys_transposed: bool) -> KVCache:

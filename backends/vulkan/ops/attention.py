@@ -8,7 +8,18 @@ with an online softmax over the keys (attn_fused.glsl): no scores buffer, so no 
 The cache is kept in the runtime's KV format (kv_format.py: fp32, fp16 or int8) where the one
 dispatch runs (attn_fused<dim>_half / _int8), else in fp32 (the three-dispatch path reads fp32
 texels), which is logged once per shape. Nothing recorded depends on the token: past and total
-live in the step buffer, so the dispatches replay unchanged."""
+live in the step buffer, so the dispatches replay unchanged.
+
+A decode step (one query) on the one-dispatch path runs flash-decoding once the cache holds
+`split_keys` keys (hint "vulkan_split_keys", default SPLIT_KEYS; 0: never): attn_split<dim>
+(attn_fused.glsl with SPLIT) gives each (head, split) work-group an even share of the keys and
+leaves its partial max, sum and unnormalised output, then attn_merge combines the splits. A
+decode step of attn_fused is `heads` work-groups each walking every key; split, a long cache's
+keys are spread over every thread the device has. One work-group per (split, kv head) serving
+its query heads together reads each key once, but measured 2 to 5x slower on lavapipe (the
+per-head running softmax in arrays indexed by head). Crossing the threshold re-records the
+replay once (before_run says the dispatches changed); the split count is fixed per shape and
+the shader spreads the keys over as many splits as the depth fills (SPLIT_MIN_KEYS a split)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,6 +38,9 @@ MASK_MODES = {"float": 2, "int": 3}  # attn_scores.comp: 0 none, 1 causal, 2 add
 FUSED_DIMS = (16, 32, 48, 64, 80, 96, 128)  # head dims with an attn_fused<dim> shader (a device with subgroups)
 CACHE_TEXELS = {"float": "vec4", "fp16": "half4", "int8": "char4"}  # how attn_fused reads the cache
 SHADER_SUFFIX = {"float": "", "fp16": "_half", "int8": "_int8"}
+SPLIT_KEYS = 1024  # cache length from which a decode step splits its keys (measured on lavapipe: bench/README.md)
+SPLIT_MIN_KEYS = 128  # keys a split takes at least: fewer splits at a shallower depth
+SPLIT_GROUPS = 64  # (head, split) work-groups aimed at, at most
 _FP32_LOGGED: set[tuple] = set()  # the (heads, kv heads, dim) whose fp32 fallback was logged
 
 
@@ -48,8 +62,10 @@ class AttentionExecution(Execution):
         self.mask = (0, 1, 1)
         self.scratch = None
         self.step = backend.allocator.alloc(8)  # int past, int total: this step's, for the shaders
-        self.bound = None  # (keys, values, scratch, stride) the dispatches bind
+        self.bound = None  # (keys, values, scratch, stride, split) the dispatches bind
         self.dispatches = ()
+        self.splits = 0  # key splits of a decode step (0: this shape never splits)
+        self.part = None  # the splits' partial results, attn_split -> attn_merge
 
     def on_resize(self, inputs, outputs) -> None:
         shape = self.params.layout(inputs[0].shape, inputs[1].shape)
@@ -73,6 +89,15 @@ class AttentionExecution(Execution):
                                                                                mask.cols)
         self.bound, self.dispatches = None, ()
         self.inputs, self.outputs = inputs, outputs
+        self.splits, self.part = 0, None
+        if self.fused and seq == 1 and self.split_keys():
+            self.splits = max(1, SPLIT_GROUPS // heads)
+            self.part = self.backend.allocator.alloc(heads * self.splits * (dim // 4 + 1) * 16)
+
+    def split_keys(self) -> int:
+        """The cache length from which a decode step splits its keys (0: never)."""
+        forced = self.backend.runtime.hints.vulkan_split_keys
+        return SPLIT_KEYS if forced is None else forced
 
     def before_run(self) -> bool:
         """This step's bookkeeping and past/total; True when the recorded dispatches no longer
@@ -90,20 +115,23 @@ class AttentionExecution(Execution):
                                    "or maxTexelBufferElements",
                                    field="attention")
         self.step.write(np.array([past, total], np.int32))
-        if self.bound == (keys, values, self.scratch, stride):
+        split = bool(self.splits) and total >= self.split_keys()
+        if self.bound == (keys, values, self.scratch, stride, split):
             return False
-        self.dispatches = self._dispatches(keys, values, stride)
+        self.dispatches = self._dispatches(keys, values, stride, split)
         return True
 
-    def _dispatches(self, keys, values, stride) -> tuple:
+    def _dispatches(self, keys, values, stride, split: bool) -> tuple:
         device, inputs, outputs = self.backend.device, self.inputs, self.outputs
         seq, heads, kv_heads, dim = self.shape
         if self.fused:
-            self.bound = (keys, values, self.scratch, stride)
+            self.bound = (keys, values, self.scratch, stride, split)
+            if split:
+                return self._split(keys, values)
             return (self._fused(keys, values),) if seq and stride else ()
         if self.scratch is None or self.scratch.size < max(4, seq * heads * stride * 4):
             self.scratch = self.backend.allocator.alloc(seq * heads * stride * 4)
-        self.bound = (keys, values, self.scratch, stride)
+        self.bound = (keys, values, self.scratch, stride, split)
         if not seq or not stride:
             return ()
         mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
@@ -131,23 +159,38 @@ class AttentionExecution(Execution):
 
     def _fused(self, keys, values) -> Program:
         """attn_fused<dim>: the whole op (cache append included) in one dispatch."""
-        inputs, out = self.inputs, self.outputs[0].storage
+        seq, heads = self.shape[:2]
+        groups, groups_x = fold(seq * heads, 1)
+        return self._fused_program("attn_fused", keys, values, self.outputs[0].storage, groups, groups_x, 0)
+
+    def _split(self, keys, values) -> tuple:
+        """Flash-decoding: attn_split<dim> (cache append included) into `part`, attn_merge out."""
+        heads, dim = self.shape[1], self.shape[3]
+        split = self._fused_program("attn_split", keys, values, self.part, (heads, 1, self.splits), heads,
+                                    self.splits)
+        groups, row = fold(-(-heads * dim // 4 // 64), 64)
+        merge = Program(self.backend.device, "attn_merge", [Texels(self.part, "vec4"), self.outputs[0].storage],
+                        pack_push("3iI", heads, dim // 4, self.splits, row), groups)
+        return split, merge
+
+    def _fused_program(self, shader: str, keys, values, out, groups, groups_x: int, splits: int) -> Program:
+        """attn_fused<dim> or attn_split<dim> (attn_fused.glsl) of this shape and cache format."""
+        inputs = self.inputs
         seq, heads, kv_heads, dim = self.shape
         mode, rows, cols = self.mask
         k, v = inputs[1].storage, inputs[2].storage
         mask = inputs[3].storage if len(inputs) > 3 else inputs[0].storage
         cached = self.params.kv_cache
-        groups, groups_x = fold(seq * heads, 1)
         texels = CACHE_TEXELS[self.format.name]
         bindings = [Texels(inputs[0].storage, "vec4"), Texels(k, "vec4"), Texels(v, "vec4"), Texels(keys, texels),
                     Texels(values, texels), Texels(mask, "uint"), out, keys if cached else out,
                     values if cached else out, Texels(self.step, "int")]
         if self.format.name == "int8":
             bindings += [Texels(keys, "float"), Texels(values, "float")]
-        return Program(self.backend.device, f"attn_fused{dim}{SHADER_SUFFIX[self.format.name]}", bindings,
-                       pack_push("4if4iI", seq, heads, kv_heads, self.kv_seq,
+        return Program(self.backend.device, f"{shader}{dim}{SHADER_SUFFIX[self.format.name]}", bindings,
+                       pack_push("4if4iI2i", seq, heads, kv_heads, self.kv_seq,
                                  float(np.float32(self.params.scale_for(dim))), mode, rows, cols, int(cached),
-                                 groups_x), groups)
+                                 groups_x, splits, SPLIT_MIN_KEYS), groups)
 
     def _softmax(self, rows: int, stride: int, step) -> Program:
         """attn_softmax: an invocation per row, or with subgroups a work-group of 8 per row."""

@@ -11,6 +11,10 @@
 // an R16G16B16A16 view, written packed); KV_INT8: 4 int8 per texel, a token's row being
 // kv_heads * HEAD_DIM4 texels then kv_heads float scales (read through a float view, bindings 10
 // and 11), written quantized by the work-group's subgroupMax of |x| (scale = max / 127).
+// SPLIT (attn_split<dim>.comp, flash-decoding of one query token): work-group z is a split,
+// walking only its share of the keys (whole chunks, at least p.split_keys keys a split, so at a
+// shallow depth the later splits are empty); it leaves per (head, split) HEAD_DIM4 texels of
+// unnormalised output then (max, sum, 0, 0) in O, for attn_merge.comp; split 0 appends the row.
 #extension GL_EXT_samplerless_texture_functions : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -44,7 +48,7 @@ layout(binding = 11) uniform textureBuffer CVS;
 #endif
 layout(push_constant) uniform Params {
     int seq; int heads; int kv_heads; int kv_seq; float scale;
-    int mask_mode; int mask_rows; int mask_cols; int write_cache; uint groups_x;
+    int mask_mode; int mask_rows; int mask_cols; int write_cache; uint groups_x; int splits; int split_keys;
 } p;
 
 const int PER_LANE = (HEAD_DIM4 + 7) / 8;  // output vec4s per invocation
@@ -122,7 +126,16 @@ void main() {
     int h = th % p.heads, t = th / p.heads;
     int group = p.heads / p.kv_heads, g = h / group;
     int past = texelFetch(Step, 0).x, total = texelFetch(Step, 1).x;
+#ifdef SPLIT
+    int s = int(gl_WorkGroupID.z);  // this work-group's share of the keys: whole chunks, >= split_keys a split
+    int used = clamp(total / p.split_keys, 1, p.splits);
+    int chunk = (total + used * 8 - 1) / (used * 8) * 8;
+    int begin = min(total, s * chunk), end = min(total, begin + chunk);
+    if (p.write_cache != 0 && s == 0 && h % group == 0 && t < p.kv_seq)
+#else
+    int begin = 0, end = total;
     if (p.write_cache != 0 && h % group == 0 && t < p.kv_seq)
+#endif
         store_row((t * p.kv_heads + g) * HEAD_DIM4, past + t, g, lane);
     vec4 q[HEAD_DIM4];
     int qa = (t * p.heads + h) * HEAD_DIM4;
@@ -131,10 +144,10 @@ void main() {
     float top = NEG_INF, sum = 0.0;
     vec4 acc[PER_LANE];
     for (int i = 0; i < PER_LANE; ++i) acc[i] = vec4(0.0);
-    for (int c = 0; c < total; c += 8) {
+    for (int c = begin; c < end; c += 8) {
         int j = c + lane;
         float s = NEG_INF;
-        if (j < total) {
+        if (j < end) {
             vec4 dot4 = vec4(0.0);
             for (int d = 0; d < HEAD_DIM4; ++d) dot4 += q[d] * key(j, g, d, past);
             s = dot(dot4, vec4(1.0)) * p.scale * key_scale(j, g, past);
@@ -157,7 +170,7 @@ void main() {
         for (int i = 0; i < PER_LANE; ++i) acc[i] *= rescale;
         for (int k = 0; k < 8; ++k) {
             float wk_ = subgroupShuffle(w, uint(k));
-            if (c + k >= total) break;
+            if (c + k >= end) break;
             wk_ *= value_scale(c + k, g, past);
             for (int i = 0; i < PER_LANE; ++i) {
                 int d = lane + 8 * i;
@@ -166,9 +179,18 @@ void main() {
         }
         top = new_top;
     }
+#ifdef SPLIT
+    int at = (th * p.splits + s) * (HEAD_DIM4 + 1);  // unnormalised, then (max, sum): attn_merge.comp
+    for (int i = 0; i < PER_LANE; ++i) {
+        int d = lane + 8 * i;
+        if (d < HEAD_DIM4) o[at + d] = acc[i];
+    }
+    if (lane == 0) o[at + HEAD_DIM4] = vec4(top, sum, 0.0, 0.0);
+#else
     float inv = 1.0 / sum;
     for (int i = 0; i < PER_LANE; ++i) {
         int d = lane + 8 * i;
         if (d < HEAD_DIM4) o[qa + d] = acc[i] * inv;
     }
+#endif
 }

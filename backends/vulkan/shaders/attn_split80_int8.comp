@@ -1,0 +1,7 @@
+#version 450
+#extension GL_GOOGLE_include_directive : require
+// Flash-decoding (attn_split.glsl) for head_dim 80 over an int8 KV cache; see attn_fused.glsl.
+#define HEAD_DIM4 20
+#define KV_INT8
+#define SPLIT
+#include "attn_fused.glsl"
