@@ -17,9 +17,9 @@ Why these values. fp16 keeps 11 significant bits: rounding moves a value by at m
 its magnitude (4.9e-4), and the cases' values (randn, queries up to 4x) reach a few units, so
 fp16 activations or fp16 keys and values give errors of 1e-4 to 5e-4, and up to 2.4e-3 (cpu) and
 3.4e-3 (vulkan on llvmpipe) on the long cases' queries sharpened 4x over 1500 to 4000 fp16 keys;
-FP16_TOL = 4e-3 covers those. int8
-rows keep a scale per row of ~1/127 of the row's largest |x| (symmetric max/127 on the device
-backends, (max - min)/255 on cpu): half a step is ~max|x|/254, 1.4e-2 for a randn row reaching
+FP16_TOL = 4e-3 covers those.
+int8 rows keep a scale per row of ~1/127 of the row's largest |x| (symmetric max/127 on the
+device backends, (max - min)/255 on cpu): half a step is ~max|x|/254, 1.4e-2 for a randn row reaching
 3.5, and keys' rounding moves the softmax weights too: seen up to 1.4e-2 on the short cases and
 2.5e-2 on cpu's long ones (queries sharpened 4x over 2000 to 4000 int8 keys); INT8_KV_TOL = 3e-2
 (the seeded data makes those figures exact repeats, not samples).
