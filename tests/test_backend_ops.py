@@ -10,10 +10,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import pytest
 
+from mnnllm_core.core.backend import Runtime, ScheduleConfig
 from mnnllm_core.plugins.manager import registry
-from mnnllm_core.testing import Case, CaseResult, Runner, all_cases, compare
+from mnnllm_core.testing import FP16_TOL, INT8_KV_TOL, Case, CaseResult, Runner, all_cases, compare
 
 CASES = all_cases()
 # each backend as it is installed, and the cpu backend once more on its packed-weight kernels
@@ -92,3 +94,42 @@ def test_the_catalogue_covers_every_op_type_a_backend_sees_in_the_llm_graphs() -
             "GatherV2"} <= types
     dtypes = {c.dtype for c in CASES}
     assert {"float32", "int32"} <= dtypes
+
+
+# the Attention cases a cpu run gets through quickly (not those with thousands of cached keys)
+SHORT_ATTENTION = [c for c in CASES if c.op_type == "Attention" and "long" not in c.name
+                   and not any(deep in c.name for deep in ("4096", "4059"))]
+
+
+def test_attention_on_an_fp16_kv_cache_passes_within_the_fp16_tolerance_and_would_fail_at_fp32() -> None:
+    """cpu honours the hint kv_fp16 and says so (kv_storage), so the runner compares its Attention
+    at FP16_TOL; the same outputs at the fp32 tolerance fail (fp16 rows are off by ~5e-4)."""
+    fp16 = Runner("cpu", hints={"kv_fp16": True})
+    assert fp16.runtime.runtime.kv_storage() == "fp16"
+    results = [fp16.run(case) for case in SHORT_ATTENTION]
+    assert [(r.case.id, r.reason) for r in results if r.status != "pass"] == []
+    assert {r.tolerance for r in results} == {FP16_TOL}
+    over_fp32 = []
+    for r in results:
+        expected = r.case.trial().steps[-1].expected
+        if r.outputs and expected:
+            _, problem = compare(r.outputs[0], np.asarray(expected[0]), r.case.tolerance(reference=True))
+            over_fp32 += [r.case.id] if problem else []
+    assert len(over_fp32) > len(results) // 2, over_fp32
+
+
+@pytest.mark.parametrize("mode", [9, 10])
+def test_attention_on_int8_keys_passes_within_the_int8_tolerance(mode: int) -> None:
+    cases = [c for c in SHORT_ATTENTION if c.name.startswith(("decode 4 steps", "causal prefill in chunks"))]
+    results = [Runner("cpu", hints={"attention_mode": mode}).run(case) for case in cases]
+    assert [(r.case.id, r.reason) for r in results if r.status != "pass"] == []
+    assert {r.tolerance for r in results} == {INT8_KV_TOL}
+
+
+def test_only_attention_takes_the_kv_storage_tolerance_and_a_backend_ignoring_it_keeps_float() -> None:
+    attention = next(c for c in CASES if c.op_type == "Attention")
+    binary = next(c for c in CASES if c.op_type == "BinaryOp" and c.dtype == "float32")
+    assert [attention.tolerance(True, kv_storage=kind) for kind in ("float", "fp16", "int8")] == \
+        [attention.tol, FP16_TOL, INT8_KV_TOL]
+    assert binary.tolerance(True, kv_storage="int8") == binary.tol
+    assert Runtime(ScheduleConfig(), {"kv_fp16": True, "attention_mode": 10}).kv_storage() == "float"

@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from mnnllm_core.testing import FP16_TOL, FP32_TOL
 from paths import CONFIG, LLM_MNN, MODEL_DIR, REFERENCE
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
@@ -74,6 +75,17 @@ def test_backends_json_lists_cpu_as_available():
     assert done.returncode == 0, done.stderr
     rows = {row["name"]: row for row in json.loads(done.stdout)["backends"]}
     assert rows["cpu"]["available"] and rows["cpu"]["static_shapes"] is False
+
+
+def test_test_backend_hints_set_the_kv_storage_and_the_attention_tolerance_follows_it():
+    case = ("test-backend", "cpu", "--op", "Attention", "--case", "decode 4 steps on a 7-token cache heads=9/3",
+            "--json")
+    tolerances = {}
+    for hint in ((), ("--hint", "kv_fp16=true")):
+        done = mnnllm(*case, *hint)
+        assert done.returncode == 0, done.stderr
+        tolerances[hint] = {row["tolerance"] for row in json.loads(done.stdout)["results"]}
+    assert tolerances == {(): {FP32_TOL}, ("--hint", "kv_fp16=true"): {FP16_TOL}}
 
 
 def test_errors_are_one_readable_line_and_exit_code_2(tmp_path):

@@ -42,6 +42,12 @@ class StoredKinds:
         return cls("i8" if mode.int8_keys else float_kind, "i8" if mode.int8_values else float_kind)
 
     @property
+    def storage(self) -> str:
+        """The coarser of the two as `Runtime.kv_storage` names it: "int8", "fp16" or "float"."""
+        kinds = {self.keys, self.values}
+        return "int8" if "i8" in kinds else "fp16" if "f16" in kinds else "float"
+
+    @property
     def exact(self) -> bool:
         """Whether both are fp32 (the exact path, stored as computed)."""
         return self.keys == self.values == "f32"

@@ -73,6 +73,9 @@ class CPURuntime(Runtime):
         self.kv_memory = KVMemory(self.hints.kvcache_mmap, self.hints.kvcache_limit, self.hints.tmp_path)
         self.kv_format = StoredKinds.of(self.hints.attention_mode, self.hints.kv_fp16)
 
+    def kv_storage(self) -> str:
+        return self.kv_format.storage
+
     def low_memory_kernels(self) -> bool:
         """Load the packed-weight kernels on first use (numba's import is paid only by memory "low")."""
         if self._kernels is None:

@@ -171,6 +171,9 @@ class OpenCLRuntime(Runtime):
     def create_backend(self, config: BackendConfig) -> OpenCLBackend:
         return OpenCLBackend(self, config)
 
+    def kv_storage(self) -> str:
+        return self.kv_format.name
+
     def device_name(self) -> str:
         return self.device.description
 

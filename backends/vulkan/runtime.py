@@ -163,6 +163,9 @@ class VulkanRuntime(Runtime):
     def create_backend(self, config: BackendConfig) -> VulkanBackend:
         return VulkanBackend(self, config)
 
+    def kv_storage(self) -> str:
+        return self.kv_format.name
+
     def device_name(self) -> str:
         return self.device.description
 

@@ -259,6 +259,13 @@ class Runtime:
     def device_name(self) -> str:
         return self.name
 
+    def kv_storage(self) -> str:
+        """How this runtime stores KV cache rows, as it honoured `attention_mode` and `kv_fp16`
+        (kv_format.py): "float" (as the activations), "fp16", or "int8" (keys, values or both).
+        What the conformance suite's Attention tolerance follows; a backend that ignores both
+        keeps this default."""
+        return "float"
+
 
 class RuntimeCreator:
     """Entry point of a backend: probes the device and creates the Runtime.

@@ -10,11 +10,11 @@ tolerances; a table of pass / fail / not supported (with the backend's reason) a
 `harness` runs one op through the real core path (also for a backend's own tests), `cases`
 holds the catalogue, `references` the float64 references, `runner` and `report` the rest.
 """
-from .cases import FP16_TOL, FP32_TOL, Case, Step, Trial, all_cases, perf_cases
+from .cases import FP16_TOL, FP32_TOL, INT8_KV_TOL, Case, Step, Trial, all_cases, perf_cases
 from .harness import Again, Const, Graph, OpResult, Weights, make_module, new_runtime, one_op_graph, run_op
 from .report import render, summary, table
 from .runner import CaseResult, Runner, compare, run_suite, select
 
-__all__ = ["Case", "Step", "Trial", "all_cases", "perf_cases", "FP32_TOL", "FP16_TOL", "Again", "Const", "Graph",
-           "OpResult", "Weights", "make_module", "new_runtime", "one_op_graph", "run_op", "render", "summary",
-           "table", "CaseResult", "Runner", "compare", "run_suite", "select"]
+__all__ = ["Case", "Step", "Trial", "all_cases", "perf_cases", "FP32_TOL", "FP16_TOL", "INT8_KV_TOL", "Again",
+           "Const", "Graph", "OpResult", "Weights", "make_module", "new_runtime", "one_op_graph", "run_op", "render",
+           "summary", "table", "CaseResult", "Runner", "compare", "run_suite", "select"]

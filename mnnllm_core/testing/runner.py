@@ -108,6 +108,14 @@ class Runner:
         """The reference backend: cpu in fp32 on dequantized weights (any memory but "low")."""
         return self.backend == REFERENCE_BACKEND and self.memory != "low"
 
+    def _tolerance(self, case: Case, module: StaticModule, runtime: RuntimeManager) -> float:
+        """The case's tolerance for the KV storage the runtime running it uses, as that runtime
+        reports it (`kv_storage`: a backend that ignores kv_fp16 or int8 keeps float), the
+        backup's when the op was handed to it at load (an Attention, being stateful, is)."""
+        handed = bool(module.session.pipeline.fallback_reasons)
+        ran_on = runtime.backup_runtime if handed else runtime.runtime
+        return case.tolerance(self.reference, self.fp16, ran_on.kv_storage())
+
     def run(self, case: Case, perf: bool = False) -> CaseResult:
         tol = case.tolerance(self.reference, self.fp16)
         trial = case.trial()
@@ -119,6 +127,7 @@ class Runner:
             meta.reserve, meta.batch = (), None
             info, first = one_op_graph(trial.op, trial.inputs, trial.outputs)
             module = StaticModule(info, runtime, Config(rearrange=True))
+            tol = self._tolerance(case, module, runtime)
             refusal = _batch_refusal(module, trial)
             if refusal is not None:
                 return CaseResult(case, "unsupported", refusal, None, tol)

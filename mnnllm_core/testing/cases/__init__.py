@@ -4,10 +4,10 @@ one module per op family, each with its `cases()`. What a case is and its tolera
 """
 from __future__ import annotations
 
-from .case import FP16_TOL, FP32_TOL, Case, Check, Step, Trial, ints, randn, single
+from .case import FP16_TOL, FP32_TOL, INT8_KV_TOL, Case, Check, Step, Trial, ints, randn, single
 
-__all__ = ["FP16_TOL", "FP32_TOL", "Case", "Check", "Step", "Trial", "all_cases", "ints", "perf_cases", "randn",
-           "single"]
+__all__ = ["FP16_TOL", "FP32_TOL", "INT8_KV_TOL", "Case", "Check", "Step", "Trial", "all_cases", "ints",
+           "perf_cases", "randn", "single"]
 
 
 def all_cases() -> list[Case]:
