@@ -103,6 +103,7 @@ VALID = {  # parameter name -> (a valid value, what the parameter takes)
     "begin": (0, lambda v: _is_int(v) and v >= 0),
     "end": (0, lambda v: _is_int(v) and v >= 0),
     "end_with": (None, _optional(lambda v: isinstance(v, str))),
+    "what": ("a step", lambda v: isinstance(v, str)),
 }
 TAKES = {("tokenizer_decode", "token"): lambda v: _is_int(v) or _is_ids(v),  # one id, or a list
          ("generate_init", "stream"): lambda v: v is None or v is False}  # pymnn's: no stream object here
@@ -113,7 +114,7 @@ HOSTILE = [None, 7, -3, 2.5, float("nan"), True, "x", "", b"ids", {1: 2}, {"role
            [("user",)], [1, 2], {1, 2}, np.zeros((2, 2), np.int32), np.array([1.5]), object()]
 
 NEEDS_NO_MODEL = {"load", "reset", "set_config", "dim", "cached_prefix", "make_sampler", "dump_config", "get_log",
-                  "generate_init"}  # the config is enough
+                  "generate_init", "reply_budget", "exclusive"}  # the config is enough
 
 
 def _public_methods(cls) -> list[str]:

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -176,11 +176,14 @@ class Llm(PymnnMethods):
         arguments.require_loaded(self, "kv_meta")
         return self.runtime_manager.kv_meta
 
-    @contextmanager
-    def exclusive(self, what: str) -> Iterator[None]:
+    def exclusive(self, what: str) -> AbstractContextManager[None]:
         """Hold the Llm while a step changes the conversation or the KV cache (`what` names the
-        step in the error): another thread inside a step makes this call a ConcurrentUseError,
+        step in the error): another thread inside a step makes entering it a ConcurrentUseError,
         and a live stream of this Llm is superseded. Part of the `BatchHost` protocol."""
+        return self._held(arguments.text(what, "what"))
+
+    @contextmanager
+    def _held(self, what: str) -> Iterator[None]:
         if not self._busy.acquire(blocking=False):
             raise ConcurrentUseError(f"{what} while another thread is running this Llm: an Llm serves one "
                                      f"caller at a time (use one Llm per thread, or serialize the calls)")
@@ -249,6 +252,9 @@ class Llm(PymnnMethods):
         """The graph inputs a step's tokens decide, in row order: `input_ids` (their embedding rows)
         and the extra inputs (Gemma 4's ple_embeddings); the caller adds the mask, position ids and
         logits index. Part of the `BatchHost` protocol."""
+        ids = arguments.token_ids(ids, "ids")
+        arguments.require_loaded(self, "token_inputs")
+        ids = self.tokenizer.check_ids(ids)
         return {"input_ids": self._input_embeddings(ids), **self._extra_feeds(ids)}
 
     def _commit(self, ids: list[int]) -> None:
