@@ -19,8 +19,17 @@ from .simd import (FEW_TOKENS_MAX, GROUP_ROWS, q4_few_dot, q4_group_dequantize, 
                    q8_group_dequantize, q8_group_dot)
 
 FEW_TOKENS = FEW_TOKENS_MAX  # 2 up to this many rows run the few-token GEMV (each weight byte read once)
-# a GEMV reading fewer bytes runs on the calling thread: waking the pool costs more than it saves
-PARALLEL_BYTES = int(os.environ.get("MNNLLM_PARALLEL_BYTES", 1 << 19))
+# Below these sizes a linear runs on the calling thread: waking the pool costs more than it saves.
+# One token's GEMV is bound by memory (2 MiB read in ~160 us at ~13 GB/s, several pool wake-ups):
+# at 512 KiB the shared model decoded at 137 tok/s with 2 threads, at 2 MiB at 158 (1 thread: 146).
+# A few-token or prefill product does work per byte for every row, so it splits from less.
+PARALLEL_BYTES = int(os.environ.get("MNNLLM_PARALLEL_BYTES", 2 << 20))
+FEW_PARALLEL_BYTES = 1 << 19
+
+
+def parallel_pays(nbytes: int, tokens: int) -> bool:
+    """Whether a linear over `nbytes` of weights for `tokens` rows is worth splitting over threads."""
+    return nbytes > PARALLEL_BYTES if tokens == 1 else nbytes * tokens > FEW_PARALLEL_BYTES
 DEPTH = 256  # inner-dimension block of the GEMM: a panel block of 32 KiB stays in L1/L2
 
 
@@ -250,7 +259,7 @@ class Gemv:
         self.starts[1:len(weights) + 1] = np.cumsum([w.groups for w in weights])
         self.starts[len(weights) + 1:] = self.starts[len(weights)]
         self.nbytes = sum(w.nbytes for w in weights)
-        self.parallel_worth = self.nbytes > PARALLEL_BYTES
+        self.parallel_worth = parallel_pays(self.nbytes, 1)
         self.few_flat: list[np.ndarray] = []  # per member [capacity rows][padded rows] flat, grown on demand
         self.few_capacity = 0
 
@@ -266,7 +275,7 @@ class Gemv:
     def few_parallel_worth(self, tokens: int) -> bool:
         """Whether a few-token GEMV of `tokens` rows pays for waking the pool: its work grows with
         the rows (it is compute-bound), so smaller weights than a one-token GEMV's are worth it."""
-        return self.parallel_worth or self.nbytes * tokens > PARALLEL_BYTES
+        return self.parallel_worth or parallel_pays(self.nbytes, tokens)
 
     def few(self, x: np.ndarray, threads: int) -> list[np.ndarray]:
         """Result m = x @ weights[m].T, [tokens, weights[m].groups * 32], for x [tokens, ic] of

@@ -57,7 +57,7 @@ import numpy as np
 from mnnllm_core.backend_api import Execution
 
 from ..kernels.int8_dot import BoundLinear, Int8Weight, bind, scratch_bytes
-from ..kernels.linear import FEW_TOKENS, MEMBERS, PARALLEL_BYTES
+from ..kernels.linear import FEW_TOKENS, MEMBERS, parallel_pays
 from ..replay import SharedGemvStep
 from .bias_activation import finish
 
@@ -108,7 +108,7 @@ class SharedInt8Step(SharedGemvStep):
         targets = list(self.targets())
         if self.fits:
             targets[self.member] = self.out
-        threads = self.threads if shared.nbytes * tokens > PARALLEL_BYTES else 1
+        threads = self.threads if parallel_pays(shared.nbytes, tokens) else 1
         return bind(self.x, False, shared.scratch, shared.weights, targets, threads)
 
 
@@ -129,7 +129,7 @@ class Int8LinearExecution(Execution):
         direct = self.weight.oc % 16 == 0 and self.out.flags.c_contiguous
         self.result = self.out if direct else np.empty((tokens, self.weight.rows), np.float32)
         self.threads = threads = self.backend.runtime.thread_num
-        threads = threads if self.weight.nbytes * tokens > PARALLEL_BYTES else 1
+        threads = threads if parallel_pays(self.weight.nbytes, tokens) else 1
         self.kernel = BoundLinear(self.weight, self.x, self.result, tokens > FEW_TOKENS, threads).call
 
     def on_execute(self, inputs, outputs) -> None:
