@@ -254,7 +254,10 @@ class Llm(PymnnMethods):
         logits index. Part of the `BatchHost` protocol."""
         ids = arguments.token_ids(ids, "ids")
         arguments.require_loaded(self, "token_inputs")
-        ids = self.tokenizer.check_ids(ids)
+        return self._token_feeds(self.tokenizer.check_ids(ids))
+
+    def _token_feeds(self, ids: list[int]) -> dict[str, np.ndarray]:
+        """`token_inputs` of ids already checked (each forward's, so they are not checked twice)."""
         return {"input_ids": self._input_embeddings(ids), **self._extra_feeds(ids)}
 
     def _commit(self, ids: list[int]) -> None:
@@ -297,7 +300,7 @@ class Llm(PymnnMethods):
         else:
             mask = self._decode_mask if prepared else self._attention_mask(seq)
             positions = self._position_ids(seq)
-        feeds = {**self.token_inputs(ids), "attention_mask": mask, "position_ids": positions,
+        feeds = {**self._token_feeds(ids), "attention_mask": mask, "position_ids": positions,
                  "logits_index": self._logits_index[bool(all_logits)]}
         conversation = self.conversation
         conversation.start_step(seq)
