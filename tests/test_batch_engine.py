@@ -17,7 +17,7 @@ import pytest
 import mnnllm_core
 from mnnllm_core.errors import ConfigError, ContextLengthError
 from mnnllm_core.llm.batch_engine import BatchEngine, batch_refusal, kv_bytes_per_token
-from mnnllm_core.llm.batch_plan import plan_step
+from mnnllm_core.llm.batch_plan import BATCH_SIZES, PAD_TOKEN, pad_decode, plan_step
 
 from paths import CONFIG, REFERENCE, load_shared_greedy
 
@@ -94,11 +94,27 @@ def test_the_token_budget_runs_decode_rows_first_and_chunks_prompts_in_order() -
     assert plan_step([], [], 8) is None
 
 
+def test_decode_rows_pad_to_the_smallest_size_holding_them_and_other_steps_run_as_planned() -> None:
+    three = plan_step([("a", 5), ("b", 6), ("c", 7)], [], token_budget=8)
+    padded = pad_decode(three, BATCH_SIZES)
+    assert padded.sized and padded.rows == 4 and padded.padding == 1 and padded.logits_from == 0
+    assert padded.tokens == [5, 6, 7, PAD_TOKEN] and [p.start for p in padded.parts] == [0, 1, 2]
+    assert pad_decode(plan_step([("a", 5), ("b", 6)], [], 8), BATCH_SIZES).padding == 0  # a size already
+    assert pad_decode(plan_step([("a", 5)], [], 8), BATCH_SIZES) is None  # one stream runs unpadded
+    assert pad_decode(plan_step([("a", 5), ("b", 6)], [("c", [1, 2])], 8), BATCH_SIZES) is None  # a prompt
+    assert pad_decode(three, (1, 2)) is None  # no size holds three rows
+    assert pad_decode(three, ()) is None
+
+
 def test_bad_settings_and_a_prompt_that_cannot_fit_are_typed_errors(llm) -> None:
     with pytest.raises(ConfigError, match="token_budget"):
         BatchEngine(llm, slots=4, token_budget=4)
     with pytest.raises(ConfigError, match="slots"):
         BatchEngine(llm, slots=0)
+    for sizes in ((4, 2), (0, 1), (1.5,), (True,)):
+        with pytest.raises(ConfigError, match="batch_sizes"):
+            BatchEngine(llm, slots=2, batch_sizes=sizes)
+    assert BatchEngine(llm, slots=2).batch_sizes == ()  # cpu: shapes are not static, nothing to pad
     with pytest.raises(ContextLengthError, match="max_all_tokens"):
         BatchEngine(llm, slots=1).submit([1] * llm.config.max_all_tokens, 4)
 

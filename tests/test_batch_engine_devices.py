@@ -3,15 +3,20 @@ slot_attention.py, backends/vulkan/ops/slot_attention.py): the three reference p
 in the BatchEngine give, token for token, the greedy tokens each gives alone on the same backend
 (pocl and lavapipe here: GPUs on the CPU), with prompts chunked behind decode rows; a prompt queued
 behind them takes a freed slot; `serve --parallel 3` answers three concurrent clients as each alone.
+Decode steps are padded to a few sizes (batch_plan.pad_decode): three streams run as four rows,
+each size resized once, and a padded step is one replay (on vulkan one submit) and one readback;
+padding changes no stream's tokens (exact: each row's kernels sum as they do unpadded).
 The numbers of the op itself: the conformance suite's KV slot cases."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 import pytest
 
 import mnnllm_core
 from mnnllm_core.llm.batch_engine import BatchEngine, batch_refusal
+from mnnllm_core.llm.batch_plan import BATCH_SIZES
 
 from paths import CONFIG, REFERENCE
 
@@ -38,6 +43,53 @@ def test_the_reference_prompts_run_together_on_the_device_give_the_tokens_each_g
     engine.run()
     assert [s.tokens for s in sequences] == alone
     assert engine.idle
+
+
+def counting(obj, name: str, counts: Counter, key: str, only=lambda self: True) -> None:
+    """Count the calls of `obj.name` (an instance's method, or a class's: then `only(self)` says
+    which calls count) under `key`."""
+    original = getattr(obj, name)
+    if isinstance(obj, type):
+        def counted(self, *args, **kwargs):
+            counts[key] += bool(only(self))
+            return original(self, *args, **kwargs)
+    else:
+        def counted(*args, **kwargs):
+            counts[key] += 1
+            return original(*args, **kwargs)
+    return counted
+
+
+def test_three_streams_decode_padded_to_four_rows_one_replay_a_step_with_the_tokens_each_gives_alone(
+        llm, monkeypatch) -> None:
+    alone = [llm.generate(p, TOKENS) for p in PROMPTS]
+    engine = BatchEngine(llm, slots=3)  # the default token budget: every prompt prefills in one step
+    assert engine.batch_sizes == BATCH_SIZES
+    sequences = [engine.submit(p, TOKENS) for p in PROMPTS]
+    while any(s.state != "decode" for s in sequences):
+        engine.step()
+    engine.step()  # the first step of size 4: resized and recorded
+    pipeline = engine.sized[4].static_module.session.pipeline
+    assert pipeline.replayed and pipeline.tensors[pipeline.info.input_indexes["input_ids"]].shape[0] == 4
+    counts: Counter = Counter()
+    monkeypatch.setattr(pipeline.replay, "play", counting(pipeline.replay, "play", counts, "replays"))
+    monkeypatch.setattr(pipeline.backend, "download", counting(pipeline.backend, "download", counts, "readbacks"))
+    if llm.runtime_manager.config.backend_type == "vulkan":
+        from mnnllm_backends.vulkan.device import Recorder
+        monkeypatch.setattr(Recorder, "submit", counting(Recorder, "submit", counts, "submits", lambda r: r.count))
+    for _ in range(3):
+        assert engine.slots_in_use == 3
+        before = Counter(counts)
+        assert len(engine.step()) == 3
+        step = counts - before
+        assert step == Counter(replays=1, readbacks=1, **({"submits": 1} if "submits" in counts else {})), step
+    assert "submits" in counts or llm.runtime_manager.config.backend_type == "opencl"
+    assert pipeline.replay.records == 1 and engine.sized[4].static_module.session.resize_count == 1
+    monkeypatch.undo()
+    engine.run()
+    assert [s.tokens for s in sequences] == alone
+    assert engine.padding_run >= 4
+    assert all(nbytes > 0 for nbytes in engine.sized_memory().values())
 
 
 def test_serve_parallel_on_the_device_answers_concurrent_clients_as_each_alone(llm) -> None:

@@ -17,6 +17,15 @@ whose attention mask is MNN's scalar float mask with "full" attention; the backe
 must be slot-aware (else UnsupportedError saying why: the caller runs requests one at a time).
 The engine uses only the Llm's public `BatchHost` protocol (batch_host.py).
 Steps of a new shape run the per-op loop once (and resize); a shape seen again replays.
+
+On a static-shape backend (the runtime says `static_shapes`) a step of decode rows only is padded
+(batch_plan.pad_decode) to the smallest of `batch_sizes` (default BATCH_SIZES) holding its rows:
+each size is one module clone, resized once and kept for the engine's life (apart from the LRU
+of other shapes), and a decode step replays it (one submit, one readback) as streams come and go
+(a backend that records the row table, vulkan, records a size again when the streams in its rows
+change, never resizes). The padding rows are one group in the KV slot after the engine's slots,
+which no sequence uses: each step it keeps nothing and takes the padding rows, so they attend
+only to each other and no sequence's cache sees them. `sized_memory()` reports what the sizes hold.
 """
 from __future__ import annotations
 
@@ -33,7 +42,7 @@ from ..core.kv_slots import BatchMeta, SlotRows, slot_refusal
 from ..core.op_params import AttentionParams
 from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedError
 from .attention_mask import step_mask
-from .batch_plan import StepPlan, plan_step
+from .batch_plan import BATCH_SIZES, StepPlan, pad_decode, plan_step
 from .context import LlmContext
 from .conversation import Conversation
 from .kv_reuse import reuse_enabled
@@ -102,7 +111,8 @@ class BatchEngine:
     one-sequence step (no batch table; a decode step replays as one compiled program), so one
     stream through the engine runs as fast as alone."""
 
-    def __init__(self, llm: "BatchHost", slots: int = 4, token_budget: int = TOKEN_BUDGET):
+    def __init__(self, llm: "BatchHost", slots: int = 4, token_budget: int = TOKEN_BUDGET,
+                 batch_sizes: Sequence[int] | None = None):
         if llm.module is None:
             raise MnnllmError("the Llm is not loaded: call load() first", field="llm")
         if not isinstance(slots, int) or slots < 1:
@@ -110,6 +120,11 @@ class BatchEngine:
         if not isinstance(token_budget, int) or token_budget <= slots:
             raise ConfigError(f"token_budget must be an integer above the {slots} slots (each decoding slot takes "
                               f"a row every step), got {token_budget!r}", field="token_budget")
+        if batch_sizes is None:
+            batch_sizes = BATCH_SIZES if llm.runtime_manager.static_shapes else ()
+        if any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in batch_sizes) \
+                or list(batch_sizes) != sorted(set(batch_sizes)):
+            raise ConfigError(f"batch_sizes must be ascending integers >= 1, got {batch_sizes!r}", field="batch_sizes")
         refusal = batch_refusal(llm)
         if refusal is not None:
             raise UnsupportedError(f"continuous batching: {refusal}", field="parallel")
@@ -120,11 +135,14 @@ class BatchEngine:
         self.slots = [Slot(0, llm.conversation)] + [Slot(i) for i in range(1, slots)]
         self.waiting: deque[BatchSequence] = deque()
         self.running: list[BatchSequence] = []  # in admission order
+        self.batch_sizes = tuple(batch_sizes)
         self._clones: OrderedDict[tuple[int, int, bool], "NetModule"] = OrderedDict()
+        self.sized: dict[int, "NetModule"] = {}  # padded decode steps: one clone per size, never evicted
         self._ids = itertools.count(1)
         self._lock = threading.Lock()  # guards `waiting` against submit/cancel from other threads
         self.steps = 0
         self.rows_run = 0
+        self.padding_run = 0  # padding rows run (padded decode steps)
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
@@ -171,6 +189,8 @@ class BatchEngine:
                          [(s, s.pending) for s in self.running if s.state == PREFILL], self.token_budget)
         if plan is None:
             return []
+        padded = pad_decode(plan, self.batch_sizes)
+        plan = plan if padded is None else padded
         with self.llm.exclusive("a batch step"):
             logits = self._forward(plan)
         emitted = []
@@ -196,7 +216,8 @@ class BatchEngine:
             elif len(sequence.tokens) >= sequence.budget:
                 self._finish(sequence, "length")
         self.steps += 1
-        self.rows_run += plan.rows
+        self.rows_run += plan.rows - plan.padding
+        self.padding_run += plan.padding
         return emitted
 
     def _drop_cancelled(self) -> None:
@@ -241,6 +262,9 @@ class BatchEngine:
             past = len(conversation)
             groups.append(SlotRows(part.owner.slot.index, part.start, len(part.tokens), conversation.meta))
             positions.append(np.arange(past, past + len(part.tokens), dtype=np.int32))
+        if plan.padding:  # the slot after the engine's: empty each step, then the padding rows
+            groups.append(SlotRows(len(self.slots), plan.rows - plan.padding, plan.padding, KVMeta(add=plan.padding)))
+            positions.append(np.arange(plan.padding, dtype=np.int32))
         ids = plan.tokens
         position_ids = np.concatenate(positions).reshape(1, -1)
         if llm.config.is_mrope:
@@ -252,16 +276,29 @@ class BatchEngine:
         meta = llm.runtime_manager.kv_meta
         meta.batch = None if alone else BatchMeta(tuple(groups))
         try:
-            outputs = self._clone(key).forward(feeds)
+            outputs = self._clone(key, plan.sized).forward(feeds)
         except BaseException:
             self._clones.pop(key, None)  # an interrupted run may leave its clone half resized
+            if plan.sized:
+                self.sized.pop(plan.rows, None)
             raise
         finally:
             meta.batch = None
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1])
 
-    def _clone(self, key: tuple[int, int, bool]) -> "NetModule":
+    def sized_memory(self) -> dict[int, int]:
+        """Per padded size recorded so far, the bytes of the step buffers its clone holds (the
+        distinct storages of its tensors, as the tensors size them): what keeping the sizes costs
+        beyond the weights and KV caches, which every clone shares."""
+        return {size: step_bytes(module) for size, module in sorted(self.sized.items())}
+
+    def _clone(self, key: tuple[int, int, bool], sized: bool = False) -> "NetModule":
+        if sized:
+            module = self.sized.get(key[0])
+            if module is None:
+                module = self.sized[key[0]] = self.llm.module.clone()
+            return module
         module = self._clones.get(key)
         if module is None:
             module = self._clones[key] = self.llm.module.clone()
@@ -283,6 +320,18 @@ def batch_refusal(llm: "BatchHost") -> str | None:
                 "MNN's scalar float mask with full attention")
     executions = [e for _, e in llm.module.static_module.session.pipeline.executions.values()]
     return slot_refusal(executions)
+
+
+def step_bytes(module: "NetModule") -> int:
+    """Bytes of the storages a resized module's tensors hold apart from its constants (several
+    tensors sharing one storage count once, at the largest)."""
+    pipeline = module.static_module.session.pipeline
+    sizes: dict[int, int] = {}
+    for tensor in pipeline.tensors:
+        if tensor.storage is not None and tensor.index not in pipeline.info.constants:
+            key = id(tensor.storage)
+            sizes[key] = max(sizes.get(key, 0), tensor.nbytes)
+    return sum(sizes.values())
 
 
 def kv_bytes_per_token(llm: "BatchHost") -> int:

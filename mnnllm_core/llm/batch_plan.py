@@ -8,6 +8,11 @@ logits needed sit at the end: chunks that do not finish their prompt first, then
 do (only their last row's logits are read), then the decode rows; the graph's `logits_index`
 (the first row whose logits it computes) is the first needed row, so the lm_head runs over few
 rows more than needed (the inner rows of prompt-finishing chunks after the first).
+
+Padding (`pad_decode`): on a static-shape backend every new row count is a resize and a recording
+of its own, so a step of decode rows only runs at one of a few sizes (BATCH_SIZES), the smallest
+that holds its rows; the rows after them are padding, which run (one group of their own, in a
+KV slot no sequence uses) and whose outputs are dropped. Each size is resized once.
 """
 from __future__ import annotations
 
@@ -30,13 +35,22 @@ class Part:
         return self.start + len(self.tokens) - 1
 
 
+BATCH_SIZES = (1, 2, 4, 8)  # the row counts of a padded decode step (static-shape backends)
+PAD_TOKEN = 0  # what a padding row feeds (its outputs are dropped; every vocabulary has id 0)
+
+
 @dataclass
 class StepPlan:
+    """`parts` in row order, then `padding` rows of no part (a padded decode step: they run and
+    nobody reads their logits); `sized`: a decode step at one of the padded sizes."""
+
     parts: list[Part]
+    padding: int = 0
+    sized: bool = False
 
     @property
     def rows(self) -> int:
-        return sum(len(p.tokens) for p in self.parts)
+        return sum(len(p.tokens) for p in self.parts) + self.padding
 
     @property
     def logits_from(self) -> int:
@@ -46,7 +60,8 @@ class StepPlan:
 
     @property
     def tokens(self) -> list[int]:
-        return [t for p in self.parts for t in p.tokens]
+        """The step's token ids in row order (PAD_TOKEN on padding rows)."""
+        return [t for p in self.parts for t in p.tokens] + [PAD_TOKEN] * self.padding
 
 
 def plan_step(decoding: Sequence[tuple[object, int]], prefilling: Sequence[tuple[object, Sequence[int]]],
@@ -70,3 +85,20 @@ def plan_step(decoding: Sequence[tuple[object, int]], prefilling: Sequence[tuple
         part.start = at
         at += len(part.tokens)
     return StepPlan(parts)
+
+
+def padded_size(rows: int, sizes: Sequence[int]) -> int | None:
+    """The smallest of `sizes` (ascending) holding `rows` rows; None when none does."""
+    return next((size for size in sizes if size >= rows), None)
+
+
+def pad_decode(plan: StepPlan, sizes: Sequence[int]) -> StepPlan | None:
+    """`plan` as a decode step of the smallest of `sizes` holding its rows, padding after them.
+    None when the plan is not decode rows only (one row each, its logits read), has a single row
+    (one stream runs unpadded), or no size holds it (it then runs at its own row count)."""
+    if len(plan.parts) < 2 or any(not p.logits or len(p.tokens) != 1 for p in plan.parts):
+        return None
+    size = padded_size(len(plan.parts), sizes)
+    if size is None:
+        return None
+    return StepPlan(plan.parts, size - len(plan.parts), sized=True)
