@@ -3,20 +3,26 @@ the aggregate decode speed of S streams decoding together in the BatchEngine
 (llm/batch_engine.py) against the same S streams run one after another.
 
 Each stream has its own prompt (PROMPT distinct token ids, no shared prefix) and decodes -n tokens
-(stop tokens banned, so every stream runs its whole budget). "alone": the streams one after
-another through `Llm.generate`, decode tok/s = decoded tokens / decode time (the context's
+(stop tokens banned, so every stream runs its whole budget; with --stagger K stream i decodes
+K*i fewer, so streams leave one by one and the steps change row count). "alone": the streams one
+after another through `Llm.generate`, decode tok/s = decoded tokens / decode time (the context's
 decode_us). "together": the streams in one engine of S slots; once every stream decodes, the
-steps are timed: decode tok/s = tokens emitted / time. A warm-up of each shape runs first
-(the first steps of a shape resize and record its replay). The two alternate for --rounds rounds
-(the mean of each is printed), so the machine's drift hits both alike.
+steps are timed: decode tok/s = tokens emitted / time, and the median host time of a step. On a
+static-shape backend (opencl, vulkan ...) "together" runs twice: unpadded (batch_sizes=(): each
+row count its own clone, as before padding) and padded (decode steps padded to the engine's
+BATCH_SIZES). Each engine lives through the rounds (as the server's does) after a warm-up run
+(which meets every row count the streams leave behind: the figures are the steady state).
+The modes alternate for --rounds rounds (the mean of each is printed; the engines' order turns
+each round), so the machine's drift hits them alike; the load average is printed before and after.
 
     python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low]
-                                [--backend opencl] [--hint KEY=JSON]
+                                [--backend opencl] [--hint KEY=JSON] [--stagger K]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -24,6 +30,7 @@ from pathlib import Path
 
 import mnnllm_core
 from mnnllm_core.llm.batch_engine import BatchEngine
+from mnnllm_core.llm.batch_plan import BATCH_SIZES
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / \
     "config.json"
@@ -45,15 +52,24 @@ def alone(llm, streams: list[list[int]], n: int, sampler) -> float:
     return decoded / seconds
 
 
-def together(llm, streams: list[list[int]], n: int, sampler) -> float:
-    engine = BatchEngine(llm, slots=len(streams))
-    sequences = [engine.submit(p, n, sampler) for p in streams]
-    while any(s.state != "decode" for s in sequences):
+def together(engine: BatchEngine, streams: list[list[int]], n: int, sampler, stagger: int = 0) -> tuple[float, float]:
+    """(decode tok/s, median ms a step) of the streams decoding together in `engine`. Its slots
+    forget their history first: the engines of the modes take turns on the same KV slots."""
+    for slot in engine.slots:
+        slot.conversation.rewind(0)
+    sequences = [engine.submit(p, max(1, n - stagger * i), sampler) for i, p in enumerate(streams)]
+    while any(s.state != "decode" for s in sequences if not s.finished):
         engine.step()
-    emitted, start = 0, time.perf_counter()
+    emitted, times = 0, []
     while not engine.idle:
+        start = time.perf_counter()
         emitted += len(engine.step())
-    return emitted / (time.perf_counter() - start)
+        times.append(time.perf_counter() - start)
+    return emitted / sum(times), statistics.median(times) * 1e3
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
@@ -66,6 +82,7 @@ def main() -> None:
     parser.add_argument("--memory", default=None, help="the config's memory mode (default: the model's own)")
     parser.add_argument("--hint", action="append", default=[], metavar="KEY=JSON",
                         help="a runtime hint, e.g. cpu_int8_activations=true (repeatable)")
+    parser.add_argument("--stagger", type=int, default=0, help="stream i decodes this many tokens fewer per i")
     parser.add_argument("--backend", default=None, help="backend_type (default: the model's own; opencl, vulkan ...)")
     args = parser.parse_args()
     llm = mnnllm_core.create(args.config)
@@ -78,21 +95,32 @@ def main() -> None:
     llm.set_config(settings)
     llm.load()
     sampler = llm.make_sampler({"sampler_type": "greedy", "banned_tokens": sorted(llm.tokenizer.stop_ids)})
+    static = llm.runtime_manager.static_shapes
     counts = [int(c) for c in args.streams.split(",")]
     vocab = llm.tokenizer.vocab_size
-    print(f"| streams | alone tok/s | together tok/s | speed-up |  ({Path(args.config).parent.name}, "
-          f"{llm.runtime_manager.config.backend_type}, memory {llm.config.memory}, -n {args.n}, {args.t} threads)")
-    print("|---|---|---|---|")
+    modes = {"together": (), "padded": BATCH_SIZES} if static else {"together": ()}
+    header = " | ".join(f"{m} tok/s | {m} ms/step" for m in modes)
+    print(f"load average {load()}: {Path(args.config).parent.name}, {llm.runtime_manager.config.backend_type}, "
+          f"memory {llm.config.memory}, -n {args.n}, stagger {args.stagger}, {args.t} threads, {args.rounds} rounds")
+    print(f"| streams | alone tok/s | {header} | speed-up |")
+    print("|---|---|" + "---|---|" * len(modes) + "---|")
     for count in counts:
         streams = prompts(count, vocab)
-        together(llm, streams, 4, sampler)  # warm-up: this many rows' shapes resized and recorded
+        engines = {m: BatchEngine(llm, slots=count, batch_sizes=sizes) for m, sizes in modes.items()}
+        for engine in engines.values():  # warm-up: the shapes (as the streams leave too) resized and recorded
+            together(engine, streams, 4, sampler, min(args.stagger, 1))
         alone(llm, streams[:1], 4, sampler)
-        ones, manys = [], []
-        for _ in range(args.rounds):
+        ones, manys = [], {m: [] for m in modes}
+        for round_ in range(args.rounds):  # the engines' order turns each round: neither always runs last
             ones.append(alone(llm, streams, args.n, sampler))
-            manys.append(together(llm, streams, args.n, sampler))
-        one, many = statistics.mean(ones), statistics.mean(manys)
-        print(f"| {count} | {one:.2f} | {many:.2f} | {many / one:.2f}x |", flush=True)
+            for mode, engine in list(engines.items())[::-1 if round_ % 2 else 1]:
+                manys[mode].append(together(engine, streams, args.n, sampler, args.stagger))
+        one = statistics.mean(ones)
+        cells = " | ".join(f"{statistics.mean(r[0] for r in runs):.2f} | {statistics.mean(r[1] for r in runs):.1f}"
+                           for runs in manys.values())
+        last = statistics.mean(r[0] for r in list(manys.values())[-1])
+        print(f"| {count} | {one:.2f} | {cells} | {last / one:.2f}x |", flush=True)
+    print(f"load average {load()}")
 
 
 if __name__ == "__main__":

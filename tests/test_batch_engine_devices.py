@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import numpy as np
 import pytest
 
 import mnnllm_core
@@ -90,6 +91,33 @@ def test_three_streams_decode_padded_to_four_rows_one_replay_a_step_with_the_tok
     assert [s.tokens for s in sequences] == alone
     assert engine.padding_run >= 4
     assert all(nbytes > 0 for nbytes in engine.sized_memory().values())
+
+
+def test_padding_leaves_the_real_rows_logits_bit_for_bit_those_of_the_unpadded_step(llm) -> None:
+    """The three prompts' steps with padding (3 rows run as 4) and without: the real rows' logits
+    equal bit for bit (pocl and lavapipe; a device whose linear kernels sum differently for 3 and
+    4 rows would leave the tokens equal, within float32 rounding of the logits)."""
+    runs = []
+    for sizes in (BATCH_SIZES, ()):
+        engine = BatchEngine(llm, slots=3, batch_sizes=sizes)
+        for slot in engine.slots:  # the other run's rows are in these KV slots: start empty
+            slot.conversation.rewind(0)
+        steps = []
+        forward = engine._forward
+
+        def recorded(plan, forward=forward, steps=steps):
+            logits = forward(plan)
+            steps.append((plan.rows, logits[:plan.rows - plan.padding].copy()))
+            return logits
+        engine._forward = recorded
+        for p in PROMPTS:
+            engine.submit(p, 6)
+        engine.run()
+        runs.append(steps)
+    padded, unpadded = runs
+    assert (4, 3) in {(p[0], u[0]) for p, u in zip(padded, unpadded)}
+    for (_, mine), (_, theirs) in zip(padded, unpadded):
+        np.testing.assert_array_equal(mine, theirs)
 
 
 def test_serve_parallel_on_the_device_answers_concurrent_clients_as_each_alone(llm) -> None:

@@ -79,3 +79,49 @@ def test_the_device_attentions_are_slot_aware(backend: str) -> None:
     executions = [e for _, e in module.session.pipeline.executions.values()]
     assert slot_refusal(executions) is None
     assert any(e.backend.name == backend and e.slot_aware for e in executions)
+
+
+def test_a_stateful_op_that_does_not_say_it_is_slot_aware_is_refused_naming_its_class_and_backend() -> None:
+    """A plugin's Attention tells the core nothing about slots: `Execution.slot_aware` is False
+    unless it says otherwise, and an op stateful by its type counts even when its state is no
+    KVCache (a plugin may keep it in tensors of its own)."""
+    from mnnllm_core.core.backend import Execution
+
+    class Elsewhere:
+        name = "elsewhere"
+
+    class OwnState(Execution):
+        def __init__(self):
+            super().__init__(Elsewhere())
+            self.keys = []  # not a KVCache
+
+    class Cached(OwnState):
+        def __init__(self):
+            super().__init__()
+            self.cache = KVCache()
+
+    own = OwnState()
+    assert not own.slot_aware
+    assert "no KV cache" in slot_refusal([own])  # by its attributes alone nothing shows state
+    assert slot_refusal([own], [own]) == "OwnState on elsewhere each keep one sequence's state only (not slot-aware)"
+    assert "Cached on elsewhere" in slot_refusal([Cached()])
+
+
+def test_the_webgpu_plugin_attention_is_refused_for_batches_naming_webgpu() -> None:
+    from mnnllm_core.core.backend import ScheduleConfig
+    from mnnllm_core.errors import BackendError
+    from mnnllm_core.plugins.manager import registry
+    try:
+        ok, reason = registry().get("webgpu").is_available()
+    except BackendError as err:  # the plugin is not installed
+        pytest.skip(str(err))
+    if not ok:
+        pytest.skip(f"webgpu unavailable: {reason}")
+    manager = RuntimeManager.create(ScheduleConfig(backend_type="webgpu", thread_num=2))
+    feeds = [np.zeros((1, 64, 1, 1), np.float32), np.zeros((1, 32, 1, 1), np.float32),
+             np.zeros((1, 32, 1, 1), np.float32), np.zeros((1, 1, 1, 1), np.float32)]
+    info, _ = one_op_graph(attention_op(4, 2, 16), feeds, 1)
+    module = StaticModule(info, manager, Config(rearrange=True))
+    executions = [e for _, e in module.session.pipeline.executions.values()]
+    refusal = slot_refusal(executions, executions)
+    assert refusal is not None and "on webgpu" in refusal and "not slot-aware" in refusal

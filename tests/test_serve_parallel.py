@@ -152,3 +152,22 @@ def test_auto_takes_the_slots_that_fit_and_an_explicit_count_that_does_not_fit_i
         slots.plan_slots(llm, 6)
     monkeypatch.setattr(slots, "available_memory", lambda: 100 * per_slot)
     assert slots.plan_slots(llm, "auto").parallel == slots.AUTO_MAX
+
+
+def test_a_model_whose_attention_is_not_slot_aware_serves_one_at_a_time_or_is_refused_naming_it(llm, monkeypatch):
+    """What a plugin's Attention gives (webgpu's, torch's: `Execution.slot_aware` False): auto
+    serves one request at a time and says why; an explicit --parallel and the engine are typed
+    errors naming the op and its backend."""
+    from mnnllm_core.errors import UnsupportedError
+    from mnnllm_core.llm.batch_engine import BatchEngine
+
+    pipeline = llm.module.static_module.session.pipeline
+    attention = next(e for node, (_, e) in pipeline.executions.items()
+                     if pipeline.info.nodes[node].op.type == "Attention")
+    monkeypatch.setattr(type(attention), "slot_aware", False)
+    plan = slots.plan_slots(llm, "auto")
+    assert plan.parallel == 1 and f"one at a time: {type(attention).__name__} on cpu" in plan.describe()
+    with pytest.raises(ConfigError, match="not slot-aware"):
+        slots.plan_slots(llm, 2)
+    with pytest.raises(UnsupportedError, match=f"{type(attention).__name__} on cpu .*not slot-aware"):
+        BatchEngine(llm, slots=2)

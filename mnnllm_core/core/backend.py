@@ -66,6 +66,10 @@ class Execution:
     """
 
     packed_bytes = 0
+    # Whether this op (one keeping per-sequence state: Attention, LinearAttention) runs a step of
+    # several KV slots' rows (`kv_meta.batch`, kv_slots.py); an op that does not say so keeps one
+    # sequence, and a model with such an op runs its sequences one at a time (`slot_refusal`).
+    slot_aware = False
     # Whether this op's steps only launch device work (no host decision on a value that
     # changes per token), so a replay may capture them once into a device graph (a CUDA
     # graph); False makes such a replay run its steps call by call.

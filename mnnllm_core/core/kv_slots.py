@@ -161,14 +161,19 @@ def slot_aware_creator(create: Callable[..., Any], execution: Callable[..., "Exe
     return creator
 
 
-def stateful_executions(executions: Sequence[object]) -> list[object]:
-    """The executions keeping per-token state (a KVCache attribute): the ones a batch must split."""
-    return [e for e in executions if any(isinstance(value, KVCache) for value in vars(e).values())]
+def stateful_executions(executions: Sequence[object], stateful_ops: Sequence[object] = ()) -> list[object]:
+    """The executions keeping per-token state: those holding a KVCache, and `stateful_ops` (the
+    executions of the ops that keep state by their type, whatever they keep it in): the ones a
+    batch must split."""
+    found = {id(e): e for e in stateful_ops}
+    found.update((id(e), e) for e in executions if any(isinstance(value, KVCache) for value in vars(e).values()))
+    return list(found.values())
 
 
-def slot_refusal(executions: Sequence[object]) -> str | None:
-    """Why these executions (one module's) cannot run a batch of slots, or None."""
-    stateful = stateful_executions(executions)
+def slot_refusal(executions: Sequence[object], stateful_ops: Sequence[object] = ()) -> str | None:
+    """Why these executions (one module's) cannot run a batch of slots, or None; it names each
+    stateful op's class and backend that is not slot-aware (`Execution.slot_aware`)."""
+    stateful = stateful_executions(executions, stateful_ops)
     if not stateful:
         return "the model keeps no KV cache"
     unaware = sorted({f"{type(e).__name__} on {e.backend.name}" for e in stateful

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..core.kv_meta import KVMeta
 from ..core.kv_slots import BatchMeta, SlotRows, slot_refusal
+from ..core.pipeline import STATEFUL
 from ..core.op_params import AttentionParams
 from ..errors import ConfigError, ContextLengthError, MnnllmError, UnsupportedError
 from .attention_mask import step_mask
@@ -318,8 +319,10 @@ def batch_refusal(llm: "BatchHost") -> str | None:
     if cfg.attention_mask != "float" or cfg.attention_type != "full":
         return (f"attention_mask {cfg.attention_mask!r} with attention_type {cfg.attention_type!r}: batches take "
                 "MNN's scalar float mask with full attention")
-    executions = [e for _, e in llm.module.static_module.session.pipeline.executions.values()]
-    return slot_refusal(executions)
+    pipeline = llm.module.static_module.session.pipeline
+    executions = [e for _, e in pipeline.executions.values()]
+    stateful = [e for node, (_, e) in pipeline.executions.items() if pipeline.info.nodes[node].op.type in STATEFUL]
+    return slot_refusal(executions, stateful)
 
 
 def step_bytes(module: "NetModule") -> int:
