@@ -95,15 +95,17 @@ def test_the_token_budget_runs_decode_rows_first_and_chunks_prompts_in_order() -
 
 
 def test_decode_rows_pad_to_the_smallest_size_holding_them_and_other_steps_run_as_planned() -> None:
+    slot = "cab".index  # the owners' slots: c in 0, a in 1, b in 2
     three = plan_step([("a", 5), ("b", 6), ("c", 7)], [], token_budget=8)
-    padded = pad_decode(three, BATCH_SIZES)
+    padded = pad_decode(three, BATCH_SIZES, slot)
     assert padded.sized and padded.rows == 4 and padded.padding == 1 and padded.logits_from == 0
-    assert padded.tokens == [5, 6, 7, PAD_TOKEN] and [p.start for p in padded.parts] == [0, 1, 2]
-    assert pad_decode(plan_step([("a", 5), ("b", 6)], [], 8), BATCH_SIZES).padding == 0  # a size already
-    assert pad_decode(plan_step([("a", 5)], [], 8), BATCH_SIZES) is None  # one stream runs unpadded
-    assert pad_decode(plan_step([("a", 5), ("b", 6)], [("c", [1, 2])], 8), BATCH_SIZES) is None  # a prompt
-    assert pad_decode(three, (1, 2)) is None  # no size holds three rows
-    assert pad_decode(three, ()) is None
+    assert padded.tokens == [7, 5, 6, PAD_TOKEN]  # in slot order, then the padding
+    assert [(p.owner, p.start, p.last_row) for p in padded.parts] == [("c", 0, 0), ("a", 1, 1), ("b", 2, 2)]
+    assert pad_decode(plan_step([("a", 5), ("b", 6)], [], 8), BATCH_SIZES, slot).padding == 0  # a size already
+    assert pad_decode(plan_step([("a", 5)], [], 8), BATCH_SIZES, slot) is None  # one stream runs unpadded
+    assert pad_decode(plan_step([("a", 5), ("b", 6)], [("c", [1, 2])], 8), BATCH_SIZES, slot) is None  # a prompt
+    assert pad_decode(three, (1, 2), slot) is None  # no size holds three rows
+    assert pad_decode(three, (), slot) is None
 
 
 def test_bad_settings_and_a_prompt_that_cannot_fit_are_typed_errors(llm) -> None:

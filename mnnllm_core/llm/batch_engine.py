@@ -19,7 +19,8 @@ The engine uses only the Llm's public `BatchHost` protocol (batch_host.py).
 Steps of a new shape run the per-op loop once (and resize); a shape seen again replays.
 
 On a static-shape backend (the runtime says `static_shapes`) a step of decode rows only is padded
-(batch_plan.pad_decode) to the smallest of `batch_sizes` (default BATCH_SIZES) holding its rows:
+(batch_plan.pad_decode) to the smallest of `batch_sizes` (default BATCH_SIZES) holding its rows,
+in slot order (the same slots running, the same row table):
 each size is one module clone, resized once and kept for the engine's life (apart from the LRU
 of other shapes), and a decode step replays it (one submit, one readback) as streams come and go
 (a backend that records the row table, vulkan, records a size again when the streams in its rows
@@ -190,7 +191,7 @@ class BatchEngine:
                          [(s, s.pending) for s in self.running if s.state == PREFILL], self.token_budget)
         if plan is None:
             return []
-        padded = pad_decode(plan, self.batch_sizes)
+        padded = pad_decode(plan, self.batch_sizes, lambda sequence: sequence.slot.index)
         plan = plan if padded is None else padded
         with self.llm.exclusive("a batch step"):
             logits = self._forward(plan)

@@ -11,13 +11,13 @@ rows more than needed (the inner rows of prompt-finishing chunks after the first
 
 Padding (`pad_decode`): on a static-shape backend every new row count is a resize and a recording
 of its own, so a step of decode rows only runs at one of a few sizes (BATCH_SIZES), the smallest
-that holds its rows; the rows after them are padding, which run (one group of their own, in a
+that holds its rows, in slot order; the rows after them are padding, which run (one group of their own, in a
 KV slot no sequence uses) and whose outputs are dropped. Each size is resized once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 @dataclass
@@ -92,13 +92,17 @@ def padded_size(rows: int, sizes: Sequence[int]) -> int | None:
     return next((size for size in sizes if size >= rows), None)
 
 
-def pad_decode(plan: StepPlan, sizes: Sequence[int]) -> StepPlan | None:
-    """`plan` as a decode step of the smallest of `sizes` holding its rows, padding after them.
-    None when the plan is not decode rows only (one row each, its logits read), has a single row
-    (one stream runs unpadded), or no size holds it (it then runs at its own row count)."""
+def pad_decode(plan: StepPlan, sizes: Sequence[int], order: Callable[[object], int]) -> StepPlan | None:
+    """`plan` as a decode step of the smallest of `sizes` holding its rows, its rows sorted by
+    `order(owner)` (the slot: the same slots running give the same row table, which a backend
+    that records the table records once), padding after them. None when the plan is not decode
+    rows only (one row each, its logits read), has a single row (one stream runs unpadded), or no
+    size holds it (it then runs at its own row count)."""
     if len(plan.parts) < 2 or any(not p.logits or len(p.tokens) != 1 for p in plan.parts):
         return None
     size = padded_size(len(plan.parts), sizes)
     if size is None:
         return None
-    return StepPlan(plan.parts, size - len(plan.parts), sized=True)
+    ranked = sorted(plan.parts, key=lambda part: order(part.owner))
+    parts = [Part(part.owner, part.tokens, True, row) for row, part in enumerate(ranked)]
+    return StepPlan(parts, size - len(parts), sized=True)
