@@ -10,6 +10,7 @@ The numbers of the op itself: the conformance suite's KV slot cases."""
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 
 import numpy as np
@@ -62,7 +63,8 @@ def counting(obj, name: str, counts: Counter, key: str, only=lambda self: True) 
 
 
 def test_three_streams_decode_padded_to_four_rows_one_replay_a_step_with_the_tokens_each_gives_alone(
-        llm, monkeypatch) -> None:
+        llm, monkeypatch, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="mnnllm_core.llm.batch_engine")
     alone = [llm.generate(p, TOKENS) for p in PROMPTS]
     engine = BatchEngine(llm, slots=3)  # the default token budget: every prompt prefills in one step
     assert engine.batch_sizes == BATCH_SIZES
@@ -91,6 +93,7 @@ def test_three_streams_decode_padded_to_four_rows_one_replay_a_step_with_the_tok
     assert [s.tokens for s in sequences] == alone
     assert engine.padding_run >= 4
     assert all(nbytes > 0 for nbytes in engine.sized_memory().values())
+    assert any("decode steps of 4 rows resized and recorded" in r.getMessage() for r in caplog.records)
 
 
 def test_padding_leaves_the_real_rows_logits_bit_for_bit_those_of_the_unpadded_step(llm) -> None:

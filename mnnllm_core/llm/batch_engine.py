@@ -26,11 +26,13 @@ of other shapes), and a decode step replays it (one submit, one readback) as str
 (a backend that records the row table, vulkan, records a size again when the streams in its rows
 change, never resizes). The padding rows are one group in the KV slot after the engine's slots,
 which no sequence uses: each step it keeps nothing and takes the padding rows, so they attend
-only to each other and no sequence's cache sees them. `sized_memory()` reports what the sizes hold.
+only to each other and no sequence's cache sees them. `sized_memory()` reports what the sizes hold
+(logged as each size is first recorded).
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
     from ..express.module import NetModule
     from .batch_host import BatchHost
     from .sampler import Sampler
+
+log = logging.getLogger(__name__)
 
 TOKEN_BUDGET = 64  # rows a step runs at most: decode rows first, prompt chunks in what is left
 CLONES = 8  # resized module clones kept, one per step shape (rows, first logits row, batched)
@@ -277,8 +281,12 @@ class BatchEngine:
         key = (plan.rows, plan.logits_from, not alone)
         meta = llm.runtime_manager.kv_meta
         meta.batch = None if alone else BatchMeta(tuple(groups))
+        first = plan.sized and plan.rows not in self.sized
         try:
             outputs = self._clone(key, plan.sized).forward(feeds)
+            if first:
+                log.info("batched decode steps of %d rows resized and recorded: %.1f MiB of step buffers kept "
+                         "(sizes %s)", plan.rows, step_bytes(self.sized[plan.rows]) / 2**20, sorted(self.sized))
         except BaseException:
             self._clones.pop(key, None)  # an interrupted run may leave its clone half resized
             if plan.sized:

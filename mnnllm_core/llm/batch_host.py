@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 
 class BatchHost(Protocol):
     """A loaded model the engine steps: `module` (cloned once per step shape; its executions say
-    whether they are slot-aware), `runtime_manager.kv_meta` (where a step's slot table goes),
+    whether they are slot-aware), `runtime_manager.kv_meta` (where a step's slot table goes) and
+    `.static_shapes` (whether decode steps pad to a few sizes),
     `conversation` (slot 0: the model's own sequence), `tokenizer` (check_ids, is_stop), `config`.
 
     `reply_budget(n)`: n checked (or the config's max_new_tokens when None), a ConfigError else.
