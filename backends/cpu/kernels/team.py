@@ -44,9 +44,9 @@ from .program import GEMV, FEW_GEMV, INT8_LINEAR, WIDTH, _pointer, array_table, 
 # state fields, a cache line each: the program (written by rank 0 once a run) and the workers
 # asleep waiting for one; the barrier's count; its passes and the ranks asleep waiting for one;
 # the timeout of a sleep (a timespec: no lost wake-up stalls a rank longer, STOP is seen within it)
-GENERATION, PROGRAM, STOP, IDLE_SLEEPERS = 0, 1, 2, 3
+GENERATION, PROGRAM, STOP, IDLE_SLEEPERS, IDLE_SLEEPS = 0, 1, 2, 3, 4
 ARRIVED = 8
-PASSED, SLEEPERS = 16, 17
+PASSED, SLEEPERS, SLEEPS = 16, 17, 18  # SLEEPS, IDLE_SLEEPS: sleeps so far (for profiling)
 TIMEOUT, SPIN_TURNS = 24, 26
 STATE_SIZE = 32
 # pause turns of a wait before the rank sleeps (SPIN_TURNS, read at run time)
@@ -137,7 +137,8 @@ def wake_all(typingctx, address):
 @jit()
 def wait_change(state, field, value, sleepers):
     """Wait until state field `field` no longer holds `value`: spin SPINS turns, then sleep
-    (counted in field `sleepers`, so that the writer wakes the sleepers, and only when there are)."""
+    (counted in field `sleepers`, so that the writer wakes the sleepers, and only when there are;
+    the field after it counts the sleeps)."""
     spins, turns = 0, load_acquire(state + SPIN_TURNS * 8)
     while load_acquire(state + field * 8) == value:
         if spins < turns:
@@ -147,6 +148,7 @@ def wait_change(state, field, value, sleepers):
             fetch_add(state + sleepers * 8, 1)  # a full barrier: the writer's check sees it, or we see its write
             sleep_while(state + field * 8, value, state + TIMEOUT * 8)
             fetch_add(state + sleepers * 8, -1)
+            fetch_add(state + (sleepers + 1) * 8, 1)
 
 
 @jit()
@@ -223,6 +225,7 @@ def work(state, rank, threads, seen):
                 fetch_add(state + IDLE_SLEEPERS * 8, 1)
                 sleep_while(state + GENERATION * 8, seen, state + TIMEOUT * 8)
                 fetch_add(state + IDLE_SLEEPERS * 8, -1)
+                fetch_add(state + IDLE_SLEEPS * 8, 1)
         seen += 1  # rank 0 starts a program only once the previous one passed its closing barrier
         run_rank(load_acquire(state + PROGRAM * 8), rank, threads, state)
 
@@ -280,7 +283,7 @@ class Team:
     (`run_rank` with one part: every row by the same code, the same bits) every KEEP runs and
     keeps the faster: on a machine whose cores are taken by other work the ranks are seldom on
     cores together and each barrier waits for a time slice, so one thread is faster there.
-    "team" or "solo" force one way."""
+    "team" or "solo" force one way (also `MNNLLM_TEAM_WAY`, for measuring)."""
 
     def __init__(self, threads: int):
         if threads < 2:
@@ -288,7 +291,7 @@ class Team:
         self.threads = threads
         self.state = new_state()
         self.address = self.state.__array_interface__["data"][0]
-        self.way = "auto"
+        self.way = os.environ.get("MNNLLM_TEAM_WAY", "auto")
         self.ways: dict[int, _Way] = {}  # program -> its way
         self._lock = threading.Lock()  # one program at a time, whichever thread runs it
         self.workers = [threading.Thread(target=work, args=(self.address, rank, threads, 0), daemon=True,
