@@ -31,8 +31,8 @@ class NotRecognised(Exception):
 
 class StepProgram:
     """Instructions and their arrays, added call by call (`add`), then one bound call (`bound`).
-    With a `team` (`kernels/team.py`), the program runs on its threads, each linear's rows split
-    over them (the instructions then carry their part kernels' addresses too)."""
+    With a `team` (`kernels/team.py`), a program with linears runs on its threads, each linear's
+    rows split over them (the instructions then carry their part kernels' addresses too)."""
 
     def __init__(self, team=None) -> None:
         self.team = team
@@ -181,7 +181,7 @@ class StepProgram:
         code = np.asarray(self.rows, np.int64).reshape(-1, kernels.WIDTH)
         arrays = (self.floats, self.codes, self.reals, self.halves, self.ints)
         scalars, tables = np.asarray(self.scalars, np.float64), [kernels.array_table(entries) for entries in arrays]
-        if self.team:
+        if self.team and any(row[0] in kernels.LINEARS for row in self.rows):  # else nothing to split: no wake-up
             descriptor = describe(code, scalars, tables)
             call = partial(self.team.run, descriptor.__array_interface__["data"][0])
             call.arrays = (arrays, code, scalars, tables, descriptor)  # type: ignore[attr-defined]
