@@ -62,8 +62,8 @@ def _time_programs(replay, spent: list[float]) -> None:
         return run
 
     def wrap_programs() -> None:
-        replay.calls = [timed(c) if getattr(getattr(c, "func", None), "__name__", "") == "run_program" else c
-                        for c in replay.calls]
+        # a StepProgram's call (`run_program`, or its thread team's `run`) holds its arrays
+        replay.calls = [timed(c) if hasattr(c, "arrays") else c for c in replay.calls]
 
     def record_timed(steps):
         record(steps)

@@ -91,11 +91,14 @@ class CPUReplay(Replay):
 
     The first run after a resize goes op by op (each on_execute keeps its own KV books), the
     second records: a pipeline whose shapes change every run (a prefill, a decode whose mask
-    grows with the cache) never pays for a recording it would not replay."""
+    grows with the cache) never pays for a recording it would not replay.
 
-    def __init__(self, commands, compiled: bool = False):
+    With a `team` (thread_num > 1, `kernels/team.py`) the programs run on the team's threads."""
+
+    def __init__(self, commands, compiled: bool = False, team=None):
         super().__init__(commands)
         self.compiled = compiled
+        self.team = team
         self.calls: list[Callable[[], Any]] = []
         self.programs = self.kernel_calls = 0
         self.looped = False  # whether the first run (op by op) is done
@@ -129,12 +132,12 @@ class CPUReplay(Replay):
         from .step_program import StepProgram
         self.programs = self.kernel_calls = 0
         compiled: list[Callable[[], Any]] = []
-        program = StepProgram()
+        program = StepProgram(self.team)
         for call in calls:
             if program.add(call):
                 continue
             compiled += self._close(program)
-            program = StepProgram()
+            program = StepProgram(self.team)
             compiled.append(call)
         return compiled + self._close(program)
 

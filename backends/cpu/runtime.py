@@ -24,9 +24,14 @@ log = logging.getLogger(__name__)
 class CPUHints(RuntimeHints):
     """`cpu_int8_activations`: under memory "low", quantize each linear's input to int8 per token
     row and multiply with integer dot products (`ops/int8_linear.py`), as MNN's memory-low path
-    does: faster, but not fp32-exact (off by default; cpus without AVX512-VNNI ignore it)."""
+    does: faster, but not fp32-exact (off by default; cpus without AVX512-VNNI ignore it).
+    `cpu_thread_team`: with thread_num > 1 at memory "low", a replayed step's programs run on a
+    team of threads kept for the runtime's life, every linear split over them (`kernels/team.py`;
+    the same bits as on one thread); off, each program runs on the calling thread and only
+    linears over 2 MiB split, over numba's pool."""
 
     cpu_int8_activations: bool = False
+    cpu_thread_team: bool = True
 
 
 class CPUBackend(HostBackend):
@@ -56,7 +61,8 @@ class CPUBackend(HostBackend):
 
     def on_record(self, commands) -> "CPUReplay":
         from .replay import CPUReplay
-        return CPUReplay(commands, compiled=self.low_memory())
+        compiled = self.low_memory()
+        return CPUReplay(commands, compiled=compiled, team=self.runtime.team() if compiled else None)
 
 
 class CPURuntime(Runtime):
@@ -70,6 +76,7 @@ class CPURuntime(Runtime):
         self.thread_num = max(1, min(int(config.thread_num), os.cpu_count() or 1))
         self._limits = _limit_blas_threads(self.thread_num)
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
+        self._team = None  # the replay's thread team (`kernels/team.py`), started on first use
         self.kv_memory = KVMemory(self.hints.kvcache_mmap, self.hints.kvcache_limit, self.hints.tmp_path)
         self.kv_format = StoredKinds.of(self.hints.attention_mode, self.hints.kv_fp16)
 
@@ -90,6 +97,21 @@ class CPURuntime(Runtime):
                 from .kernels.warmup import warm_up
                 warm_up(self.thread_num)  # compiles first (announced) on a machine's first run
         return bool(self._kernels)
+
+    def team(self):
+        """The thread team the replayed programs run on (None: one thread, or the hint is off)."""
+        if self.thread_num < 2 or not self.hints.cpu_thread_team or not self.low_memory_kernels():
+            return None
+        if self._team is None:
+            from .kernels.team import Team
+            self._team = Team(self.thread_num)
+        return self._team
+
+    def close_team(self) -> None:
+        """Stop and join the team's workers (a later replay starts a new team)."""
+        if self._team is not None:
+            self._team.close()
+            self._team = None
 
     def apply_threads(self) -> None:
         """thread_num for the numba kernels launched from the calling thread."""

@@ -18,10 +18,11 @@ from .kernels import program as kernels
 from .kernels.activation import mul_silu
 from .kernels.attention import append_attend, append_decode
 from .kernels.decode_attention import append_attend_stored
-from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel
-from .kernels.linear import _few_gemv, _few_gemv_parallel, _gemv, _gemv_parallel
+from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel, linear_part as int8_part
+from .kernels.linear import _few_gemv, _few_gemv_parallel, _few_gemv_part, _gemv, _gemv_parallel, _gemv_part
 from .kernels.norm import add_normalize_rows, normalize_rows
 from .kernels.rope import rope_qk
+from .kernels.team import describe
 
 
 class NotRecognised(Exception):
@@ -29,9 +30,12 @@ class NotRecognised(Exception):
 
 
 class StepProgram:
-    """Instructions and their arrays, added call by call (`add`), then one bound call (`bound`)."""
+    """Instructions and their arrays, added call by call (`add`), then one bound call (`bound`).
+    With a `team` (`kernels/team.py`), a program with linears runs on its threads, each linear's
+    rows split over them (the instructions then carry their part kernels' addresses too)."""
 
-    def __init__(self) -> None:
+    def __init__(self, team=None) -> None:
+        self.team = team
         self.rows: list[list[int]] = []
         self.scalars: list[float] = []
         # the program's arrays (flat views): float32 values, uint8 codes, float32 alphas, fp16-bit alphas, int64
@@ -84,7 +88,9 @@ class StepProgram:
             target.extend(staged)
         signature = kernels.kernel_signature(row)
         kernel = _kernel_address(call.func, signature) if signature else 0
-        self.rows.append(row + [0] * (kernels.KERNEL - len(row)) + [kernel])
+        part_signature = kernels.part_signature(row) if self.team else None
+        part = _kernel_address(_PART_KERNELS[row[0]], part_signature) if part_signature else 0
+        self.rows.append(row + [0] * (kernels.PART_KERNEL - len(row)) + [part, kernel])
         return True
 
     def _alphas(self, alphas) -> tuple[list[int], int]:
@@ -174,10 +180,18 @@ class StepProgram:
         """The program as one call (holding the arrays its tables point into)."""
         code = np.asarray(self.rows, np.int64).reshape(-1, kernels.WIDTH)
         arrays = (self.floats, self.codes, self.reals, self.halves, self.ints)
-        call = partial(kernels.run_program, code, np.asarray(self.scalars, np.float64),
-                       *[kernels.array_table(entries) for entries in arrays])
+        scalars, tables = np.asarray(self.scalars, np.float64), [kernels.array_table(entries) for entries in arrays]
+        if self.team and any(row[0] in kernels.LINEARS for row in self.rows):  # else nothing to split: no wake-up
+            descriptor = describe(code, scalars, tables)
+            call = partial(self.team.run, descriptor.__array_interface__["data"][0])
+            call.arrays = (arrays, code, scalars, tables, descriptor)  # type: ignore[attr-defined]
+            return call
+        call = partial(kernels.run_program, code, scalars, *tables)
         call.arrays = arrays  # type: ignore[attr-defined]
         return call
+
+
+_PART_KERNELS = {kernels.GEMV: _gemv_part, kernels.FEW_GEMV: _few_gemv_part, kernels.INT8_LINEAR: int8_part}
 
 
 @cache

@@ -329,6 +329,22 @@ def linear_parallel(x, symmetric, scratch, codes, code_sums, alphas, outs, start
                  part * per_part, min(total, (part + 1) * per_part))
 
 
+@jit(fastmath=False)
+def linear_part(x, symmetric, scratch, codes, code_sums, alphas, outs, starts, n_blocks, block, part, parts):
+    """One rank's share of `linear_parallel` on the calling thread (the replay's thread team,
+    `team.py`): part -1 quantizes the rows into `scratch` (one rank, before the others read it),
+    part 0..parts-1 computes that part's groups from them."""
+    tokens, ic = x.shape
+    xq, ds, zp, qsum, xsum = quantized_rows(scratch, tokens, ic, n_blocks)
+    if part < 0:
+        quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
+        return
+    total = starts[MEMBERS]
+    per_part = (total + parts - 1) // parts
+    _members(codes, code_sums, alphas, outs, starts, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, tokens,
+             min(total, part * per_part), min(total, (part + 1) * per_part))
+
+
 def bind(x: np.ndarray, symmetric: bool, scratch: np.ndarray, weights: list[Int8Weight], outs: list[np.ndarray],
          threads: int) -> functools.partial:
     """One `linear` call (`linear_parallel` for threads > 1) as a call without arguments (a

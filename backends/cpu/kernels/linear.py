@@ -108,6 +108,17 @@ def _gemv_parallel(bits, codes, alphas, outs, starts, x, n_blocks, block, parts)
               min(total, (part + 1) * per_part))
 
 
+@jit()
+def _gemv_part(bits, codes, alphas, outs, starts, x, n_blocks, block, part, parts):
+    """Part `part` of `parts` of `_gemv_parallel`'s row ranges, on the calling thread (a rank of
+    the replay's thread team, `team.py`): the same rows, computed by the same `_rows`."""
+    x_even, x_odd = _lanes(x)
+    total = starts[MEMBERS]
+    per_part = (total + parts - 1) // parts
+    _rows(bits, codes, alphas, outs, starts, x, x_even, x_odd, _block_sums(x, n_blocks, block), n_blocks, block,
+          min(total, part * per_part), min(total, (part + 1) * per_part))
+
+
 @jit(fastmath=False)
 def _dequantize(bits, codes, alpha, n_blocks, block, g0, g1, tile, first, stride):
     """Groups g0..g1 into the transposed tile, group g at column (g - first) * 32."""
@@ -240,6 +251,16 @@ def _few_gemv_parallel(bits, codes, alphas, outs, starts, x, n_blocks, block, pa
         part = np.int64(task)
         _few_rows(bits, x.shape[0], codes, alphas, outs, starts, x_even, x_odd, x_stride, x_sum, n_blocks, block,
                   part * per_part, min(total, (part + 1) * per_part))
+
+
+@jit()
+def _few_gemv_part(bits, codes, alphas, outs, starts, x, n_blocks, block, part, parts):
+    """`_gemv_part` for the few-token GEMV."""
+    x_even, x_odd, x_stride, x_sum = _few_inputs(bits, x, n_blocks, block)
+    total = starts[MEMBERS]
+    per_part = (total + parts - 1) // parts
+    _few_rows(bits, x.shape[0], codes, alphas, outs, starts, x_even, x_odd, x_stride, x_sum, n_blocks, block,
+              min(total, part * per_part), min(total, (part + 1) * per_part))
 
 
 class Gemv:

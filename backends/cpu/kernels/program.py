@@ -30,6 +30,8 @@ INT8_LINEAR = 8  # the int8-activation linear (`int8_dot.linear`)
 DECODE_ATTEND, STORED_ATTEND = 9, 10  # one token's attention: fp32 split at depth; over a StoredKVCache
 WIDTH = 24  # int64 fields of one instruction
 KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
+PART_KERNEL = WIDTH - 2  # a linear's: the address of its kernel for one part of its rows (`team.py`)
+LINEARS = (GEMV, FEW_GEMV, INT8_LINEAR)  # the instructions a thread team splits by rows
 
 _F32, _BYTES, _HALVES, _INTS = types.float32[::1], types.uint8[::1], types.uint16[::1], types.int64[::1]
 _TENSOR = types.Array(types.float32, 3, "C")
@@ -37,19 +39,21 @@ _MATRIX = types.Array(types.float32, 2, "C")
 _CODES = types.Array(types.int8, 3, "C")
 
 
-def _gemv_signature(alphas: types.Type, parallel: bool, few: bool = False) -> types.Signature:
+def _gemv_signature(alphas: types.Type, parallel: bool, few: bool = False, part: bool = False) -> types.Signature:
     """`_gemv` (or `_gemv_parallel`, with its thread count) for fp16-bit or float32 alphas; with
-    `few`, `_few_gemv` (`_few_gemv_parallel`), whose x is [tokens, ic]."""
+    `few`, `_few_gemv` (`_few_gemv_parallel`), whose x is [tokens, ic]; with `part`, `_gemv_part`
+    (`_few_gemv_part`), with a part and the count of parts."""
     members = [types.UniTuple(t, 3) for t in (_BYTES, alphas, _F32)]
     return types.none(types.int64, *members, _INTS, _MATRIX if few else _F32, types.int64, types.int64,
-                      *([types.int64] if parallel else []))
+                      *([types.int64] * (2 if part else 1 if parallel else 0)))
 
 
-def _int8_signature(alphas: types.Type, parallel: bool) -> types.Signature:
-    """`int8_dot.linear` (`linear_parallel`, with its thread count) for fp16-bit or float32 alphas."""
+def _int8_signature(alphas: types.Type, parallel: bool, part: bool = False) -> types.Signature:
+    """`int8_dot.linear` (`linear_parallel`, with its thread count; `linear_part`, with a part and
+    the count of parts) for fp16-bit or float32 alphas."""
     members = [types.UniTuple(t, 3) for t in (_BYTES, types.int16[::1], alphas, _F32)]
     return types.none(_MATRIX, types.boolean, _BYTES, *members, _INTS, types.int64, types.int64,
-                      *([types.int64] if parallel else []))
+                      *([types.int64] * (2 if part else 1 if parallel else 0)))
 
 
 # the signature each instruction's kernel is compiled for (the types the per-op calls have)
@@ -73,6 +77,10 @@ SIGNATURES = {
 }
 SIGNATURES.update({f"int8_{alphas}{suffix}": _int8_signature(kind, bool(suffix))
                    for alphas, kind in (("half", _HALVES), ("real", _F32)) for suffix in ("", "_parallel")})
+SIGNATURES.update({f"{kind}_{alphas}_part": _gemv_signature(real, False, kind == "few", True)
+                   for kind in ("gemv", "few") for alphas, real in (("half", _HALVES), ("real", _F32))})
+SIGNATURES.update({f"int8_{alphas}_part": _int8_signature(real, False, True)
+                   for alphas, real in (("half", _HALVES), ("real", _F32))})
 
 
 _KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_silu", ATTEND: "attend",
@@ -89,6 +97,16 @@ def kernel_signature(instruction: list[int]) -> str | None:
     if instruction[0] == STORED_ATTEND:  # field 19: int8 values, see `_stored_step`
         return f"stored_{'i8' if instruction[19] else 'f32'}"
     return _KERNELS.get(instruction[0])
+
+
+def part_signature(instruction: list[int]) -> str | None:
+    """The SIGNATURES entry of the kernel computing one part of a linear instruction's rows
+    (None: the instruction is no linear; a thread team runs it on one thread)."""
+    if instruction[0] in (GEMV, FEW_GEMV):
+        return f"{'gemv' if instruction[0] == GEMV else 'few'}_{'half' if instruction[2] else 'real'}_part"
+    if instruction[0] == INT8_LINEAR:
+        return f"int8_{'half' if instruction[1] else 'real'}_part"
+    return None
 
 
 def kernel_address(kernel: Dispatcher, signature: str) -> int:
@@ -129,6 +147,9 @@ _int8_half, _int8_half_parallel = _function_at("int8_half"), _function_at("int8_
 _int8_real, _int8_real_parallel = _function_at("int8_real"), _function_at("int8_real_parallel")
 _append_decode = _function_at("decode")
 _stored_i8, _stored_f32 = _function_at("stored_i8"), _function_at("stored_f32")
+_gemv_half_part, _gemv_real_part = _function_at("gemv_half_part"), _function_at("gemv_real_part")
+_few_half_part, _few_real_part = _function_at("few_half_part"), _function_at("few_real_part")
+_int8_half_part, _int8_real_part = _function_at("int8_half_part"), _function_at("int8_real_part")
 
 
 @intrinsic
@@ -222,10 +243,8 @@ def _few_gemv_step(c, floats, codes, reals, halves, ints):
 
 
 @jit()
-def _int8_step(c, floats, codes, reals, halves, ints):
-    """Fields: 1 alphas in `halves` (fp16 bits) else `reals`, 2 token rows, 3 x, 4 the quantized
-    rows' bytes (in `codes`), 5-7 weight codes, 8-10 code sums (int16, in `halves`), 11-13 alphas,
-    14-16 targets, 17 starts, 18 blocks, 19 block size, 20 threads (0: on this thread), 21 symmetric."""
+def _int8_arrays(c, floats, codes, halves, ints):
+    """An int8 linear's arrays but its alphas: x, symmetric, scratch, weights, code sums, targets, starts."""
     tokens = c[2]
     x = _tensor(floats, c[3], (tokens, floats[c[3], 1] // tokens))
     scratch = _bytes(codes, c[4])
@@ -234,6 +253,15 @@ def _int8_step(c, floats, codes, reals, halves, ints):
     outs = (_floats(floats, c[14]), _floats(floats, c[15]), _floats(floats, c[16]))
     starts = _ints(ints, c[17])
     symmetric = c[21] != 0
+    return x, symmetric, scratch, weights, sums, outs, starts
+
+
+@jit()
+def _int8_step(c, floats, codes, reals, halves, ints):
+    """Fields: 1 alphas in `halves` (fp16 bits) else `reals`, 2 token rows, 3 x, 4 the quantized
+    rows' bytes (in `codes`), 5-7 weight codes, 8-10 code sums (int16, in `halves`), 11-13 alphas,
+    14-16 targets, 17 starts, 18 blocks, 19 block size, 20 threads (0: on this thread), 21 symmetric."""
+    x, symmetric, scratch, weights, sums, outs, starts = _int8_arrays(c, floats, codes, halves, ints)
     if c[1]:
         alphas = (_halves(halves, c[11]), _halves(halves, c[12]), _halves(halves, c[13]))
         if c[20]:
@@ -310,39 +338,82 @@ def _rope_step(c, scalars, floats):
 
 
 @jit()
+def run_instruction(c, scalars, floats, codes, reals, halves, ints):
+    """Instruction `c` (see the step functions for the fields)."""
+    op = c[0]
+    if op == GEMV:
+        _gemv_step(c, floats, codes, reals, halves, ints)
+    elif op == COPY:  # a loop: a slice assignment compiles numba's shape-error formatting (seconds)
+        target, source = _floats(floats, c[1]), _floats(floats, c[2])
+        for j in range(target.size):
+            target[j] = source[j]
+    elif op == NORM:
+        _normalize_rows(c[KERNEL])(_floats(floats, c[1]), c[2], _floats(floats, c[3]), _floats(floats, c[4]),
+                                   scalars[c[5]], c[6] != 0, _floats(floats, c[7]))
+    elif op == ADD_NORM:
+        _add_normalize_rows(c[KERNEL])(_floats(floats, c[1]), _floats(floats, c[2]), c[3], _floats(floats, c[4]),
+                                       _floats(floats, c[5]), scalars[c[6]], c[7] != 0, _floats(floats, c[8]),
+                                       _floats(floats, c[9]))
+    elif op == ROPE:
+        _rope_step(c, scalars, floats)
+    elif op == MUL_SILU:
+        _mul_silu(c[KERNEL])(_floats(floats, c[1]), _floats(floats, c[2]), _floats(floats, c[3]))
+    elif op == ATTEND:
+        _attend_step(c, scalars, floats, ints)
+    elif op == FEW_GEMV:
+        _few_gemv_step(c, floats, codes, reals, halves, ints)
+    elif op == INT8_LINEAR:
+        _int8_step(c, floats, codes, reals, halves, ints)
+    elif op == DECODE_ATTEND:
+        _decode_step(c, scalars, floats, ints)
+    elif op == STORED_ATTEND:
+        _stored_step(c, scalars, floats, codes, ints)
+
+
+@jit()
 def run_program(code, scalars, floats, codes, reals, halves, ints):
-    """Each instruction of `code` in order (see the step functions for the fields); the array
-    tables: float32 values, uint8 codes, float32 alphas, fp16-bit alphas, int64."""
+    """Each instruction of `code` in order; the array tables: float32 values, uint8 codes,
+    float32 alphas, fp16-bit alphas, int64."""
     for i in range(code.shape[0]):
-        c = code[i]
-        op = c[0]
-        if op == GEMV:
-            _gemv_step(c, floats, codes, reals, halves, ints)
-        elif op == COPY:  # a loop: a slice assignment compiles numba's shape-error formatting (seconds)
-            target, source = _floats(floats, c[1]), _floats(floats, c[2])
-            for j in range(target.size):
-                target[j] = source[j]
-        elif op == NORM:
-            _normalize_rows(c[KERNEL])(_floats(floats, c[1]), c[2], _floats(floats, c[3]), _floats(floats, c[4]),
-                                       scalars[c[5]], c[6] != 0, _floats(floats, c[7]))
-        elif op == ADD_NORM:
-            _add_normalize_rows(c[KERNEL])(_floats(floats, c[1]), _floats(floats, c[2]), c[3], _floats(floats, c[4]),
-                                           _floats(floats, c[5]), scalars[c[6]], c[7] != 0, _floats(floats, c[8]),
-                                           _floats(floats, c[9]))
-        elif op == ROPE:
-            _rope_step(c, scalars, floats)
-        elif op == MUL_SILU:
-            _mul_silu(c[KERNEL])(_floats(floats, c[1]), _floats(floats, c[2]), _floats(floats, c[3]))
-        elif op == ATTEND:
-            _attend_step(c, scalars, floats, ints)
-        elif op == FEW_GEMV:
-            _few_gemv_step(c, floats, codes, reals, halves, ints)
-        elif op == INT8_LINEAR:
-            _int8_step(c, floats, codes, reals, halves, ints)
-        elif op == DECODE_ATTEND:
-            _decode_step(c, scalars, floats, ints)
-        elif op == STORED_ATTEND:
-            _stored_step(c, scalars, floats, codes, ints)
+        run_instruction(code[i], scalars, floats, codes, reals, halves, ints)
+
+
+@jit()
+def run_part(c, floats, codes, reals, halves, ints, part, parts):
+    """Part `part` of `parts` of a linear instruction's rows (the split of its parallel kernel), by
+    its part kernel (field PART_KERNEL); for the int8 linear, part -1 quantizes its input rows."""
+    op = c[0]
+    if op == INT8_LINEAR:
+        x, symmetric, scratch, weights, sums, outs, starts = _int8_arrays(c, floats, codes, halves, ints)
+        if c[1]:
+            alphas = (_halves(halves, c[11]), _halves(halves, c[12]), _halves(halves, c[13]))
+            _int8_half_part(c[PART_KERNEL])(x, symmetric, scratch, weights, sums, alphas, outs, starts, c[18], c[19],
+                                            part, parts)
+        else:
+            real_alphas = (_floats(reals, c[11]), _floats(reals, c[12]), _floats(reals, c[13]))
+            _int8_real_part(c[PART_KERNEL])(x, symmetric, scratch, weights, sums, real_alphas, outs, starts, c[18],
+                                            c[19], part, parts)
+        return
+    code = (_bytes(codes, c[3]), _bytes(codes, c[4]), _bytes(codes, c[5]))
+    outs = (_floats(floats, c[9]), _floats(floats, c[10]), _floats(floats, c[11]))
+    starts = _ints(ints, c[12])
+    if op == GEMV:
+        x = _floats(floats, c[13])
+        if c[2]:
+            alphas = (_halves(halves, c[6]), _halves(halves, c[7]), _halves(halves, c[8]))
+            _gemv_half_part(c[PART_KERNEL])(c[1], code, alphas, outs, starts, x, c[14], c[15], part, parts)
+        else:
+            real_alphas = (_floats(reals, c[6]), _floats(reals, c[7]), _floats(reals, c[8]))
+            _gemv_real_part(c[PART_KERNEL])(c[1], code, real_alphas, outs, starts, x, c[14], c[15], part, parts)
+        return
+    tokens = c[17]
+    rows = _tensor(floats, c[13], (tokens, floats[c[13], 1] // tokens))
+    if c[2]:
+        alphas = (_halves(halves, c[6]), _halves(halves, c[7]), _halves(halves, c[8]))
+        _few_half_part(c[PART_KERNEL])(c[1], code, alphas, outs, starts, rows, c[14], c[15], part, parts)
+    else:
+        real_alphas = (_floats(reals, c[6]), _floats(reals, c[7]), _floats(reals, c[8]))
+        _few_real_part(c[PART_KERNEL])(c[1], code, real_alphas, outs, starts, rows, c[14], c[15], part, parts)
 
 
 def array_table(arrays: list[np.ndarray]) -> np.ndarray:

@@ -39,6 +39,7 @@ from mnnllm_core.backend_api import announce
 from . import SOURCE_DIGEST, activation, attention, decode_attention, delta_rule, linear, norm, rope, set_threads
 from .layout import PackedWeight, interleave_rows
 from .program import warm_up_replay
+from .team import warm_up_team
 from .simd import GROUP_ROWS
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ def _weights() -> list[PackedWeight]:
 
 
 def _gemv(threads: int) -> None:
+    """With threads, the parallel GEMV and the part of its rows a thread team's rank computes."""
     x = np.zeros(_IC, np.float32)
     for weight in _weights():
         gemv = linear.Gemv([weight])
@@ -61,6 +63,8 @@ def _gemv(threads: int) -> None:
         if threads > 1:
             gemv.parallel_worth = True
             gemv(x, threads)
+            linear._gemv_part(weight.bits, gemv.codes, gemv.alphas, gemv.targets, gemv.starts, x, weight.n_blocks,
+                              weight.block, 0, threads)
 
 
 def _few_tokens(threads: int) -> None:
@@ -71,6 +75,8 @@ def _few_tokens(threads: int) -> None:
         if threads > 1:
             gemv.parallel_worth = True
             gemv.few(few, threads)
+            linear._few_gemv_part(weight.bits, gemv.codes, gemv.alphas, gemv.few_targets(2), gemv.starts, few,
+                                  weight.n_blocks, weight.block, 0, threads)
 
 
 def _matmul(threads: int) -> None:
@@ -135,8 +141,11 @@ def _delta_rule(threads: int) -> None:
 
 
 def _replay(threads: int) -> None:
-    """The decode replay's program runner (it calls the kernels the other parts compile)."""
+    """The decode replay's program runner (it calls the kernels the other parts compile) and, for
+    threads, the thread team's loops (`team.py`)."""
     warm_up_replay()
+    if threads > 1:
+        warm_up_team()
 
 
 # each part and the seconds its first compile took alone in a process for 2 threads (2-core EPYC,

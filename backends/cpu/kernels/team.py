@@ -1,0 +1,352 @@
+"""A team of threads that runs a replayed step's program together (`Team`), so that every linear
+of a decode step splits its rows over the threads without waking a thread pool per call.
+
+numba's parallel kernels (`prange`) launch the OpenMP pool on each call: the sleeping threads
+wake in tens of microseconds, more than a small GEMV takes, so one-token GEMVs under 2 MiB run
+on one thread (`linear.parallel_pays`) and most of a small model's weights stream from one core.
+Here threads-1 workers stay in a compiled loop (`work`, GIL released) for the team's life; the
+caller is rank 0. For each program run rank 0 publishes the program (`lead`: its descriptor's
+address, then a new generation) and every rank walks the same instructions (`run_rank`): a
+linear (GEMV, few-token GEMV, int8 linear) gives each rank the part of its rows that
+`_gemv_parallel` (`linear_parallel`) gives the same thread, computed by the same `_rows`
+(`_members`); the int8 linear's rows are quantized once, by rank 0; every other instruction runs
+on rank 0. A barrier separates an instruction from the next when either is split (the next reads
+rows another thread wrote); a run of single-thread instructions needs none. Each element is thus
+computed by the code the serial program runs: the logits are the serial replay's bit for bit.
+
+Synchronisation is an int64 state array (`STATE_SIZE`, fields on their own cache lines) read and
+written with atomics (`fetch_add`, `load_acquire`, `store_release`): a counting barrier whose
+waiters spin with `pause` for SPINS turns (`MNNLLM_TEAM_SPINS`), then sleep on a futex (Linux; a
+short nap elsewhere) until the last rank wakes them (a system call only when someone sleeps). Spinning alone starves
+a loaded machine: a rank waiting on a preempted one would hold its core for the whole time slice.
+Between programs a worker spins the same way, then sleeps until rank 0 publishes the next one,
+so an idle engine does not hold a core. The kernels are the ones the serial program calls by
+address (`program.run_part`, `program.run_instruction`), so `run_rank` compiles quickly.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import threading
+import time
+import weakref
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import jit
+from .program import GEMV, FEW_GEMV, INT8_LINEAR, WIDTH, _pointer, array_table, run_instruction, run_part
+
+# state fields, a cache line each: the program (written by rank 0 once a run) and the workers
+# asleep waiting for one; the barrier's count; its passes and the ranks asleep waiting for one;
+# the timeout of a sleep (a timespec: no lost wake-up stalls a rank longer, STOP is seen within it)
+GENERATION, PROGRAM, STOP, IDLE_SLEEPERS, IDLE_SLEEPS = 0, 1, 2, 3, 4
+ARRIVED = 8
+PASSED, SLEEPERS, SLEEPS = 16, 17, 18  # SLEEPS, IDLE_SLEEPS: sleeps so far (for profiling)
+TIMEOUT, SPIN_TURNS = 24, 26
+STATE_SIZE = 32
+# pause turns of a wait before the rank sleeps (SPIN_TURNS, read at run time)
+SPINS = int(os.environ.get("MNNLLM_TEAM_SPINS", 1 << 10))  # ~60 us on a 2-core EPYC (pause ~57 ns)
+TIMEOUT_NS = 10_000_000
+DESCRIPTOR = 14  # int64 fields of a program's descriptor: address and rows of code, scalars and the 5 tables
+_FUTEX = {"x86_64": 202, "amd64": 202, "aarch64": 98, "arm64": 98}.get(platform.machine().lower())
+_FUTEX = _FUTEX if sys.platform.startswith("linux") else None  # elsewhere a sleep is a 50 us nap
+_FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # the _PRIVATE operations: waiters of this process only
+
+_I64 = ir.IntType(64)
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+
+
+def _slot(builder, address):
+    return builder.inttoptr(address, _I64.as_pointer())
+
+
+@intrinsic
+def load_acquire(typingctx, address):
+    """The int64 at `address`, read after every write released before it."""
+    def codegen(context, builder, sig, args):
+        return builder.load_atomic(_slot(builder, args[0]), "acquire", 8)
+    return types.int64(types.int64), codegen
+
+
+@intrinsic
+def store_release(typingctx, address, value):
+    """Write the int64 at `address` after every write before it."""
+    def codegen(context, builder, sig, args):
+        builder.store_atomic(args[1], _slot(builder, args[0]), "release", 8)
+        return context.get_dummy_value()
+    return types.none(types.int64, types.int64), codegen
+
+
+@intrinsic
+def fetch_add(typingctx, address, value):
+    """Add `value` to the int64 at `address` atomically; the value before."""
+    def codegen(context, builder, sig, args):
+        return builder.atomic_rmw("add", _slot(builder, args[0]), args[1], "acq_rel")
+    return types.int64(types.int64, types.int64), codegen
+
+
+@intrinsic
+def pause(typingctx):
+    """A spin-wait hint (x86 `pause`: the sibling hyperthread runs, the memory order is kept)."""
+    def codegen(context, builder, sig, args):
+        if _X86:
+            function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                                      "llvm.x86.sse2.pause")
+            builder.call(function, [])
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+def _syscall(builder, *args):
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_I64, [_I64] * 6), "syscall")
+    return builder.call(function, [*args] + [ir.Constant(_I64, 0)] * (6 - len(args)))
+
+
+@intrinsic
+def sleep_while(typingctx, address, value, timeout):
+    """Sleep while the int64 at `address` holds `value` (its low 32 bits: a futex), at most the
+    timespec at `timeout`; may return early. Without futexes, a 50 us nap."""
+    def codegen(context, builder, sig, args):
+        if _FUTEX is None:
+            int32 = ir.IntType(32)
+            function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(int32, [int32]), "usleep")
+            builder.call(function, [ir.Constant(int32, 50)])
+        else:
+            expected = builder.and_(args[1], ir.Constant(_I64, 0xFFFFFFFF))
+            _syscall(builder, ir.Constant(_I64, _FUTEX), args[0], ir.Constant(_I64, _FUTEX_WAIT), expected, args[2])
+        return context.get_dummy_value()
+    return types.none(types.int64, types.int64, types.int64), codegen
+
+
+@intrinsic
+def wake_all(typingctx, address):
+    """Wake every thread asleep in `sleep_while` on `address`."""
+    def codegen(context, builder, sig, args):
+        if _FUTEX is not None:
+            _syscall(builder, ir.Constant(_I64, _FUTEX), args[0], ir.Constant(_I64, _FUTEX_WAKE),
+                     ir.Constant(_I64, 0x7FFFFFFF))
+        return context.get_dummy_value()
+    return types.none(types.int64), codegen
+
+
+@jit()
+def wait_change(state, field, value, sleepers):
+    """Wait until state field `field` no longer holds `value`: spin SPINS turns, then sleep
+    (counted in field `sleepers`, so that the writer wakes the sleepers, and only when there are;
+    the field after it counts the sleeps)."""
+    spins, turns = 0, load_acquire(state + SPIN_TURNS * 8)
+    while load_acquire(state + field * 8) == value:
+        if spins < turns:
+            pause()
+            spins += 1
+        else:
+            fetch_add(state + sleepers * 8, 1)  # a full barrier: the writer's check sees it, or we see its write
+            sleep_while(state + field * 8, value, state + TIMEOUT * 8)
+            fetch_add(state + sleepers * 8, -1)
+            fetch_add(state + (sleepers + 1) * 8, 1)
+
+
+@jit()
+def advance(state, field, sleepers):
+    """Add 1 to state field `field` and wake the threads asleep waiting for it to change."""
+    fetch_add(state + field * 8, 1)  # a full barrier before reading the sleepers
+    if load_acquire(state + sleepers * 8) > 0:
+        wake_all(state + field * 8)
+
+
+@jit()
+def barrier(state, threads):
+    """Wait until all `threads` ranks arrived (state: the state array's address); a rank's writes
+    before it are visible to every rank after it."""
+    passed = load_acquire(state + PASSED * 8)
+    if fetch_add(state + ARRIVED * 8, 1) == threads - 1:  # the last: reset the count, then let all pass
+        store_release(state + ARRIVED * 8, 0)
+        advance(state, PASSED, SLEEPERS)
+    else:
+        wait_change(state, PASSED, passed, SLEEPERS)
+
+
+@jit()
+def run_rank(program, rank, threads, state):
+    """Rank `rank`'s share of the program whose descriptor is at `program` (see `describe`), then
+    the closing barrier."""
+    d = carray(_pointer(program), DESCRIPTOR, np.int64)
+    code = carray(_pointer(d[0]), (d[1], WIDTH), np.int64)
+    scalars = carray(_pointer(d[2]), d[3], np.float64)
+    floats, codes = carray(_pointer(d[4]), (d[5], 2), np.int64), carray(_pointer(d[6]), (d[7], 2), np.int64)
+    reals, halves = carray(_pointer(d[8]), (d[9], 2), np.int64), carray(_pointer(d[10]), (d[11], 2), np.int64)
+    ints = carray(_pointer(d[12]), (d[13], 2), np.int64)
+    shared = False  # whether the previous instruction's results came from every rank
+    for i in range(code.shape[0]):
+        c = code[i]
+        op = c[0]
+        split = op == GEMV or op == FEW_GEMV or op == INT8_LINEAR
+        if i > 0 and (split or shared):
+            barrier(state, threads)
+        if split:
+            if op == INT8_LINEAR:  # its rows quantized once, then read by every rank
+                if rank == 0:
+                    run_part(c, floats, codes, reals, halves, ints, np.int64(-1), threads)
+                barrier(state, threads)
+            run_part(c, floats, codes, reals, halves, ints, rank, threads)
+        elif rank == 0:
+            run_instruction(c, scalars, floats, codes, reals, halves, ints)
+        shared = split
+    barrier(state, threads)
+
+
+@jit()
+def lead(state, program, threads):
+    """Rank 0: publish the program, start the workers on it, run rank 0's share and wait for theirs."""
+    store_release(state + PROGRAM * 8, program)
+    advance(state, GENERATION, IDLE_SLEEPERS)
+    run_rank(program, np.int64(0), threads, state)
+
+
+@jit()
+def work(state, rank, threads, seen):
+    """A worker's life: each new generation (after `seen`), its rank's share of the program
+    published; spinning, then sleeping while none comes; until STOP."""
+    turns = load_acquire(state + SPIN_TURNS * 8)
+    while True:
+        spins = 0
+        while load_acquire(state + GENERATION * 8) == seen:
+            if load_acquire(state + STOP * 8):
+                return
+            if spins < turns:
+                pause()
+                spins += 1
+            else:  # `wait_change`'s sleep, one TIMEOUT at most, then STOP is looked at again
+                fetch_add(state + IDLE_SLEEPERS * 8, 1)
+                sleep_while(state + GENERATION * 8, seen, state + TIMEOUT * 8)
+                fetch_add(state + IDLE_SLEEPERS * 8, -1)
+                fetch_add(state + IDLE_SLEEPS * 8, 1)
+        seen += 1  # rank 0 starts a program only once the previous one passed its closing barrier
+        run_rank(load_acquire(state + PROGRAM * 8), rank, threads, state)
+
+
+def describe(code: np.ndarray, scalars: np.ndarray, tables: list[np.ndarray]) -> np.ndarray:
+    """A program's descriptor (int64 [DESCRIPTOR]): the address and rows of its code, scalars and
+    array tables (the caller keeps them alive)."""
+    return np.array([field for array in (code, scalars, *tables)
+                     for field in (array.__array_interface__["data"][0], array.shape[0])], np.int64)
+
+
+def new_state(spins: int = SPINS) -> np.ndarray:
+    """A team's state array: no program yet, sleeps of TIMEOUT_NS at most after `spins` turns."""
+    state = np.zeros(STATE_SIZE, np.int64)
+    state[TIMEOUT:TIMEOUT + 2] = divmod(TIMEOUT_NS, 1_000_000_000)
+    state[SPIN_TURNS] = spins
+    return state
+
+
+TRIAL = 8  # runs each way when a program's way is chosen (`Team.run`)
+KEEP = 1000  # runs on the way chosen before the next trial
+
+
+class _Way:
+    """A program's way (on the team, or on rank 0 alone) and the times of its trial runs."""
+
+    __slots__ = ("runs", "together", "times")
+
+    def __init__(self) -> None:
+        self.runs, self.together, self.times = 0, True, ([], [])
+
+    def next(self) -> tuple[bool, list | None]:
+        """Whether the next run goes on the team, and the list its time goes into (None: untimed)."""
+        cycle = self.runs % (2 * TRIAL + KEEP)
+        self.runs += 1
+        if cycle >= 2 * TRIAL:
+            return self.together, None
+        together = cycle % 2 == 0
+        return together, self.times[together]
+
+    def timed(self) -> None:
+        """After a trial run: on its last, keep the faster way (by the medians)."""
+        solo, team = self.times
+        if len(solo) == len(team) == TRIAL:
+            self.together = float(np.median(team)) <= float(np.median(solo))
+            solo.clear()
+            team.clear()
+
+
+class Team:
+    """`threads` ranks for running programs: the calling thread (rank 0) and threads-1 workers
+    started here. `close` (or the team's collection) stops and joins the workers.
+
+    `way`: "auto" measures, per program, a few runs on the team against as many on rank 0 alone
+    (`run_rank` with one part: every row by the same code, the same bits) every KEEP runs and
+    keeps the faster: on a machine whose cores are taken by other work the ranks are seldom on
+    cores together and each barrier waits for a time slice, so one thread is faster there.
+    "team" or "solo" force one way (also `MNNLLM_TEAM_WAY`, for measuring)."""
+
+    def __init__(self, threads: int):
+        if threads < 2:
+            raise ValueError(f"a thread team takes 2 threads or more, not {threads}")
+        self.threads = threads
+        self.state = new_state()
+        self.address = self.state.__array_interface__["data"][0]
+        self.way = os.environ.get("MNNLLM_TEAM_WAY", "auto")
+        self.ways: dict[int, _Way] = {}  # program -> its way
+        self._lock = threading.Lock()  # one program at a time, whichever thread runs it
+        self.workers = [threading.Thread(target=work, args=(self.address, rank, threads, 0), daemon=True,
+                                         name=f"mnnllm-cpu-team-{rank}") for rank in range(1, threads)]
+        for worker in self.workers:
+            worker.start()
+        self._close = weakref.finalize(self, _stop, self.state, self.workers)
+
+    def run(self, program: int) -> None:
+        """Run the program whose descriptor (`describe`) is at address `program` (see `way`)."""
+        with self._lock:
+            if self.way != "auto":
+                self._run(program, self.way == "team")
+                return
+            way = self.ways.get(program)
+            if way is None:
+                way = self.ways[program] = _Way()
+            together, times = way.next()
+            if times is None:
+                self._run(program, together)
+                return
+            start = time.perf_counter()
+            self._run(program, together)
+            times.append(time.perf_counter() - start)
+            way.timed()
+
+    def _run(self, program: int, together: bool) -> None:
+        if together:
+            lead(self.address, program, self.threads)
+        else:
+            run_rank(program, 0, 1, self.address)
+
+    def close(self) -> None:
+        self._close()
+
+    @property
+    def alive(self) -> bool:
+        return any(worker.is_alive() for worker in self.workers)
+
+
+def _stop(state: np.ndarray, workers: list[threading.Thread]) -> None:
+    state[STOP] = 1
+    for worker in workers:
+        worker.join()
+
+
+def warm_up_team() -> None:
+    """Load the team's loops (a part of `warmup.PARTS`): an empty program on a team of 2."""
+    tables = [array_table([np.zeros(1, dtype)]) for dtype in (np.float32, np.uint8, np.float32, np.uint16, np.int64)]
+    code, scalars = np.zeros((0, WIDTH), np.int64), np.zeros(1)
+    descriptor = describe(code, scalars, tables)
+    team = Team(2)
+    try:
+        for way in ("team", "solo"):
+            team.way = way
+            team.run(descriptor.__array_interface__["data"][0])
+    finally:
+        team.close()

@@ -1,0 +1,123 @@
+"""The cpu replay's thread team (`kernels/team.py`): with thread_num 2 at memory "low" a replayed
+step's programs run on two threads, every linear's rows split between them (or on rank 0 alone,
+where that measures faster), and give the serial
+program's logits and the per-op loop's bit for bit (int4 GEMVs, and the int8-activation linears
+under the `cpu_int8_activations` hint); its barrier counts exactly under stress; its workers stop
+when it is closed; one thread keeps the serial program.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from functools import partial
+
+import numpy as np
+import pytest
+
+import mnnllm_core
+from paths import CONFIG, REFERENCE
+from test_replay import greedy_with_logits
+
+numba = pytest.importorskip("numba")
+
+STEPS = 5
+
+
+def team_serial_and_looped(threads: int, hints: dict | None = None) -> tuple[dict, object]:
+    """Per setting (the team's ways: all ranks, rank 0 alone, chosen; serial program; per-op loop),
+    per prompt (tokens, logits), on one load of the shared model at memory "low"; and its runtime."""
+    prompts = [p["prompt_ids"] for p in json.loads(REFERENCE.read_text())["prompts"][:2]]
+    llm = mnnllm_core.create(str(CONFIG))
+    llm.set_config({"backend_type": "cpu", "memory": "low", "sampler_type": "greedy", "thread_num": threads,
+                    "backend_hints": hints or {}})
+    llm.load()
+    runtime = llm.runtime_manager.runtime
+    runs = {}
+    for name, replay, team in (("team", True, "team"), ("solo", True, "solo"), ("auto", True, "auto"),
+                               ("serial", True, None), ("loop", False, None)):
+        runtime.hints = dataclasses.replace(runtime.hints, replay=replay, cpu_thread_team=team is not None)
+        if team:
+            runtime.team().way = team
+        llm.pool.clear()
+        runs[name] = [greedy_with_logits(llm, ids, STEPS) for ids in prompts]
+        decode = llm.pool.get(1, False).static_module.session.pipeline
+        assert decode.replayed is replay
+        if replay:
+            runs[f"{name} replay"] = decode.replay
+    return runs, runtime
+
+
+def assert_same(runs: dict, names: tuple[str, ...]) -> None:
+    for name in names[1:]:
+        for (tokens, logits), (other_tokens, other_logits) in zip(runs[names[0]], runs[name]):
+            assert tokens == other_tokens, name
+            for a, b in zip(logits, other_logits):
+                np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def team_programs(replay) -> int:
+    return sum(isinstance(call, partial) and getattr(call.func, "__name__", "") == "run"
+               and hasattr(call.func, "__self__") for call in replay.calls)
+
+
+@pytest.mark.parametrize("hints", [{}, {"cpu_int8_activations": True}], ids=["int4", "int8_activations"])
+def test_two_threads_give_the_serial_programs_and_the_loops_logits(hints) -> None:
+    runs, runtime = team_serial_and_looped(2, hints)
+    try:
+        assert_same(runs, ("loop", "team", "solo", "auto", "serial"))
+        team, serial = runs["team replay"], runs["serial replay"]
+        # the programs with linears (the layers', the logits') on the team, the others (RoPE's
+        # position arithmetic) on the calling thread
+        assert team.team is runtime._team is not None and 2 <= team_programs(team) < team.programs
+        assert serial.team is None and team_programs(serial) == 0 and serial.programs == team.programs
+    finally:
+        runtime.close_team()
+    assert not any(t.name.startswith("mnnllm-cpu-team") for t in threading.enumerate())
+
+
+def test_one_thread_keeps_the_serial_program() -> None:
+    llm = mnnllm_core.create(str(CONFIG))
+    llm.set_config({"backend_type": "cpu", "memory": "low", "sampler_type": "greedy", "thread_num": 1})
+    llm.load()
+    greedy_with_logits(llm, json.loads(REFERENCE.read_text())["prompts"][0]["prompt_ids"], 3)
+    replay = llm.pool.get(1, False).static_module.session.pipeline.replay
+    assert llm.runtime_manager.runtime.team() is None and replay.team is None
+    assert replay.programs >= 1 and team_programs(replay) == 0
+
+
+def test_the_barrier_counts_exactly_and_the_workers_stop() -> None:
+    """Every rank adds 1 per generation, then passes a barrier and checks the total; many times,
+    on more ranks than cores, and with every wait asleep; then the team's workers are joined on close."""
+    from mnnllm_backends.cpu.kernels import team as team_module
+    from mnnllm_backends.cpu.kernels.team import barrier, fetch_add, load_acquire
+
+    @numba.njit(nogil=True)
+    def count(state, counter, threads, generations, wrong):
+        for g in range(generations):
+            fetch_add(counter, 1)
+            barrier(state, threads)
+            if load_acquire(counter) != threads * (g + 1):
+                fetch_add(wrong, 1)
+            barrier(state, threads)
+
+    for threads, spins in ((2, team_module.SPINS), (3, team_module.SPINS), (2, 0)):  # 0: every wait sleeps
+        state, cells = team_module.new_state(spins), np.zeros(16, np.int64)
+        address, cell = state.ctypes.data, cells.ctypes.data
+        generations = 20000
+        workers = [threading.Thread(target=count, args=(address, cell, threads, generations, cell + 64))
+                   for _ in range(threads - 1)]
+        for worker in workers:
+            worker.start()
+        count(address, cell, threads, generations, cell + 64)
+        for worker in workers:
+            worker.join()
+        assert cells[0] == threads * generations and cells[8] == 0
+        assert state[team_module.ARRIVED] == 0 and state[team_module.PASSED] == 2 * generations
+
+    team = team_module.Team(3)
+    assert team.alive and len(team.workers) == 2
+    team.close()
+    assert not team.alive
+    with pytest.raises(ValueError):
+        team_module.Team(1)
