@@ -122,7 +122,7 @@ class AttentionExecution(StepsExecution):
         seq, heads, kv_heads, dim = self.shape
         if not seq or not stride:
             return []
-        if online(device, dim):
+        if online(device, dim) and self.kv_seq <= seq:  # a query's work-group appends its key row
             return [self._online(keys, values)]
         block = query_block(seq, heads, stride, min(device.max_binding, SCORES_LIMIT))
         if block == 0:
