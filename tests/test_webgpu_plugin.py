@@ -1,7 +1,8 @@
 """The webgpu plugin (plugins/mnnllm-webgpu, installed by .ci/setup-test; wgpu on lavapipe where
 there is no GPU): listed with its adapter and what it honours, the conformance suite with no
 failure (and the GPU's 8-lane linear kernel, weights split across bindings, the queries of an
-attention in blocks whose scores fit one binding, the GPU's fused attention kernel), fp16 storage
+attention in blocks whose scores fit one binding, the GPU's fused attention kernel, the CPU
+adapter's one-dispatch online attention where its subgroups hold 8 invocations), fp16 storage
 where the adapter has shader-f16 (the KV cache and linear weights within FP16_TOL of float64,
 an fp16 model's reference tokens; without shader-f16 the request is reported ignored and fp32
 runs), the shared model's reference greedy tokens wholly on webgpu, replayed and op by op alike,
@@ -118,17 +119,19 @@ SHORT_ATTENTION = [c for c in select("Attention") if not c.tags & {"slots"} and 
 
 def test_an_attentions_queries_go_in_blocks_whose_scores_fit_the_limit_with_the_same_results() -> None:
     """With a block's scores limited to 16 KiB the short cases run in blocks of one to a few
-    queries, on the CPU adapter's three passes and on the GPU's fused kernel alike."""
+    queries, on the CPU adapter's three passes and on the GPU's fused kernel alike (the
+    one-dispatch online kernel, which lavapipe takes, keeps no scores: switched off here)."""
     from mnnllm_webgpu.ops import attention
     device = default_device()
     blocks = []
-    original, limit, is_cpu = attention.query_block, attention.SCORES_LIMIT, device.is_cpu
+    original, limit, is_cpu, online = attention.query_block, attention.SCORES_LIMIT, device.is_cpu, attention.online
 
     def spy(seq, heads, stride, most):
         blocks.append((seq, original(seq, heads, stride, most)))
         return blocks[-1][1]
 
     attention.query_block, attention.SCORES_LIMIT = spy, 1 << 14
+    attention.online = lambda device, dim: False
     try:
         for cpu in (True, False):
             device.is_cpu = cpu
@@ -139,7 +142,19 @@ def test_an_attentions_queries_go_in_blocks_whose_scores_fit_the_limit_with_the_
             assert len(refused) <= 1, refused  # "decode past 256": 9 heads x 512 keys over 16 KiB
     finally:
         attention.query_block, attention.SCORES_LIMIT, device.is_cpu = original, limit, is_cpu
+        attention.online = online
     assert any(0 < block < seq for seq, block in blocks)
+
+
+def test_the_one_dispatch_attention_runs_where_the_adapter_has_subgroups_of_eight() -> None:
+    """attention_online.wgsl on a CPU adapter with subgroups of at least 8 (lavapipe), head dims
+    that are multiples of 4; the others keep the scores kernels."""
+    from mnnllm_webgpu.ops import attention
+    device = default_device()
+    if not (device.is_cpu and device.subgroup_size >= 8):
+        pytest.skip("not a CPU adapter with subgroups of 8")
+    assert attention.online(device, 64) and attention.online(device, 256)
+    assert not attention.online(device, 6) and not attention.online(device, 260)
 
 
 F16 = pytest.mark.skipif(not AVAILABLE or not default_device().f16, reason="the adapter has no shader-f16")
@@ -148,17 +163,20 @@ FP16_LONG = [c for c in attention_long.cases(FP16_TOL) if "prefill" in c.name]
 
 @F16
 def test_an_fp16_kv_cache_passes_the_attention_cases_within_the_fp16_tolerance() -> None:
-    """The hint kv_fp16 (f16 rows, f32 arithmetic), the long prefills included, on both kernels."""
+    """The hint kv_fp16 (f16 rows, f32 arithmetic), the long prefills included, on every kernel:
+    the CPU adapter's one-dispatch online kernel and three passes, the GPU's fused kernel."""
+    from mnnllm_webgpu.ops import attention
     device = default_device()
     cases = [dataclasses.replace(c, device_tol=FP16_TOL) for c in SHORT_ATTENTION if c.dtype == "float32"]
-    is_cpu = device.is_cpu
+    is_cpu, online = device.is_cpu, attention.online
     try:
-        for cpu in (True, False):
+        for cpu, scores in ((True, False), (True, True), (False, True)):
             device.is_cpu = cpu
-            chosen = cases + (FP16_LONG if cpu else [])
-            assert failures(run_suite("webgpu", hints={"kv_fp16": True}, cases=chosen)) == [], cpu
+            attention.online = (lambda device, dim: False) if scores else online
+            chosen = cases + (FP16_LONG if cpu and not scores else [])
+            assert failures(run_suite("webgpu", hints={"kv_fp16": True}, cases=chosen)) == [], (cpu, scores)
     finally:
-        device.is_cpu = is_cpu
+        device.is_cpu, attention.online = is_cpu, online
     runtime = RuntimeManager.create(ScheduleConfig(backend_type="webgpu", thread_num=2), {"kv_fp16": True}).runtime
     assert runtime.create_backend(BackendConfig()).kv_format.name == "fp16"
 

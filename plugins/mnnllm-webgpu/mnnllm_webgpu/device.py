@@ -137,6 +137,20 @@ class WebGPUDevice:
         """Whether the device was opened with "shader-f16" (WGSL `enable f16;`, arrays of f16)."""
         return "shader-f16" in self.features
 
+    @property
+    def subgroup_size(self) -> int:
+        """The subgroup size a kernel sees (subgroup_size.wgsl, run once); 0 without subgroups."""
+        if "_subgroup_size" not in self.__dict__:
+            size = 0
+            if self.subgroups:
+                out = self.device.create_buffer(size=16, usage=STORAGE)
+                recorder = Recorder(self)
+                recorder.run(Program(self, "subgroup_size", [out], None, (1, 1, 1)))
+                recorder.flush()
+                size = int(np.frombuffer(self.queue.read_buffer(out, 0, 4), np.uint32)[0])
+            self._subgroup_size = size
+        return self._subgroup_size
+
     def fits(self, nbytes: int) -> bool:
         """Whether `nbytes` fit one storage binding (max_storage_buffer_binding_size)."""
         return nbytes <= self.max_binding

@@ -3,9 +3,12 @@ prefill and decode clones; fp32, or fp16 where the backend's kv_format says so a
 whole 4-byte words: WebGPU copies no less), grouped-query heads, the scalar causal mask, float
 and int full masks and sinks. Per run kv_write (the step's k/v rows at `past`), then on a GPU
 the fused attention (attention.wgsl: scores into a scratch row, softmax, the weighted values; one
-work-group per query and head), on a CPU adapter the same in three barrier-free dispatches
-(attention_split.wgsl: scores, softmax, weighted values). The
-queries go in blocks whose scores fit one storage binding (a 4,096-token prefill's do not: 9 heads
+work-group per query and head), on a CPU adapter whose subgroups hold 8 invocations (lavapipe)
+attention_online.wgsl: the whole op, cache append included, in one dispatch of 8-invocation
+work-groups with an online softmax (no scores buffer, no barrier; the 4 dispatches a layer it
+replaces were a sixth of lavapipe's decode step); on another CPU adapter three
+barrier-free dispatches (attention_split.wgsl: scores, softmax, weighted values). With a scores
+buffer the queries go in blocks whose scores fit one storage binding (a 4,096-token prefill's do not: 9 heads
 x 4096 x 4096 floats are 604 MB, lavapipe binds 128 MiB), each block its own dispatches over one
 scratch buffer, in order. Nothing recorded depends on the token: past and total live in a small
 storage buffer the host writes in `before_run`, so a replay encodes the same steps every token."""
@@ -21,6 +24,7 @@ from ..device import Program, StepsExecution, fold, pack_params
 LOCAL = 256  # work-group size of kv_write.wgsl
 SPLIT_LOCAL = 64  # work-group size of attention_split.wgsl
 MASK_MODES = {"float": 2, "int": 3}  # attention.wgsl: 0 none, 1 causal, 2 added, 3 int (0 blocks)
+ONLINE_DIM4 = 64  # attention_online.wgsl: head dims up to 256, multiples of 4
 SCORES_LIMIT = 1 << 27  # bytes of one block's scores at most (also the device's binding limit)
 # the WGSL a cache format's rows take: (enable directive, element type)
 KV_TYPES = {"float": ("", "f32"), "fp16": ("enable f16;", "f16")}
@@ -36,6 +40,12 @@ def query_block(seq: int, heads: int, stride: int, limit: int) -> int:
     """Queries per block: as many as keep a block's scores (block x heads x stride floats) within
     `limit` bytes; 0 when not even one query's do."""
     return min(seq, limit // (heads * stride * 4))
+
+
+def online(device, dim: int) -> bool:
+    """Whether attention_online.wgsl runs this head dim on this device: a CPU adapter with
+    subgroups of at least 8 (its work-groups of 8 use subgroup ops), dim a multiple of 4."""
+    return device.is_cpu and device.subgroup_size >= 8 and dim % 4 == 0 and dim // 4 <= ONLINE_DIM4
 
 
 def device_kv_cache(backend) -> DeviceKVCache:
@@ -67,6 +77,7 @@ class AttentionExecution(StepsExecution):
         self.mask = (0, 1, 1)
         self.kv_format = backend.kv_format
         self.scratch = None
+        self.no_cache = None  # attention_online's cache bindings where there is no cache
         self.bound = None  # (keys, values, stride) the steps bind
         self.tensors = ((), ())
 
@@ -111,6 +122,8 @@ class AttentionExecution(StepsExecution):
         seq, heads, kv_heads, dim = self.shape
         if not seq or not stride:
             return []
+        if online(device, dim) and self.kv_seq <= seq:  # a query's work-group appends its key row
+            return [self._online(keys, values)]
         block = query_block(seq, heads, stride, min(device.max_binding, SCORES_LIMIT))
         if block == 0:
             raise UnsupportedError(f"webgpu Attention: one query's {heads}x{stride} scores exceed "
@@ -149,6 +162,27 @@ class AttentionExecution(StepsExecution):
                                                          self.step], pack_params("iiI", count, kv_heads * dim,
                                                                                  write_row), write_groups, typed))
         return steps
+
+    def _online(self, keys, values) -> Program:
+        """attention_online.wgsl: the whole op in one dispatch, one 8-invocation work-group per (query, head)."""
+        device, (inputs, outputs) = self.backend.device, self.tensors
+        seq, heads, kv_heads, dim = self.shape
+        if not self.params.kv_cache:  # every key is an input's; the cache bindings are unused
+            if self.no_cache is None:
+                self.no_cache = (self.backend.allocator.alloc(16), self.backend.allocator.alloc(16))
+            keys, values = self.no_cache
+        q = inputs[0].storage
+        mask = inputs[3].storage if len(inputs) > 3 else q
+        sinks = inputs[4].storage if len(inputs) > 4 else q
+        mode, rows, cols = self.mask
+        groups, row = fold(seq * heads, 1)
+        scale = float(np.float32(self.params.scale_for(dim)))
+        params = pack_params("4if5iI", seq, heads, kv_heads, self.kv_seq, scale,
+                             mode, rows, cols, int(len(inputs) > 4), int(self.params.kv_cache), row)
+        enable, kv_type = KV_TYPES[self.kv_format.name if self.params.kv_cache else "float"]
+        return Program(device, "attention_online", [q, inputs[1].storage, inputs[2].storage, keys, values, mask,
+                                                    sinks, outputs[0].storage, self.step], params, groups,
+                       (("ENABLE", enable), ("KV", kv_type), ("DIM4", dim // 4)))
 
     def on_execute(self, inputs, outputs) -> None:
         self.before_run()

@@ -1,5 +1,8 @@
 """LayerNorm / RMSNorm as the cpu backend: last `axis_count` dims, groups (every dim after the
-first), the channel axis of NC4HW4 tensors, and the fused residual form (two inputs, two outputs)."""
+first), the channel axis of NC4HW4 tensors, and the fused residual form (two inputs, two outputs).
+Contiguous rows of a multiple of 4 on an adapter whose subgroups hold 8 invocations (lavapipe)
+take norm_rows.wgsl (8 invocations a row, vec4 reads, subgroupAdd: no barrier, which lavapipe
+pays for); the rest norm.wgsl (64 a row, a shared-memory tree)."""
 from __future__ import annotations
 
 from mnnllm_core.backend_api import (FLOAT32, LayerNormParams, NormTables, Refused, layernorm_launch,
@@ -16,11 +19,17 @@ class LayerNormExecution(StepsExecution):
     def on_resize(self, inputs, outputs) -> None:
         launch = layernorm_launch(self.params, self.tables, inputs, outputs)
         rows, length, hw = launch.layout.rows, launch.layout.length, launch.layout.hw
+        device = self.backend.device
         groups, row = fold(rows, 1)
         params = pack_params("iiifiI", rows, length, hw, self.params.epsilon, launch.flags, row)
-        buffers = [inputs[0].storage, launch.second.storage, outputs[0].storage, launch.target.storage,
-                   self.tables.gamma, self.tables.beta]
-        self.steps = [Program(self.backend.device, "norm", buffers, params, groups if rows else (0, 0, 0))]
+        gamma, beta = self.tables.gamma, self.tables.beta
+        shader = "norm"
+        if hw == 1 and length % 4 == 0 and device.is_cpu and device.subgroup_size >= 8:
+            shader = "norm_rows"  # vec4 tables: an absent one (4 bytes) is the device's 16-byte dummy
+            gamma = gamma if self.tables.gamma_count else device.dummy
+            beta = beta if self.tables.beta_count else device.dummy
+        buffers = [inputs[0].storage, launch.second.storage, outputs[0].storage, launch.target.storage, gamma, beta]
+        self.steps = [Program(device, shader, buffers, params, groups if rows else (0, 0, 0))]
 
     def on_clone(self, backend, op):
         return LayerNormExecution(backend, self.params, self.tables)
