@@ -25,7 +25,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused, UnsupportedError, attention_mask
 
-from ..kv_storage import StoredKVCache
+from ..kv_storage import StoredKVCache, grown_capacity
 
 FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
 PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
@@ -46,7 +46,7 @@ def query_blocks(seq: int, heads: int, total: int) -> range:
 
 class HostKVCache(KVCache):
     """Keys and values in host memory, [kv_heads, capacity, dim] each (keys [kv_heads, dim,
-    capacity] when `keys_transposed`); capacity in whole panels."""
+    capacity] when `keys_transposed`); capacity in whole panels, grown by an eighth (`grown_capacity`)."""
 
     def __init__(self, keys_transposed: bool = False, zeros_for=None) -> None:
         super().__init__()
@@ -58,7 +58,7 @@ class HostKVCache(KVCache):
         self._heads = self._dim = 0
 
     def capacity_for(self, need: int) -> int:
-        return -(-max(need, 2 * (self.capacity or 32)) // PANEL) * PANEL
+        return grown_capacity(need, self.capacity)
 
     def grow(self, capacity: int) -> None:
         heads, dim = self._heads, self._dim
