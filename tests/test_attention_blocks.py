@@ -14,6 +14,7 @@ import pytest
 from mnnllm_core.core.kv_meta import KVMeta
 from mnnllm_core.core.op_params import AttentionParams
 from mnnllm_core.testing.references import attention_reference
+from mnnllm_backends.cpu.host_threads import HostThreads
 from mnnllm_backends.cpu.ops import attention as cpu_attention
 
 HEADS, KV_HEADS, DIM = 4, 2, 16
@@ -21,9 +22,9 @@ SCALAR = np.zeros((1, 1, 1, 1), np.float32)
 
 
 class Backend:
-    def __init__(self, low: bool):
+    def __init__(self, low: bool, threads: int = 1):
         self.kv_meta, self._low = KVMeta(), low
-        self.runtime = SimpleNamespace(thread_num=1)
+        self.runtime = SimpleNamespace(thread_num=threads, host_threads=HostThreads(threads))
 
     def low_memory(self) -> bool:
         return self._low
@@ -34,9 +35,9 @@ def tensor(array: np.ndarray) -> SimpleNamespace:
                            dtype=array.dtype)
 
 
-def run_steps(low: bool, q, k, v, cuts: list[int], mask_of=lambda t0, t1: SCALAR) -> np.ndarray:
+def run_steps(low: bool, q, k, v, cuts: list[int], mask_of=lambda t0, t1: SCALAR, threads: int = 1) -> np.ndarray:
     """Prefill q/k/v in steps ending at `cuts`; the outputs of every step, stacked."""
-    backend = Backend(low)
+    backend = Backend(low, threads)
     execution = cpu_attention.AttentionExecution(backend, AttentionParams(True, 0.0, (HEADS, KV_HEADS, DIM), True))
     outs, start = [], 0
     for end in cuts:
@@ -151,3 +152,35 @@ def test_every_attention_case_passes_with_key_tiles_from_a_few_keys(monkeypatch)
     results = run_suite("cpu", cases=[c for c in select("Attention") if "long" not in c.name])
     assert results and not [(r.case.id, r.status, r.reason) for r in results if r.status != "pass"]
     assert len(calls) > 50, "the cases' prefills ran in key tiles"
+
+
+@pytest.mark.parametrize("mask", ["causal", "float"])
+def test_blocks_spread_over_threads_give_the_bits_of_one_thread(monkeypatch, mask):
+    """The numpy path's blocks of queries run on the runtime's threads (`host_threads.py`), BLAS
+    on one thread in each: the same bits as one thread running them in order, for a prompt that
+    crosses CAUSAL_QUERIES blocks and TILED_FROM (lowered to 150; tiles of 64 and one-pass
+    blocks both), after a cached part and from an empty cache."""
+    monkeypatch.setattr(cpu_attention, "TILED_FROM", 150)
+    monkeypatch.setattr(cpu_attention, "KEY_TILE", 64)
+    monkeypatch.setattr(cpu_attention, "CAUSAL_QUERIES", 32)
+    monkeypatch.setattr(cpu_attention, "SCORES_BUDGET", HEADS * 32 * 300)
+    tokens = 300
+    q, k, v = qkv(tokens, seed=4)
+    bias = np.random.default_rng(5).standard_normal((tokens, tokens)).astype(np.float32).reshape(1, 1, tokens, tokens)
+    mask_of = (lambda t0, t1: SCALAR) if mask == "causal" else (lambda t0, t1: bias[..., t0:t1, :t1])
+    cuts = [tokens] if mask == "float" else [100, tokens]
+    one = run_steps(False, q, k, v, cuts, mask_of, threads=1)
+    for threads in (2, 3):
+        np.testing.assert_array_equal(run_steps(False, q, k, v, cuts, mask_of, threads=threads), one)
+
+
+def test_an_error_in_a_block_reaches_the_caller_after_every_thread_stopped():
+    done = []
+
+    def task(item):
+        if item == 3:
+            raise ValueError("block 3")
+        done.append(item)
+    with pytest.raises(ValueError, match="block 3"):
+        HostThreads(2).run(task, range(8))
+    assert 3 not in done

@@ -246,3 +246,28 @@ def test_a_backend_not_honouring_attention_mode_reports_a_set_one_as_ignored(cap
     assert "backend plain-kv-test ignores attention_mode=10" in caplog.text
     cpu = SimpleNamespace(name="cpu-kv-test", settings=frozenset(["thread_num", "memory", "attention_mode"]))
     assert "attention_mode" not in report_ignored_settings(cpu, ScheduleConfig(), {"attention_mode": 10})
+
+
+def test_memory_normal_attention_on_threads_gives_the_logits_of_the_blocks_in_order(long_ids, monkeypatch):
+    """memory "normal": a prefill's attention blocks spread over the runtime's threads, BLAS on
+    one thread in each (`host_threads.py`), give the logits of the blocks run in order with BLAS
+    on its threads (the path before), bit for bit, for a prompt crossing CAUSAL_QUERIES and
+    TILED_FROM (lowered: key tiles of 96 past 160 keys) from an empty cache and after one."""
+    from mnnllm_backends.cpu.ops import attention as cpu_attention
+    monkeypatch.setattr(cpu_attention, "TILED_FROM", 160)
+    monkeypatch.setattr(cpu_attention, "KEY_TILE", 96)
+
+    class InOrder:
+        def run(self, task, items):
+            for item in items:
+                task(item)
+    llm = load(memory="normal")
+    runtime = llm.runtime_manager.runtime
+    on_threads = runtime.host_threads
+    got = {}
+    for name, runner in (("threads", on_threads), ("in order", InOrder())):
+        runtime.host_threads = runner
+        llm.reset()
+        first = llm.forward(long_ids[:300], all_logits=True)
+        got[name] = (first, llm.forward(long_ids[300:420]))
+    assert all(np.array_equal(a, b) for a, b in zip(got["threads"], got["in order"]))

@@ -25,6 +25,16 @@ from mnnllm_core.backend_api import AttentionMode, KVCache, report_ignored
 PANEL = 16  # capacity in whole panels, as the key-transposed cache of the low-memory kernels
 QUANT_INFO = 8  # bytes of one row's scale and zero (float32 each) in a snapshot
 HONOURED = frozenset({0, 1, 2, 8, 9, 10})  # the attention_mode values the cpu backend keeps whole
+GROWTH_STEP = 256  # a cache grows by at least this many tokens ...
+GROWTH_SHARE = 8  # ... or by 1/GROWTH_SHARE of what it holds
+
+
+def grown_capacity(need: int, capacity: int) -> int:
+    """The capacity a host cache grows to when `need` tokens do not fit, in whole panels: 1/8 more
+    than it had (or GROWTH_STEP tokens), not double. Doubling held a 8,192-token prefill's cache
+    at 16,384 rows from its first decoded token on (fp32, the shared model: 720 MiB, not 360);
+    growing by an eighth still copies each row a bounded number of times (8 on average)."""
+    return -(-max(need, capacity + max(GROWTH_STEP, capacity // GROWTH_SHARE)) // PANEL) * PANEL
 
 
 @dataclass(frozen=True)
@@ -162,7 +172,7 @@ class StoredKVCache(KVCache):
         self._heads, self._dim = heads, dim
 
     def capacity_for(self, need: int) -> int:
-        return -(-max(need, 2 * (self.capacity or 32)) // PANEL) * PANEL
+        return grown_capacity(need, self.capacity)
 
     def grow(self, capacity: int) -> None:
         heads, dim = self._heads, self._dim

@@ -13,6 +13,7 @@ import numpy as np
 from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, RuntimeHints,
                                      ScheduleConfig)
 
+from .host_threads import HostThreads
 from .kv_memory import KVMemory
 from .kv_storage import StoredKinds
 from .ops import CREATORS
@@ -75,6 +76,7 @@ class CPURuntime(Runtime):
         # more BLAS threads than cores only makes threads wait on each other
         self.thread_num = max(1, min(int(config.thread_num), os.cpu_count() or 1))
         self._limits = _limit_blas_threads(self.thread_num)
+        self.host_threads = HostThreads(self.thread_num)  # numpy work split by the ops themselves
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
         self._team = None  # the replay's thread team (`kernels/team.py`), started on first use
         self.kv_memory = KVMemory(self.hints.kvcache_mmap, self.hints.kvcache_limit, self.hints.tmp_path)

@@ -9,7 +9,9 @@ With memory "low" and the causal mask, numba kernels attend (`kernels/attention.
 cache that holds keys transposed. Below fp32 (`attention_mode`, the `kv_fp16` hint) the
 cache is a StoredKVCache (`kv_storage.py`): a decode step reads its rows as stored (the replay
 runs it as one kernel call, `append_attend_stored`), a prefill as float32 one layer at a time.
-A prefill (the numpy path) attends in blocks of queries; a block that sees more than
+A prefill (the numpy path) attends in blocks of queries, spread over the runtime's threads
+with BLAS on one thread in each (`host_threads.py`: many small BLAS calls each waiting for
+BLAS's threads took minutes on a loaded machine); a block that sees more than
 TILED_FROM keys goes over them in tiles of KEY_TILE with an online softmax (a running max and
 sum per query row, the context rescaled as the max grows), so its scores never span every key.
 The tiles' sums round differently from one softmax over the row, so shorter prompts, MNN's
@@ -23,7 +25,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import AttentionParams, Execution, KVCache, Refused, UnsupportedError, attention_mask
 
-from ..kv_storage import StoredKVCache
+from ..kv_storage import StoredKVCache, grown_capacity
 
 FEW_TOKENS = 8  # up to this many new tokens attend on the calling thread (memory "low")
 PANEL = 16  # the cache grows in whole panels of the low-memory GEMM
@@ -44,7 +46,7 @@ def query_blocks(seq: int, heads: int, total: int) -> range:
 
 class HostKVCache(KVCache):
     """Keys and values in host memory, [kv_heads, capacity, dim] each (keys [kv_heads, dim,
-    capacity] when `keys_transposed`); capacity in whole panels."""
+    capacity] when `keys_transposed`); capacity in whole panels, grown by an eighth (`grown_capacity`)."""
 
     def __init__(self, keys_transposed: bool = False, zeros_for=None) -> None:
         super().__init__()
@@ -56,7 +58,7 @@ class HostKVCache(KVCache):
         self._heads = self._dim = 0
 
     def capacity_for(self, need: int) -> int:
-        return -(-max(need, 2 * (self.capacity or 32)) // PANEL) * PANEL
+        return grown_capacity(need, self.capacity)
 
     def grow(self, capacity: int) -> None:
         heads, dim = self._heads, self._dim
@@ -257,19 +259,23 @@ class AttentionExecution(Execution):
         step = query_blocks(seq, num_head, total).step
         if causal:
             step = min(step, CAUSAL_QUERIES)
-        for t0 in range(0, seq, step):
+
+        def attend_block(t0: int) -> None:
             t1 = min(seq, t0 + step)
             visible = min(total, past + t1) if causal else total  # keys the block's last query sees
             if visible > TILED_FROM:
                 masking = partial(self._mask, mask=mask, kind=kind.kind, past=past, seq=seq, total=total, t0=t0, t1=t1)
                 context = attend_key_tiles(queries[:, :, t0:t1], keys_t, values, visible, scale, sink_rows, masking)
                 out[t0:t1] = context.transpose(2, 0, 1, 3)
-                continue
+                return
             scores = np.matmul(queries[:, :, t0:t1], keys_t[..., :visible])
             scores *= scale
             self._mask(scores, mask, kind.kind, past, seq, visible, t0, t1)
             probs = softmax_last(scores, sink_rows)
             out[t0:t1] = np.matmul(probs, values[:, None, :visible]).transpose(2, 0, 1, 3)  # from [kvh, group, t, dim]
+
+        # the blocks across the runtime's threads, the last (causal: the costliest) first
+        self.backend.runtime.host_threads.run(attend_block, reversed(range(0, seq, step)))
 
     def _decode_stored(self, q: np.ndarray, outputs, sinks: np.ndarray | None) -> bool:
         """One token over a StoredKVCache of float32/int8 rows, read as stored and split over keys
