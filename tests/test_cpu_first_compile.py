@@ -107,8 +107,10 @@ def test_the_replay_program_calls_kernels_the_warm_up_loaded_with_the_same_types
                "rope": rope.rope_qk, "mul_silu": activation.mul_silu, "attend": attention.append_attend,
                "decode": attention.append_decode, "stored_i8": decode_attention.append_attend_stored,
                "stored_f32": decode_attention.append_attend_stored}
-    if threads > 1:
-        kernels["gemv_half_parallel"] = linear._gemv_parallel
+    if threads > 1:  # with the thread team's attention parts
+        kernels.update({"gemv_half_parallel": linear._gemv_parallel, "decode_part": attention.append_decode_part,
+                        "stored_i8_part": decode_attention.append_attend_stored_part,
+                        "stored_f32_part": decode_attention.append_attend_stored_part})
     for name, kernel in kernels.items():
         assert SIGNATURES[name].args in kernel.overloads, name
         assert kernel.overloads[SIGNATURES[name].args].signature == SIGNATURES[name], name

@@ -24,13 +24,15 @@ numba = pytest.importorskip("numba")
 STEPS = 5
 
 
-def team_serial_and_looped(threads: int, hints: dict | None = None) -> tuple[dict, object]:
+def team_serial_and_looped(threads: int, hints: dict | None = None, config: dict | None = None,
+                            prompts: list | None = None) -> tuple[dict, object]:
     """Per setting (the team's ways: all ranks, rank 0 alone, chosen; serial program; per-op loop),
-    per prompt (tokens, logits), on one load of the shared model at memory "low"; and its runtime."""
-    prompts = [p["prompt_ids"] for p in json.loads(REFERENCE.read_text())["prompts"][:2]]
+    per prompt (tokens, logits), on one load of the shared model at memory "low" (and `config`);
+    and its runtime."""
+    prompts = prompts or [p["prompt_ids"] for p in json.loads(REFERENCE.read_text())["prompts"][:2]]
     llm = mnnllm_core.create(str(CONFIG))
     llm.set_config({"backend_type": "cpu", "memory": "low", "sampler_type": "greedy", "thread_num": threads,
-                    "backend_hints": hints or {}})
+                    "backend_hints": hints or {}, **(config or {})})
     llm.load()
     runtime = llm.runtime_manager.runtime
     runs = {}
@@ -74,6 +76,63 @@ def test_two_threads_give_the_serial_programs_and_the_loops_logits(hints) -> Non
     finally:
         runtime.close_team()
     assert not any(t.name.startswith("mnnllm-cpu-team") for t in threading.enumerate())
+
+
+def test_a_deep_step_splits_its_attention_and_keeps_the_bits() -> None:
+    """A prompt of 300 tokens, fp32 KV (DECODE_ATTEND) and int8 KV (attention_mode 10, STORED_ATTEND,
+    whose serial kernel splits 300 keys in 2 spans): team, rank 0 alone, serial, loop give the same
+    logits."""
+    from mnnllm_backends.cpu.kernels import program
+
+    prompt = json.loads(REFERENCE.read_text())["prompts"][0]["prompt_ids"]
+    prompt = (prompt * (300 // len(prompt) + 1))[:300]
+    for config, op in (({}, program.DECODE_ATTEND), ({"attention_mode": 10}, program.STORED_ATTEND)):
+        runs, runtime = team_serial_and_looped(2, config=config, prompts=[prompt])
+        try:
+            assert_same(runs, ("loop", "team", "solo", "auto", "serial"))
+            rows = [row for call in runs["team replay"].calls
+                    if isinstance(call, partial) and getattr(call.func, "__name__", "") == "run"
+                    for row in call.arrays[1]]  # a team program's code
+            assert any(row[0] == op and row[program.PART_KERNEL] for row in rows), config
+        finally:
+            runtime.close_team()
+
+
+@pytest.mark.parametrize("length", [1, 300, 1024, 2100])
+def test_attention_parts_give_the_serial_kernels_bits(length) -> None:
+    """Each one-token attention's parts (`append_decode_part`, `append_attend_stored_part`, the
+    new row by part -1, then query heads 4/5 of 9 over 3 kv heads) give the serial kernel's bits,
+    at depths of one span, of 2 and 4 spans and past SPLIT_FROM (the fp32 cache's key split)."""
+    from mnnllm_backends.cpu.kernels.attention import append_decode, append_decode_part
+    from mnnllm_backends.cpu.kernels.decode_attention import append_attend_stored, append_attend_stored_part
+
+    heads, kv_heads, dim, capacity = 9, 3, 64, 2112
+    rng = np.random.default_rng(length)
+    q, k, v = (rng.standard_normal((1, h, dim), np.float32) for h in (heads, kv_heads, kv_heads))
+    past, scale, sinks = np.array([length - 1]), np.float32(dim ** -0.5), rng.standard_normal(heads, np.float32)
+    keys_t = rng.standard_normal((kv_heads, dim, capacity), np.float32)
+    values = rng.standard_normal((kv_heads, capacity, dim), np.float32)
+    codes = rng.integers(-128, 128, (kv_heads, capacity, dim), np.int8)
+    rows = rng.random((kv_heads, capacity), np.float32)
+    for sink in (sinks, np.zeros(0, np.float32)):
+        serial, parted = np.zeros((1, heads, dim), np.float32), np.full((1, heads, dim), np.nan, np.float32)
+        caches = [(keys_t.copy(), values.copy()) for _ in range(2)]
+        append_decode(q, k, v, *caches[0], past, scale, sink, serial, 2)
+        for part in (-1, 0, 1):
+            append_decode_part(q, k, v, *caches[1], past, scale, sink, parted, 2, part, 2)
+        np.testing.assert_array_equal(caches[0][0], caches[1][0])
+        np.testing.assert_array_equal(caches[0][1], caches[1][1])
+        np.testing.assert_array_equal(serial, parted)
+        for stored_values, v_rows in ((codes, rows), (values, np.zeros((0, 0), np.float32))):
+            serial, parted = np.zeros((1, heads, dim), np.float32), np.full((1, heads, dim), np.nan, np.float32)
+            stores = [(codes.copy(), rows.copy(), rows.copy(), stored_values.copy(), v_rows.copy(), v_rows.copy())
+                      for _ in range(2)]
+            append_attend_stored(q, k, v, *stores[0], past, scale, sink, serial, 2)
+            for part in (-1, 0, 1):
+                append_attend_stored_part(q, k, v, *stores[1], past, scale, sink, parted, 2, part, 2)
+            for a, b in zip(*stores):
+                np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(serial, parted)
 
 
 def test_one_thread_keeps_the_serial_program() -> None:

@@ -16,8 +16,8 @@ import numpy as np
 
 from .kernels import program as kernels
 from .kernels.activation import mul_silu
-from .kernels.attention import append_attend, append_decode
-from .kernels.decode_attention import append_attend_stored
+from .kernels.attention import append_attend, append_decode, append_decode_part
+from .kernels.decode_attention import append_attend_stored, append_attend_stored_part
 from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel, linear_part as int8_part
 from .kernels.linear import _few_gemv, _few_gemv_parallel, _few_gemv_part, _gemv, _gemv_parallel, _gemv_part
 from .kernels.norm import add_normalize_rows, normalize_rows
@@ -32,7 +32,8 @@ class NotRecognised(Exception):
 class StepProgram:
     """Instructions and their arrays, added call by call (`add`), then one bound call (`bound`).
     With a `team` (`kernels/team.py`), a program with linears runs on its threads, each linear's
-    rows split over them (the instructions then carry their part kernels' addresses too)."""
+    rows and each one-token attention's query heads split over them (the instructions then carry
+    their part kernels' addresses too)."""
 
     def __init__(self, team=None) -> None:
         self.team = team
@@ -191,7 +192,8 @@ class StepProgram:
         return call
 
 
-_PART_KERNELS = {kernels.GEMV: _gemv_part, kernels.FEW_GEMV: _few_gemv_part, kernels.INT8_LINEAR: int8_part}
+_PART_KERNELS = {kernels.GEMV: _gemv_part, kernels.FEW_GEMV: _few_gemv_part, kernels.INT8_LINEAR: int8_part,
+                 kernels.DECODE_ATTEND: append_decode_part, kernels.STORED_ATTEND: append_attend_stored_part}
 
 
 @cache

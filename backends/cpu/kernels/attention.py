@@ -15,7 +15,7 @@ import numpy as np
 from numba import prange
 
 from . import jit
-from .decode_attention import attend_split, splits_for
+from .decode_attention import group_rows, attend_split, attend_split_heads, heads_of, splits_for
 from .exp import exp32
 from .gemm import GEMM_ROWS, gemm_block
 
@@ -142,12 +142,44 @@ def decode_attend(q, keys_t, values, past, scale, sinks, out, threads):
 
 
 @jit()
-def append_decode(q, k, v, keys_t, values, past, scale, sinks, out, threads):
-    """`append_attend` for one token with `decode_attend`."""
-    start = past[0]
+def _append_row(k, v, keys_t, values, at):
+    """One token's k and v [1, kv_heads, dim] as cache row `at`."""
     _, kv_heads, dim = k.shape
     for h in range(kv_heads):
         for d in range(dim):
-            keys_t[h, d, start] = k[0, h, d]
-            values[h, start, d] = v[0, h, d]
+            keys_t[h, d, at] = k[0, h, d]
+            values[h, at, d] = v[0, h, d]
+
+
+@jit()
+def append_decode(q, k, v, keys_t, values, past, scale, sinks, out, threads):
+    """`append_attend` for one token with `decode_attend`."""
+    start = past[0]
+    _append_row(k, v, keys_t, values, start)
     decode_attend(q, keys_t, values, start, scale, sinks, out, threads)
+
+
+@jit()
+def append_decode_part(q, k, v, keys_t, values, past, scale, sinks, out, threads, part, parts):
+    """Part `part` of `parts` of `append_decode` (a thread team's rank): part -1 appends the new
+    row (once, before any part reads it); part >= 0 computes its query heads by the code
+    `decode_attend` runs for them: `attend_split_heads` where it splits the keys (the same spans),
+    else `_attend_rows` over those heads' rows (the GEMM core's rows are independent)."""
+    start = past[0]
+    if part < 0:
+        _append_row(k, v, keys_t, values, start)
+        return
+    heads = q.shape[1]
+    h0, h1 = heads_of(part, parts, heads)
+    length = start + 1
+    if threads > 1 and length >= SPLIT_FROM:
+        attend_split_heads(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads), h0, h1)
+        return
+    kv_heads = keys_t.shape[0]
+    group = heads // kv_heads
+    for kv in range(kv_heads):
+        j0, j1 = group_rows(kv, group, h0, h1)
+        for r0 in range(0, group, ROWS_PER_TASK):  # `attend`'s blocks of rows, cut to these heads
+            r1 = min(group, r0 + ROWS_PER_TASK)
+            if max(r0, j0) < min(r1, j1):
+                _attend_rows(q, keys_t, values, start, scale, sinks, out, kv, max(r0, j0), min(r1, j1))

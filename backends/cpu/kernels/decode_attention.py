@@ -82,13 +82,15 @@ def _merge_head(best, total, acc, sinks, out, h):
 
 # -- stored rows: [kv_heads, capacity, dim], float32 or int8 codes -----------------------------
 @jit()
-def _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, p0, p1, scale, best, total, acc, part):
+def _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, j0, j1, p0, p1, scale, best, total, acc,
+                 part):
+    """Keys p0..p1 for query heads j0..j1 of kv head `kv`'s group (each head's arithmetic its own)."""
     heads, dim = q.shape
     group = heads // k_codes.shape[0]
     keys_quantized = k_scale.shape[0] > 0
     values_quantized = v_scale.shape[0] > 0
     scores = np.empty(p1 - p0, np.float32)
-    for j in range(group):
+    for j in range(j0, j1):
         h = kv * group + j
         q_sum = np.float32(0.0)
         for d in range(dim):
@@ -129,8 +131,8 @@ def _stored_parallel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, leng
     for task in prange(splits * kv_heads):
         part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
         if p0 < p1:
-            _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, p0, p1, scale, best, total, acc,
-                         part)
+            _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, 0, heads // kv_heads, p0, p1, scale,
+                         best, total, acc, part)
     _merge(best, total, acc, sinks, out)  # on this thread: a second parallel launch would cost more
 
 
@@ -143,9 +145,44 @@ def attend_stored(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, length,
         return
     heads, dim = q.shape
     best, total, acc = _partials(1, heads, dim)
-    for kv in range(k_codes.shape[0]):
-        _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, 0, length, scale, best, total, acc, 0)
+    kv_heads = k_codes.shape[0]
+    for kv in range(kv_heads):
+        _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, 0, heads // kv_heads, 0, length, scale,
+                     best, total, acc, 0)
     _merge(best, total, acc, sinks, out)
+
+
+@jit()
+def heads_of(part, parts, heads):
+    """The query heads h0..h1 of part `part` of `parts` (a thread team's rank)."""
+    return part * heads // parts, (part + 1) * heads // parts
+
+
+@jit()
+def group_rows(kv, group, h0, h1):
+    """The query heads of kv head `kv`'s group among heads h0..h1, as rows j0..j1 of the group."""
+    return max(h0 - kv * group, 0), min(h1 - kv * group, group)
+
+
+@jit()
+def attend_stored_heads(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, length, scale, sinks, out, splits,
+                        h0, h1):
+    """`attend_stored`'s query heads h0..h1 on the calling thread: each head's spans (the same
+    `splits` spans as `attend_stored`, by the same code) and merge, so its bits are the serial
+    kernel's; a thread team's ranks compute disjoint heads of one token."""
+    heads, dim = q.shape
+    kv_heads = k_codes.shape[0]
+    group = heads // kv_heads
+    span = -(-length // splits)
+    best, total, acc = _partials(splits, heads, dim)
+    for task in range(splits * kv_heads):
+        part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
+        j0, j1 = group_rows(kv, group, h0, h1)
+        if p0 < p1 and j0 < j1:
+            _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, j0, j1, p0, p1, scale, best, total,
+                         acc, part)
+    for h in range(h0, h1):
+        _merge_head(best, total, acc, sinks, out, h)
 
 
 @jit(fastmath=False)
@@ -189,6 +226,22 @@ def append_attend_stored(q, k, v, k_codes, k_scale, k_zero, v_codes, v_scale, v_
 
 
 @jit()
+def append_attend_stored_part(q, k, v, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, past, scale, sinks, out,
+                              threads, part, parts):
+    """Part `part` of `parts` of `append_attend_stored` (a thread team's rank): part -1 stores the
+    new rows (once, before any part reads them); part >= 0 computes its query heads
+    (`attend_stored_heads`) with the spans `threads` gives the serial kernel."""
+    at = past[0]
+    if part < 0:
+        _store_rows(k[0], k_codes, k_scale, k_zero, at)
+        _store_rows(v[0], v_codes, v_scale, v_zero, at)
+        return
+    h0, h1 = heads_of(part, parts, q.shape[1])
+    attend_stored_heads(q[0], k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, at + 1, scale, sinks, out[0],
+                        splits_for(at + 1, threads), h0, h1)
+
+
+@jit()
 def _exp_sum(row, top):
     """row becomes exp(row - top); its sum (a function of its own: this loop vectorizes)."""
     total = np.float32(0.0)
@@ -201,12 +254,14 @@ def _exp_sum(row, top):
 
 # -- fp32 rows of the low-memory cache: keys [kv_heads, dim, capacity], values [kv_heads, capacity, dim]
 @jit()
-def _transposed_span(q, keys_t, values, kv, p0, p1, scale, best, total, acc, part):
-    """Keys p0..p1 (p0 a whole panel) for kv head `kv`'s query heads: the scores and the
-    weighted values as products of the GEMM core (`attention.py`'s way, over one span)."""
+def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, acc, part):
+    """Keys p0..p1 (p0 a whole panel) for query heads j0..j1 of kv head `kv`'s group: the scores
+    and the weighted values as products of the GEMM core (`attention.py`'s way, over one span;
+    the core's rows are independent, so a head's bits do not depend on the heads beside it)."""
     heads, dim = q.shape
     kv_heads, _, capacity = keys_t.shape
-    group = heads // kv_heads
+    group = j1 - j0
+    first = kv * (heads // kv_heads) + j0  # the first query head
     count = p1 - p0
     width = -(-count // PANEL) * PANEL  # within the capacity: it is in whole panels too
     flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
@@ -215,7 +270,7 @@ def _transposed_span(q, keys_t, values, kv, p0, p1, scale, best, total, acc, par
     context = np.empty(group * dim, np.float32)
     for j in range(group):
         for d in range(dim):
-            queries[j * dim + d] = q[kv * group + j, d] * scale
+            queries[j * dim + d] = q[first + j, d] * scale
     for m0 in range(0, group, GEMM_ROWS):
         rows = min(GEMM_ROWS, group - m0)
         for n0 in range(0, width, PANEL):
@@ -226,8 +281,8 @@ def _transposed_span(q, keys_t, values, kv, p0, p1, scale, best, total, acc, par
         top = row[0]
         for p in range(1, count):
             top = max(top, row[p])
-        best[part, kv * group + j] = top
-        total[part, kv * group + j] = _exp_sum(row, top)
+        best[part, first + j] = top
+        total[part, first + j] = _exp_sum(row, top)
     for m0 in range(0, group, GEMM_ROWS):
         rows = min(GEMM_ROWS, group - m0)
         for n0 in range(0, dim, PANEL):
@@ -235,7 +290,7 @@ def _transposed_span(q, keys_t, values, kv, p0, p1, scale, best, total, acc, par
                        m0 * dim + n0, dim, False)
     for j in range(group):
         for d in range(dim):
-            acc[part, kv * group + j, d] = context[j * dim + d]
+            acc[part, first + j, d] = context[j * dim + d]
 
 
 @jit(parallel=True)
@@ -245,10 +300,33 @@ def attend_split(q, keys_t, values, length, scale, sinks, out, splits):
     across the threads."""
     heads, dim = q.shape
     kv_heads = keys_t.shape[0]
-    span = -(-(-(-length // splits)) // PANEL) * PANEL
+    span = _panel_span(length, splits)
     best, total, acc = _partials(splits, heads, dim)
     for task in prange(splits * kv_heads):
         part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
         if p0 < p1:
-            _transposed_span(q, keys_t, values, kv, p0, p1, scale, best, total, acc, part)
+            _transposed_span(q, keys_t, values, kv, 0, heads // kv_heads, p0, p1, scale, best, total, acc, part)
     _merge(best, total, acc, sinks, out)  # on this thread: a second parallel launch would cost more
+
+
+@jit()
+def _panel_span(length, splits):
+    """Keys of one span of `attend_split`: a whole number of panels."""
+    return -(-(-(-length // splits)) // PANEL) * PANEL
+
+
+@jit()
+def attend_split_heads(q, keys_t, values, length, scale, sinks, out, splits, h0, h1):
+    """`attend_split`'s query heads h0..h1 on the calling thread (as `attend_stored_heads`)."""
+    heads, dim = q.shape
+    kv_heads = keys_t.shape[0]
+    group = heads // kv_heads
+    span = _panel_span(length, splits)
+    best, total, acc = _partials(splits, heads, dim)
+    for task in range(splits * kv_heads):
+        part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
+        j0, j1 = group_rows(kv, group, h0, h1)
+        if p0 < p1 and j0 < j1:
+            _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, acc, part)
+    for h in range(h0, h1):
+        _merge_head(best, total, acc, sinks, out, h)

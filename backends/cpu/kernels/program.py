@@ -32,6 +32,9 @@ WIDTH = 24  # int64 fields of one instruction
 KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
 PART_KERNEL = WIDTH - 2  # a linear's: the address of its kernel for one part of its rows (`team.py`)
 LINEARS = (GEMV, FEW_GEMV, INT8_LINEAR)  # the instructions a thread team splits by rows
+# ... and those it splits by query heads (one token's attention); these and INT8_LINEAR have a
+# part -1 that rank 0 runs first, alone (the new cache row, the quantized input rows)
+ATTENTIONS = (DECODE_ATTEND, STORED_ATTEND)
 
 _F32, _BYTES, _HALVES, _INTS = types.float32[::1], types.uint8[::1], types.uint16[::1], types.int64[::1]
 _TENSOR = types.Array(types.float32, 3, "C")
@@ -75,6 +78,8 @@ SIGNATURES = {
                                     _INTS, types.float32, _F32, _TENSOR, types.int64)
        for kind, values in (("i8", _CODES), ("f32", _TENSOR))},
 }
+SIGNATURES.update({f"{name}_part": types.none(*SIGNATURES[name].args, types.int64, types.int64)
+                   for name in ("decode", "stored_i8", "stored_f32")})
 SIGNATURES.update({f"int8_{alphas}{suffix}": _int8_signature(kind, bool(suffix))
                    for alphas, kind in (("half", _HALVES), ("real", _F32)) for suffix in ("", "_parallel")})
 SIGNATURES.update({f"{kind}_{alphas}_part": _gemv_signature(real, False, kind == "few", True)
@@ -100,12 +105,14 @@ def kernel_signature(instruction: list[int]) -> str | None:
 
 
 def part_signature(instruction: list[int]) -> str | None:
-    """The SIGNATURES entry of the kernel computing one part of a linear instruction's rows
-    (None: the instruction is no linear; a thread team runs it on one thread)."""
+    """The SIGNATURES entry of the kernel computing one part of a linear instruction's rows or of
+    a one-token attention's heads (None: a thread team runs the instruction on one thread)."""
     if instruction[0] in (GEMV, FEW_GEMV):
         return f"{'gemv' if instruction[0] == GEMV else 'few'}_{'half' if instruction[2] else 'real'}_part"
     if instruction[0] == INT8_LINEAR:
         return f"int8_{'half' if instruction[1] else 'real'}_part"
+    if instruction[0] in ATTENTIONS:
+        return f"{kernel_signature(instruction)}_part"
     return None
 
 
@@ -150,6 +157,8 @@ _stored_i8, _stored_f32 = _function_at("stored_i8"), _function_at("stored_f32")
 _gemv_half_part, _gemv_real_part = _function_at("gemv_half_part"), _function_at("gemv_real_part")
 _few_half_part, _few_real_part = _function_at("few_half_part"), _function_at("few_real_part")
 _int8_half_part, _int8_real_part = _function_at("int8_half_part"), _function_at("int8_real_part")
+_decode_part = _function_at("decode_part")
+_stored_i8_part, _stored_f32_part = _function_at("stored_i8_part"), _function_at("stored_f32_part")
 
 
 @intrinsic
@@ -291,22 +300,27 @@ def _attend_step(c, scalars, floats, ints):
 
 
 @jit()
-def _decode_step(c, scalars, floats, ints):
-    """`_attend_step`'s fields for one token (field 10), then 15 threads."""
+def _decode_step(c, scalars, floats, ints, part, parts):
+    """`_attend_step`'s fields for one token (field 10), then 15 threads; with parts > 0, part
+    `part` of `parts` by the part kernel (`append_decode_part`)."""
     heads, kv_heads, dim, capacity = c[11], c[12], c[13], c[14]
-    _append_decode(c[KERNEL])(
-        _tensor(floats, c[1], (1, heads, dim)), _tensor(floats, c[2], (1, kv_heads, dim)),
-        _tensor(floats, c[3], (1, kv_heads, dim)), _tensor(floats, c[4], (kv_heads, dim, capacity)),
-        _tensor(floats, c[5], (kv_heads, capacity, dim)), _ints(ints, c[6]),
-        np.float32(scalars[c[7]]), _floats(floats, c[8]), _tensor(floats, c[9], (1, heads, dim)), c[15])
+    q, k, v = (_tensor(floats, c[1], (1, heads, dim)), _tensor(floats, c[2], (1, kv_heads, dim)),
+               _tensor(floats, c[3], (1, kv_heads, dim)))
+    keys_t, values = _tensor(floats, c[4], (kv_heads, dim, capacity)), _tensor(floats, c[5], (kv_heads, capacity, dim))
+    past, scale, sinks, out = (_ints(ints, c[6]), np.float32(scalars[c[7]]), _floats(floats, c[8]),
+                               _tensor(floats, c[9], (1, heads, dim)))
+    if parts > 0:
+        _decode_part(c[PART_KERNEL])(q, k, v, keys_t, values, past, scale, sinks, out, c[15], part, parts)
+    else:
+        _append_decode(c[KERNEL])(q, k, v, keys_t, values, past, scale, sinks, out, c[15])
 
 
 @jit()
-def _stored_step(c, scalars, floats, codes, ints):
+def _stored_step(c, scalars, floats, codes, ints, part, parts):
     """Fields: 1-3 q, k, v; 4-6 the keys' int8 codes (in `codes`), scale, zero; 7-9 the values'
     (int8 codes in `codes` when field 19, else float32 rows and empty scale and zero); 10 past
     (in `ints`); 11 scale (in `scalars`); 12 sinks; 13 out; 14-18 heads, kv heads, head size,
-    cache capacity, threads."""
+    cache capacity, threads; with parts > 0, part `part` of `parts` (`append_attend_stored_part`)."""
     heads, kv_heads, dim, capacity = c[14], c[15], c[16], c[17]
     rows = (kv_heads, capacity)
     values_rows = rows if c[19] else (0, 0)
@@ -317,11 +331,19 @@ def _stored_step(c, scalars, floats, codes, ints):
     past, scale, sinks, out = (_ints(ints, c[10]), np.float32(scalars[c[11]]), _floats(floats, c[12]),
                                _tensor(floats, c[13], (1, heads, dim)))
     if c[19]:
-        _stored_i8(c[KERNEL])(q, k, v, *keys, _codes(codes, c[7], (kv_heads, capacity, dim)), v_scale, v_zero, past,
-                              scale, sinks, out, c[18])
+        v_codes = _codes(codes, c[7], (kv_heads, capacity, dim))
+        if parts > 0:
+            _stored_i8_part(c[PART_KERNEL])(q, k, v, *keys, v_codes, v_scale, v_zero, past, scale, sinks, out, c[18],
+                                            part, parts)
+        else:
+            _stored_i8(c[KERNEL])(q, k, v, *keys, v_codes, v_scale, v_zero, past, scale, sinks, out, c[18])
     else:
-        _stored_f32(c[KERNEL])(q, k, v, *keys, _tensor(floats, c[7], (kv_heads, capacity, dim)), v_scale, v_zero,
-                               past, scale, sinks, out, c[18])
+        v_rows = _tensor(floats, c[7], (kv_heads, capacity, dim))
+        if parts > 0:
+            _stored_f32_part(c[PART_KERNEL])(q, k, v, *keys, v_rows, v_scale, v_zero, past, scale, sinks, out, c[18],
+                                             part, parts)
+        else:
+            _stored_f32(c[KERNEL])(q, k, v, *keys, v_rows, v_scale, v_zero, past, scale, sinks, out, c[18])
 
 
 @jit()
@@ -365,9 +387,9 @@ def run_instruction(c, scalars, floats, codes, reals, halves, ints):
     elif op == INT8_LINEAR:
         _int8_step(c, floats, codes, reals, halves, ints)
     elif op == DECODE_ATTEND:
-        _decode_step(c, scalars, floats, ints)
+        _decode_step(c, scalars, floats, ints, np.int64(0), np.int64(0))
     elif op == STORED_ATTEND:
-        _stored_step(c, scalars, floats, codes, ints)
+        _stored_step(c, scalars, floats, codes, ints, np.int64(0), np.int64(0))
 
 
 @jit()
@@ -379,10 +401,17 @@ def run_program(code, scalars, floats, codes, reals, halves, ints):
 
 
 @jit()
-def run_part(c, floats, codes, reals, halves, ints, part, parts):
-    """Part `part` of `parts` of a linear instruction's rows (the split of its parallel kernel), by
-    its part kernel (field PART_KERNEL); for the int8 linear, part -1 quantizes its input rows."""
+def run_part(c, scalars, floats, codes, reals, halves, ints, part, parts):
+    """Part `part` of `parts` of a linear instruction's rows (the split of its parallel kernel) or
+    of a one-token attention's query heads, by its part kernel (field PART_KERNEL); part -1
+    quantizes the int8 linear's input rows, or writes the attention's new cache row."""
     op = c[0]
+    if op == DECODE_ATTEND:
+        _decode_step(c, scalars, floats, ints, part, parts)
+        return
+    if op == STORED_ATTEND:
+        _stored_step(c, scalars, floats, codes, ints, part, parts)
+        return
     if op == INT8_LINEAR:
         x, symmetric, scratch, weights, sums, outs, starts = _int8_arrays(c, floats, codes, halves, ints)
         if c[1]:

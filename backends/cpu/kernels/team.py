@@ -9,8 +9,10 @@ caller is rank 0. For each program run rank 0 publishes the program (`lead`: its
 address, then a new generation) and every rank walks the same instructions (`run_rank`): a
 linear (GEMV, few-token GEMV, int8 linear) gives each rank the part of its rows that
 `_gemv_parallel` (`linear_parallel`) gives the same thread, computed by the same `_rows`
-(`_members`); the int8 linear's rows are quantized once, by rank 0; every other instruction runs
-on rank 0. A barrier separates an instruction from the next when either is split (the next reads
+(`_members`); the int8 linear's rows are quantized once, by rank 0; one token's attention
+(DECODE_ATTEND, STORED_ATTEND) gives each rank a share of the query heads, computed by the code
+the serial kernel runs for each head (`append_decode_part`, `append_attend_stored_part`), after
+rank 0 wrote the new cache row; every other instruction runs on rank 0. A barrier separates an instruction from the next when either is split (the next reads
 rows another thread wrote); a run of single-thread instructions needs none. Each element is thus
 computed by the code the serial program runs: the logits are the serial replay's bit for bit.
 
@@ -39,7 +41,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit
-from .program import GEMV, FEW_GEMV, INT8_LINEAR, WIDTH, _pointer, array_table, run_instruction, run_part
+from .program import (DECODE_ATTEND, FEW_GEMV, GEMV, INT8_LINEAR, STORED_ATTEND, WIDTH, _pointer, array_table,
+                      run_instruction, run_part)
 
 # state fields, a cache line each: the program (written by rank 0 once a run) and the workers
 # asleep waiting for one; the barrier's count; its passes and the ranks asleep waiting for one;
@@ -185,15 +188,16 @@ def run_rank(program, rank, threads, state):
     for i in range(code.shape[0]):
         c = code[i]
         op = c[0]
-        split = op == GEMV or op == FEW_GEMV or op == INT8_LINEAR
+        first = op == INT8_LINEAR or op == DECODE_ATTEND or op == STORED_ATTEND  # a part -1 first
+        split = op == GEMV or op == FEW_GEMV or first
         if i > 0 and (split or shared):
             barrier(state, threads)
         if split:
-            if op == INT8_LINEAR:  # its rows quantized once, then read by every rank
+            if first:  # the quantized rows, the new cache row: written once, then read by every rank
                 if rank == 0:
-                    run_part(c, floats, codes, reals, halves, ints, np.int64(-1), threads)
+                    run_part(c, scalars, floats, codes, reals, halves, ints, np.int64(-1), threads)
                 barrier(state, threads)
-            run_part(c, floats, codes, reals, halves, ints, rank, threads)
+            run_part(c, scalars, floats, codes, reals, halves, ints, rank, threads)
         elif rank == 0:
             run_instruction(c, scalars, floats, codes, reals, halves, ints)
         shared = split

@@ -117,17 +117,25 @@ def _attention(threads: int) -> None:
 
 def _decode(threads: int) -> None:
     """One token's attention at depth: the fp32 cache's (`decode_attend`, which calls the split
-    kernel) and a StoredKVCache's over int8 keys with int8 or float32 values."""
+    kernel) and a StoredKVCache's over int8 keys with int8 or float32 values; for threads, their
+    thread-team parts (query heads)."""
     one = np.zeros((1, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
     empty, past, rows = np.zeros(0, np.float32), np.zeros(1, np.int64), np.zeros((1, 16), np.float32)
     attention.decode_attend(one, keys_t, values, 0, np.float32(1.0), empty, one.copy(), threads)
     attention.append_decode(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty, one.copy(),
                             threads)
+    if threads > 1:  # a thread team's part of it
+        attention.append_decode_part(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty,
+                                     one.copy(), threads, 0, 1)
     codes = np.zeros((1, 16, 16), np.int8)
     for stored_values, scale in ((codes.copy(), rows), (values, np.zeros((0, 0), np.float32))):
         decode_attention.append_attend_stored(one, one.copy(), one.copy(), codes, rows, rows.copy(), stored_values,
                                               scale, scale.copy(), past, np.float32(1.0), empty, one.copy(), threads)
+        if threads > 1:
+            decode_attention.append_attend_stored_part(one, one.copy(), one.copy(), codes, rows, rows.copy(),
+                                                       stored_values, scale, scale.copy(), past, np.float32(1.0),
+                                                       empty, one.copy(), threads, 0, 1)
         decode_attention.attend_stored(one[0], codes, rows, rows, stored_values, scale, scale, 1, np.float32(1.0),
                                        empty, one[0].copy(), 1)
 
