@@ -13,7 +13,9 @@ than the keys.
 
 `append_attend_stored` is a replayed decode step's whole attention over a StoredKVCache: the
 new k and v rows quantized into the cache as `RowStore.write` does (bit for bit: no fastmath),
-then `attend_stored`.
+then `attend_stored`. A thread team splits one token's attention by query heads
+(`append_attend_stored_part`, `attend_stored_heads`, `attend_split_heads`): each rank computes
+all the spans of its heads, the spans and the arithmetic of each head being the serial kernel's.
 """
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ linear (GEMV, few-token GEMV, int8 linear) gives each rank the part of its rows 
 (DECODE_ATTEND, STORED_ATTEND) gives each rank a share of the query heads, computed by the code
 the serial kernel runs for each head (`append_decode_part`, `append_attend_stored_part`), after
 rank 0 wrote the new cache row; every other instruction runs on rank 0. A barrier separates an instruction from the next when either is split (the next reads
-rows another thread wrote); a run of single-thread instructions needs none. Each element is thus
+rows another thread wrote); a run of single-thread instructions needs none, and rank 0 writes
+an instruction's part -1 straight after its own instructions (one barrier then publishes both). Each element is thus
 computed by the code the serial program runs: the logits are the serial replay's bit for bit.
 
 Synchronisation is an int64 state array (`STATE_SIZE`, fields on their own cache lines) read and
@@ -190,13 +191,15 @@ def run_rank(program, rank, threads, state):
         op = c[0]
         first = op == INT8_LINEAR or op == DECODE_ATTEND or op == STORED_ATTEND  # a part -1 first
         split = op == GEMV or op == FEW_GEMV or first
-        if i > 0 and (split or shared):
+        if first:  # the quantized rows, the new cache row: written once by rank 0, then read by every rank
+            if shared:  # part -1 reads every rank's rows; else only rank 0's: no barrier before it
+                barrier(state, threads)
+            if rank == 0:
+                run_part(c, scalars, floats, codes, reals, halves, ints, np.int64(-1), threads)
+            barrier(state, threads)
+        elif i > 0 and (split or shared):
             barrier(state, threads)
         if split:
-            if first:  # the quantized rows, the new cache row: written once, then read by every rank
-                if rank == 0:
-                    run_part(c, scalars, floats, codes, reals, halves, ints, np.int64(-1), threads)
-                barrier(state, threads)
             run_part(c, scalars, floats, codes, reals, halves, ints, rank, threads)
         elif rank == 0:
             run_instruction(c, scalars, floats, codes, reals, halves, ints)
