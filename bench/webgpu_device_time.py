@@ -5,9 +5,9 @@ command encoder, submitted and waited for, timed by wall clock and by this proce
 up better than the wall clock on a loaded machine). The values computed are thrown away; the
 KV cache's past/total stay those of the recorded step.
 
-    python plugins/mnnllm-webgpu/bench/device_time.py                # a decode step after 40 tokens
-    python plugins/mnnllm-webgpu/bench/device_time.py --prefill 128  # the prefill of 128 tokens
-    python plugins/mnnllm-webgpu/bench/device_time.py --context 1024 # a decode step after 1024 tokens
+    python bench/webgpu_device_time.py                # a decode step after 40 tokens
+    python bench/webgpu_device_time.py --prefill 128  # the prefill of 128 tokens
+    python bench/webgpu_device_time.py --context 1024 # a decode step after 1024 tokens
 
 Linear kernels are listed per shape (their work-group counts tell them apart).
 """
