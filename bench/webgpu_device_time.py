@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-DEFAULT_CONFIG = Path("/work/shared/models/smollm2-135m-instruct-mnn-q4/config.json")
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
 
 
 def _clocks() -> tuple[float, float]:
