@@ -33,7 +33,8 @@ class StepProgram:
     """Instructions and their arrays, added call by call (`add`), then one bound call (`bound`).
     With a `team` (`kernels/team.py`), a program with linears runs on its threads, each linear's
     rows and each one-token attention's query heads split over them (the instructions then carry
-    their part kernels' addresses too)."""
+    their part kernels' addresses too). A one-token attention the replay marks `joins` (the next
+    KV slot's group of a batched step) after another is marked so in its instruction (JOINS)."""
 
     def __init__(self, team=None) -> None:
         self.team = team
@@ -91,7 +92,10 @@ class StepProgram:
         kernel = _kernel_address(call.func, signature) if signature else 0
         part_signature = kernels.part_signature(row) if self.team else None
         part = _kernel_address(_PART_KERNELS[row[0]], part_signature) if part_signature else 0
-        self.rows.append(row + [0] * (kernels.PART_KERNEL - len(row)) + [part, kernel])
+        row = row + [0] * (kernels.PART_KERNEL - len(row)) + [part, kernel]
+        if row[0] in kernels.ATTENTIONS and self.rows and self.rows[-1][0] in kernels.ATTENTIONS:
+            row[kernels.JOINS] = int(getattr(call, "joins", False))
+        self.rows.append(row)
         return True
 
     def _alphas(self, alphas) -> tuple[list[int], int]:

@@ -15,9 +15,8 @@ batch says so with `slot_aware = True`; `slot_refusal` is why a module cannot ru
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import KVStateError, UnsupportedError
 from .backend import Refused
@@ -89,20 +88,28 @@ def group_rows(tensor: Tensor, seq: int, count: int, storage: object) -> Tensor:
     return replace(tensor, shape=tuple(shape), storage=storage, host=None)
 
 
-@contextmanager
-def slot_meta(backend: "Backend", meta: KVMeta) -> Iterator[None]:
+class slot_meta:  # noqa: N801 - used as a function: `with slot_meta(backend, meta):`
     """Within the block `backend.kv_meta` is `meta` (one slot's), so a single-sequence
-    Attention keeps that slot's books; the backend's own meta is back afterwards."""
-    had = "own_kv_meta" in backend.__dict__
-    before = backend.__dict__.get("own_kv_meta")
-    backend.own_kv_meta = meta
-    try:
-        yield
-    finally:
-        if had:
-            backend.own_kv_meta = before
+    Attention keeps that slot's books; the backend's own meta is back afterwards. A class, not a
+    generator: a replayed batched step enters it per layer and slot (a generator's machinery
+    cost several times more)."""
+
+    __slots__ = ("backend", "meta", "had", "before")
+
+    def __init__(self, backend: "Backend", meta: KVMeta):
+        self.backend, self.meta = backend, meta
+
+    def __enter__(self) -> None:
+        own = self.backend.__dict__
+        self.had, self.before = "own_kv_meta" in own, own.get("own_kv_meta")
+        own["own_kv_meta"] = self.meta
+
+    def __exit__(self, *exc) -> None:
+        own = self.backend.__dict__
+        if self.had:
+            own["own_kv_meta"] = self.before
         else:
-            del backend.own_kv_meta
+            del own["own_kv_meta"]
 
 
 class SlotTwins:

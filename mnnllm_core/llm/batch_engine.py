@@ -149,6 +149,7 @@ class BatchEngine:
         self.steps = 0
         self.rows_run = 0
         self.padding_run = 0  # padding rows run (padded decode steps)
+        self._batch: tuple | None = None  # (the row table, its BatchMeta) of the last batched step
 
     # -- requests ----------------------------------------------------------------------
     def submit(self, prompt_ids: Sequence[int], max_new_tokens: int | None = None,
@@ -280,7 +281,7 @@ class BatchEngine:
         alone = len(groups) == 1 and groups[0].slot == 0  # the Llm's own one-sequence step
         key = (plan.rows, plan.logits_from, not alone)
         meta = llm.runtime_manager.kv_meta
-        meta.batch = None if alone else BatchMeta(tuple(groups))
+        meta.batch = None if alone else self._row_table(groups)
         first = plan.sized and plan.rows not in self.sized
         try:
             outputs = self._clone(key, plan.sized).forward(feeds)
@@ -296,6 +297,15 @@ class BatchEngine:
             meta.batch = None
         logits = outputs[0]
         return logits.reshape(-1, logits.shape[-1])
+
+    def _row_table(self, groups: list[SlotRows]) -> BatchMeta:
+        """The step's BatchMeta: the last step's object while the table is the same (the same
+        slots' rows, their metas the same objects), so a backend binding per table (the cpu's
+        slot attention) knows it at a glance."""
+        table = tuple((g.slot, g.start, g.count, id(g.meta)) for g in groups)
+        if self._batch is None or self._batch[0] != table:
+            self._batch = (table, BatchMeta(tuple(groups)))
+        return self._batch[1]
 
     def sized_memory(self) -> dict[int, int]:
         """Per padded size recorded so far, the bytes of the step buffers its clone holds (the

@@ -35,6 +35,9 @@ LINEARS = (GEMV, FEW_GEMV, INT8_LINEAR)  # the instructions a thread team splits
 # ... and those it splits by query heads (one token's attention); these and INT8_LINEAR have a
 # part -1 that rank 0 runs first, alone (the new cache row, the quantized input rows)
 ATTENTIONS = (DECODE_ATTEND, STORED_ATTEND)
+# an attention's field 21: 1 when it joins the attention before it (another KV slot's rows of a
+# batched step: other rows, another cache), so a team runs the two without a barrier between
+JOINS = 21
 
 _F32, _BYTES, _HALVES, _INTS = types.float32[::1], types.uint8[::1], types.uint16[::1], types.int64[::1]
 _TENSOR = types.Array(types.float32, 3, "C")

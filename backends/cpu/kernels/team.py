@@ -12,10 +12,13 @@ linear (GEMV, few-token GEMV, int8 linear) gives each rank the part of its rows 
 (`_members`); the int8 linear's rows are quantized once, by rank 0; one token's attention
 (DECODE_ATTEND, STORED_ATTEND) gives each rank a share of the query heads, computed by the code
 the serial kernel runs for each head (`append_decode_part`, `append_attend_stored_part`), after
-rank 0 wrote the new cache row; every other instruction runs on rank 0. A barrier separates an instruction from the next when either is split (the next reads
-rows another thread wrote); a run of single-thread instructions needs none, and rank 0 writes
-an instruction's part -1 straight after its own instructions (one barrier then publishes both). Each element is thus
-computed by the code the serial program runs: the logits are the serial replay's bit for bit.
+rank 0 wrote the new cache row; the attentions of a batched step's KV slots (JOINS) run as one:
+rank 0 writes every slot's new row, then each rank computes its heads of each; every other
+instruction runs on rank 0. A barrier separates an instruction from the next when either is
+split (the next reads rows another thread wrote); a run of single-thread instructions needs
+none, and rank 0 writes an instruction's part -1 straight after its own instructions (one
+barrier then publishes both). Each element is thus computed by the code the serial program
+runs: the logits are the serial replay's bit for bit.
 
 Synchronisation is an int64 state array (`STATE_SIZE`, fields on their own cache lines) read and
 written with atomics (`fetch_add`, `load_acquire`, `store_release`): a counting barrier whose
@@ -42,8 +45,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit
-from .program import (DECODE_ATTEND, FEW_GEMV, GEMV, INT8_LINEAR, STORED_ATTEND, WIDTH, _pointer, array_table,
-                      run_instruction, run_part)
+from .program import (DECODE_ATTEND, FEW_GEMV, GEMV, INT8_LINEAR, JOINS, STORED_ATTEND, WIDTH, _pointer,
+                      array_table, run_instruction, run_part)
 
 # state fields, a cache line each: the program (written by rank 0 once a run) and the workers
 # asleep waiting for one; the barrier's count; its passes and the ranks asleep waiting for one;
@@ -186,24 +189,35 @@ def run_rank(program, rank, threads, state):
     reals, halves = carray(_pointer(d[8]), (d[9], 2), np.int64), carray(_pointer(d[10]), (d[11], 2), np.int64)
     ints = carray(_pointer(d[12]), (d[13], 2), np.int64)
     shared = False  # whether the previous instruction's results came from every rank
-    for i in range(code.shape[0]):
+    i = 0
+    while i < code.shape[0]:
         c = code[i]
         op = c[0]
-        first = op == INT8_LINEAR or op == DECODE_ATTEND or op == STORED_ATTEND  # a part -1 first
+        attention = op == DECODE_ATTEND or op == STORED_ATTEND
+        last = i + 1  # past the instructions run together: an attention and those joining it
+        if attention:
+            while last < code.shape[0] and code[last, JOINS] != 0:
+                last += 1
+        first = op == INT8_LINEAR or attention  # a part -1 first
         split = op == GEMV or op == FEW_GEMV or first
-        if first:  # the quantized rows, the new cache row: written once by rank 0, then read by every rank
+        if first:  # the quantized rows, the new cache rows: written once by rank 0, then read by every rank
             if shared:  # part -1 reads every rank's rows; else only rank 0's: no barrier before it
                 barrier(state, threads)
             if rank == 0:
-                run_part(c, scalars, floats, codes, reals, halves, ints, np.int64(-1), threads)
+                for j in range(i, last):
+                    run_part(code[j], scalars, floats, codes, reals, halves, ints, np.int64(-1), threads)
             barrier(state, threads)
         elif i > 0 and (split or shared):
             barrier(state, threads)
         if split:
-            run_part(c, scalars, floats, codes, reals, halves, ints, rank, threads)
+            # joined attentions: the ranks take turns at the first part, so uneven parts even out
+            for j in range(i, last):
+                part = (rank + j - i) % threads
+                run_part(code[j], scalars, floats, codes, reals, halves, ints, part, threads)
         elif rank == 0:
             run_instruction(c, scalars, floats, codes, reals, halves, ints)
         shared = split
+        i = last
     barrier(state, threads)
 
 

@@ -1,0 +1,136 @@
+"""A batched decode step on the cpu at memory "low" (llm/batch_engine.py, ops/slot_attention.py)
+replays as the one-sequence step does: each KV slot's attention is its twin's kernel call inside
+the step's compiled programs (no per-op Python), the slots' one-token attentions joined on the
+thread team (program.JOINS: no barrier between them). Its logits equal the per-op loop's bit for
+bit, with 1 and 2 threads (team, rank 0 alone, chosen, serial program), for slots of ragged
+lengths, as streams leave (fewer rows) and a new one comes (another row table), and with int8 KV
+(attention_mode 10, STORED_ATTEND).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from functools import partial
+
+import numpy as np
+import pytest
+
+import mnnllm_core
+from mnnllm_core.llm.batch_engine import BatchEngine
+
+from paths import CONFIG, REFERENCE
+
+numba = pytest.importorskip("numba")
+
+# ragged: the reference prompts (their own lengths), one cut short, one repeated long
+BASE = [p["prompt_ids"] for p in json.loads(REFERENCE.read_text())["prompts"]]
+PROMPTS = [BASE[0], BASE[1][:5], (BASE[2] * 4)[:70]]
+LATE = BASE[2][:9]  # submitted once the first stream is done: a new row table
+
+
+def engine_run(llm, modes: dict) -> dict:
+    """Per mode (replay, team way or None for the serial program): every step's (rows' tokens,
+    logits) of one engine run over PROMPTS (stream i decodes 6 - 2 i tokens, LATE joins after),
+    and the decode step's replay of the last mode run."""
+    runtime = llm.runtime_manager.runtime
+    runs = {}
+    for name, (replay, way) in modes.items():
+        runtime.hints = dataclasses.replace(runtime.hints, replay=replay, cpu_thread_team=way is not None)
+        if way is not None and runtime.team() is not None:
+            runtime.team().way = way
+        llm.reset()
+        engine = BatchEngine(llm, slots=3, token_budget=32)
+        steps = []
+        forward = engine._forward
+
+        def recorded(plan, forward=forward, steps=steps):
+            logits = forward(plan)
+            steps.append(([p.tokens for p in plan.parts], logits.copy()))
+            return logits
+
+        engine._forward = recorded
+        sequences = [engine.submit(p, 8 - 2 * i) for i, p in enumerate(PROMPTS)]
+        while not sequences[2].finished:
+            engine.step()
+        late = engine.submit(LATE, 6)
+        engine.run()
+        runs[name] = (steps, [s.tokens for s in sequences + [late]])
+        runs[f"{name} engine"] = engine
+    return runs
+
+
+def assert_same(runs: dict, names: list[str]) -> None:
+    steps, tokens = runs[names[0]]
+    for name in names[1:]:
+        other_steps, other_tokens = runs[name]
+        assert other_tokens == tokens, name
+        assert len(other_steps) == len(steps), name
+        for (rows, logits), (other_rows, other_logits) in zip(steps, other_steps):
+            assert rows == other_rows, name
+            np.testing.assert_array_equal(logits, other_logits, err_msg=name)
+
+
+def decode_replays(engine: BatchEngine) -> list:
+    """The replays of the engine's clones of batched decode steps (several rows, one token each)."""
+    return [clone.static_module.session.pipeline.replay for (rows, first, batched), clone in engine._clones.items()
+            if batched and rows > 1 and first == 0 and clone.static_module.session.pipeline.replay is not None]
+
+
+def program_rows(replay) -> list:
+    rows = []
+    for call in replay.calls:
+        arrays = getattr(call, "arrays", None)
+        if isinstance(call, partial) and getattr(call.func, "__name__", "") == "run":
+            rows += list(arrays[1])  # a team program's code
+        elif arrays is not None:
+            rows += list(call.args[0])  # a serial program's code
+    return rows
+
+
+def load(threads: int, config: dict | None = None):
+    llm = mnnllm_core.create(str(CONFIG))
+    llm.set_config({"backend_type": "cpu", "memory": "low", "sampler_type": "greedy", "thread_num": threads,
+                    **(config or {})})
+    return llm.load()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_batched_decode_step_replays_as_programs_with_the_loops_bits(threads) -> None:
+    from mnnllm_backends.cpu.kernels import program
+    from mnnllm_backends.cpu.ops.slot_attention import SlotAttentionExecution
+
+    llm = load(threads)
+    modes = {"loop": (False, None), "serial": (True, None)}
+    if threads > 1:
+        modes.update({"team": (True, "team"), "solo": (True, "solo"), "auto": (True, "auto")})
+    runs = engine_run(llm, modes)
+    try:
+        assert_same(runs, list(modes))
+        for name in modes:
+            if name == "loop":
+                continue
+            replays = decode_replays(runs[f"{name} engine"])
+            assert replays, name
+            for replay in replays:
+                # no per-op Python left for the slots' attention: it runs inside the programs
+                assert not any(isinstance(getattr(getattr(call, "func", None), "__self__", None),
+                                          SlotAttentionExecution) for call in replay.calls), name
+                rows = program_rows(replay)
+                attentions = [row for row in rows if row[0] == program.DECODE_ATTEND]
+                assert attentions and any(row[program.JOINS] for row in attentions), name
+    finally:
+        llm.runtime_manager.runtime.close_team()
+
+
+def test_int8_kv_batched_steps_replay_stored_attention_with_the_loops_bits() -> None:
+    from mnnllm_backends.cpu.kernels import program
+
+    llm = load(2, {"attention_mode": 10})
+    modes = {"loop": (False, None), "team": (True, "team"), "serial": (True, None)}
+    runs = engine_run(llm, modes)
+    try:
+        assert_same(runs, list(modes))
+        rows = [row for replay in decode_replays(runs["team engine"]) for row in program_rows(replay)]
+        assert any(row[0] == program.STORED_ATTEND and row[program.JOINS] for row in rows)
+    finally:
+        llm.runtime_manager.runtime.close_team()
