@@ -155,3 +155,25 @@ def test_int8_kv_batched_steps_replay_stored_attention_with_the_loops_bits(monke
         assert any(row[0] == program.STORED_ATTEND and row[program.JOINS] for row in rows)
     finally:
         llm.runtime_manager.runtime.close_team()
+
+
+def test_a_request_taking_a_freed_slot_keeps_the_decode_steps_recording() -> None:
+    """Decode rows run in slot order: when a stream leaves and a new request takes its slot, the
+    2-row decode step has the same row table as before (slot 0, slot 1), so its replay is neither
+    bound nor recorded again (the caches stay under their first capacity: no growth either)."""
+    llm = load(2)
+    try:
+        engine = BatchEngine(llm, slots=2)
+        first = engine.submit(BASE[0][:6], 3)
+        second = engine.submit(BASE[1][:6], 14)
+        while not first.finished:
+            engine.step()
+        replay = engine._clones[(2, 0, True)].static_module.session.pipeline.replay
+        records = replay.records
+        late = engine.submit(BASE[2][:6], 3)
+        engine.run()
+        assert late.slot is first.slot and late.slot.index == 0 and second.slot.index == 1
+        assert second.tokens[:3] == llm.generate(BASE[1][:6], 3)[:3]
+        assert replay.records == records
+    finally:
+        llm.runtime_manager.runtime.close_team()

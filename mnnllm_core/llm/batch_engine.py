@@ -16,7 +16,11 @@ tests/test_batch_engine.py). The engine runs AR generation only (no speculative 
 whose attention mask is MNN's scalar float mask with "full" attention; the backend's Attention
 must be slot-aware (else UnsupportedError saying why: the caller runs requests one at a time).
 The engine uses only the Llm's public `BatchHost` protocol (batch_host.py).
-Steps of a new shape run the per-op loop once (and resize); a shape seen again replays.
+Steps of a new shape run the per-op loop once (and resize); a shape seen again replays. Decode
+rows run in slot order, so the same slots decoding give the same row table (the same BatchMeta,
+`_row_table`) whoever came first: a request taking a freed slot leaves a backend's bindings and
+recording of that table as they were (the cpu's replayed batched step records again only when
+the table or a cache's storage changes).
 
 On a static-shape backend (the runtime says `static_shapes`) a step of decode rows only is padded
 (batch_plan.pad_decode) to the smallest of `batch_sizes` (default BATCH_SIZES) holding its rows,
@@ -192,7 +196,8 @@ class BatchEngine:
         """Admit, run one forward, sample: the (sequence, token) pairs emitted by this step."""
         self._drop_cancelled()
         self._admit()
-        plan = plan_step([(s, s.tokens[-1]) for s in self.running if s.state == DECODE],
+        decoding = sorted((s for s in self.running if s.state == DECODE), key=lambda s: s.slot.index)
+        plan = plan_step([(s, s.tokens[-1]) for s in decoding],
                          [(s, s.pending) for s in self.running if s.state == PREFILL], self.token_budget)
         if plan is None:
             return []
