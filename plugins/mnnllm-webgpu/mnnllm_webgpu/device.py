@@ -347,11 +347,11 @@ class Allocator:
         return self.device.device.create_buffer_with_data(data=padded, usage=STORAGE)
 
     def texture(self, height: int, width: int, channels: int = 4, array: np.ndarray | None = None):
-        """A view of a 2D rgba32uint (4 channels) or rg32uint (2) texture, holding `array` (uint32
+        """A view of a 2D rgba32uint (4 channels), rg32uint (2) or r32uint (1) texture, holding `array` (uint32
         [height, width, channels]) when given: what kernels read by texel fetches (lavapipe gathers
         those, a storage buffer it reads lane by lane)."""
         texture = self.device.device.create_texture(
-            size=(width, height, 1), format={4: "rgba32uint", 2: "rg32uint"}[channels],
+            size=(width, height, 1), format={4: "rgba32uint", 2: "rg32uint", 1: "r32uint"}[channels],
             usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
         if array is not None:
             self.device.queue.write_texture({"texture": texture}, np.ascontiguousarray(array, np.uint32),

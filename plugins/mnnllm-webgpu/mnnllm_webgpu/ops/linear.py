@@ -51,6 +51,14 @@ class Texels:
     weight: object
     scales: object
     bias: object
+    half_scales: bool = False  # (scale, zero) as two f16 in one r32uint texel (they are f16 exactly)
+
+    @property
+    def scale_fetch(self) -> str:
+        """linear_q4_texel_common.wgsl's ${SZ_FETCH}: the (scale, zero) texel at `at` as vec2<f32>."""
+        if self.half_scales:
+            return "unpack2x16float(textureLoad(sz, at, 0).x)"
+        return "bitcast<vec2<f32>>(textureLoad(sz, at, 0).xy)"
 
 
 @dataclass(eq=False)
@@ -72,7 +80,8 @@ class PackedLinear:
         if self.texels is not None:
             t = self.texels
             return (t.weight.texture.size[0] * t.weight.texture.size[1] * 16
-                    + t.scales.texture.size[0] * t.scales.texture.size[1] * 8 + t.bias.size)
+                    + t.scales.texture.size[0] * t.scales.texture.size[1] * (4 if t.half_scales else 8)
+                    + t.bias.size)
         return sum(c.weight.size + c.scales.size + c.bias.size for c in self.chunks)
 
     @property
@@ -139,8 +148,12 @@ def pack_texels(backend, words: np.ndarray, scales: np.ndarray, block: int, bias
     if (block % 32 or ic % 64 or ic * 4 > device.max_uniform or ic * 4 % device.uniform_alignment
             or ic // 4 > device.max_texture):
         return None
+    # one work-group's rows a band where the texture is high enough: its texels one contiguous
+    # run (lavapipe: 45 -> 40 ms of a decode step's 4-bit linears against bands of every row)
     most = device.max_texture - device.max_texture % TEXEL_GROUP_ROWS
     width = min(-(-oc // TEXEL_GROUP_ROWS) * TEXEL_GROUP_ROWS, most)
+    if -(-oc // TEXEL_GROUP_ROWS) * max(vecs, blocks) <= device.max_texture:
+        width = TEXEL_GROUP_ROWS
     bands = -(-oc // width)
     if width == 0 or bands * max(vecs, blocks) > device.max_texture:
         return None
@@ -152,10 +165,18 @@ def pack_texels(backend, words: np.ndarray, scales: np.ndarray, block: int, bias
         return padded.reshape(bands, width, n, c).transpose(0, 2, 1, 3).reshape(bands * n, width, c)
 
     weight = folded(words.reshape(oc, vecs, 4))
-    scale_zero = folded(np.ascontiguousarray(scales, np.float32).view(np.uint32))
+    scales = np.ascontiguousarray(scales, np.float32)
+    half = scales.astype(np.float16)
+    # f16 pairs where that is exact (the file's scales are fp16): half the scale bytes, f32's sums
+    half_scales = bool(np.array_equal(half.astype(np.float32), scales))
+    if half_scales:
+        bits = half.view(np.uint16).astype(np.uint32)
+        scale_zero = folded((bits[:, :, 0] | bits[:, :, 1] << np.uint32(16))[:, :, None])
+    else:
+        scale_zero = folded(scales.view(np.uint32))
     allocator = backend.allocator
     return Texels(width, allocator.texture(*weight.shape, weight), allocator.texture(*scale_zero.shape, scale_zero),
-                  allocator.constant(biases))
+                  allocator.constant(biases), half_scales)
 
 
 def x_declaration(tokens: int, ic: int, max_uniform: int) -> str:
@@ -254,7 +275,8 @@ class LinearExecution(StepsExecution):
         if tokens == 1:
             return [Program(device, "linear_q4_texel", [(x, 0, p.ic * 4), t.weight, t.scales, t.bias, y],
                             pack_params("7if", *layer), (-(-p.oc // TEXEL_GROUP_ROWS), 1, 1),
-                            (("COMMON", common), ("X_INPUTS", X_UNIFORM), ("XV", p.ic // 4)))]
+                            (("COMMON", common), ("SZ_FETCH", t.scale_fetch), ("X_INPUTS", X_UNIFORM),
+                             ("XV", p.ic // 4)))]
         window = min(tokens, device.max_texture)
         rows = self.backend.allocator.texture(window, p.ic // 4)
         steps = []
@@ -264,7 +286,7 @@ class LinearExecution(StepsExecution):
                       Program(device, "linear_q4_texel_tile", [rows, t.weight, t.scales, t.bias, y],
                               pack_params("7if2i", *layer, count, t0),
                               (-(-p.oc // TEXEL_TILE_ROWS), -(-count // TEXEL_TILE_TOKENS), 1),
-                              (("COMMON", common), ("X_INPUTS", X_TEXTURE)))]
+                              (("COMMON", common), ("SZ_FETCH", t.scale_fetch), ("X_INPUTS", X_TEXTURE)))]
         return steps
 
     def fused_with(self, following) -> tuple[int, list] | None:
@@ -302,7 +324,8 @@ class LinearExecution(StepsExecution):
                              *(ends + [ends[-1]] * (4 - len(ends))), p.ic // 32, p.block // 32, p.ic // p.block,
                              float(p.offset))
         return Program(device, "linear_q4_texel3", buffers, params, (ends[-1], 1, 1),
-                       (("COMMON", wgsl("linear_q4_texel_common")), ("X_INPUTS", X_UNIFORM), ("XV", p.ic // 4)))
+                       (("COMMON", wgsl("linear_q4_texel_common")), ("SZ_FETCH", p.texels.scale_fetch),
+                        ("X_INPUTS", X_UNIFORM), ("XV", p.ic // 4)))
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)

@@ -63,12 +63,17 @@ fn dot4(w: texture_2d<u32>, c: vec4<i32>, ky: i32, t: i32, vecs: i32, k: i32) ->
 
 struct ScaleZero { scale: vec4<f32>, zero: vec4<f32> }
 
+// one row's (scale, zero) at texel `at` of sz: f32 bits (rg32uint) or two f16 (r32uint; SZ_FETCH)
+fn pair(sz: texture_2d<u32>, at: vec2<i32>) -> vec2<f32> {
+    return ${SZ_FETCH};
+}
+
 // four rows' (scale, zero) at texel row by
 fn scale_zero(sz: texture_2d<u32>, c: vec4<i32>, by: i32) -> ScaleZero {
-    let s0 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.x, by), 0).xy);
-    let s1 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.y, by), 0).xy);
-    let s2 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.z, by), 0).xy);
-    let s3 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.w, by), 0).xy);
+    let s0 = pair(sz, vec2<i32>(c.x, by));
+    let s1 = pair(sz, vec2<i32>(c.y, by));
+    let s2 = pair(sz, vec2<i32>(c.z, by));
+    let s3 = pair(sz, vec2<i32>(c.w, by));
     return ScaleZero(vec4<f32>(s0.x, s1.x, s2.x, s3.x), vec4<f32>(s0.y, s1.y, s2.y, s3.y));
 }
 
