@@ -39,7 +39,7 @@ STORAGE = (wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.UNIFORM | wgpu.BufferUsag
            | wgpu.BufferUsage.COPY_DST)
 OPTIONAL_FEATURES = ("shader-f16", "subgroup")
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
-          "max-texture-dimension-2d",
+          "max-texture-dimension-2d", "max-storage-textures-per-shader-stage",
           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
           "max-uniform-buffer-binding-size")
 
@@ -121,6 +121,7 @@ class WebGPUDevice:
         self.max_storage_bindings = int(self.device.limits["max-storage-buffers-per-shader-stage"])
         self.max_uniform = int(self.device.limits["max-uniform-buffer-binding-size"])
         self.max_texture = int(self.device.limits["max-texture-dimension-2d"])
+        self.max_storage_textures = int(self.device.limits["max-storage-textures-per-shader-stage"])
         self.uniform_alignment = int(self.device.limits["min-uniform-buffer-offset-alignment"])
         self.description = describe_adapter(adapter)
         self.is_cpu = adapter.info.get("adapter_type") == "CPU"
@@ -346,13 +347,16 @@ class Allocator:
         padded[:data.size] = data
         return self.device.device.create_buffer_with_data(data=padded, usage=STORAGE)
 
-    def texture(self, height: int, width: int, channels: int = 4, array: np.ndarray | None = None):
-        """A view of a 2D rgba32uint (4 channels) or rg32uint (2) texture, holding `array` (uint32
-        [height, width, channels]) when given: what kernels read by texel fetches (lavapipe gathers
-        those, a storage buffer it reads lane by lane)."""
+    def texture(self, height: int, width: int, channels: int = 4, array: np.ndarray | None = None,
+                storage: bool = False):
+        """A view of a 2D rgba32uint (4 channels), rg32uint (2) or r32uint (1) texture, holding
+        `array` (uint32 [height, width, channels]) when given: what kernels read by texel fetches
+        (lavapipe gathers those, a storage buffer it reads lane by lane); `storage`: bindable as a
+        read-only storage texture too."""
+        usage = wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST
         texture = self.device.device.create_texture(
-            size=(width, height, 1), format={4: "rgba32uint", 2: "rg32uint"}[channels],
-            usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
+            size=(width, height, 1), format={4: "rgba32uint", 2: "rg32uint", 1: "r32uint"}[channels],
+            usage=usage | wgpu.TextureUsage.STORAGE_BINDING if storage else usage)
         if array is not None:
             self.device.queue.write_texture({"texture": texture}, np.ascontiguousarray(array, np.uint32),
                                             {"bytes_per_row": width * channels * 4, "rows_per_image": height},

@@ -6,8 +6,9 @@ is split, each chunk one dispatch writing its rows of the output. 4-bit codes of
 with ic and the block size multiples of 32 read 32 codes a load: on a GPU linear_q4.wgsl (8 lanes
 per row summed by subgroup shuffles, or workgroup memory without subgroups; 8 tokens per
 work-group in prefill). On a CPU adapter (lavapipe: a storage-buffer read is a loop over the
-lanes, a texel fetch a vector gather) they are textures instead (Texels, linear_q4_texel*.wgsl):
-one token 16 rows per invocation, its input a uniform block, and a decode step's layers that read
+lanes, a texel fetch a vector gather) they are textures instead (Texels, linear_q4_texel*.wgsl;
+read-only storage textures where the device binds six, a work-group's rows one band, (scale,
+zero) as two f16 where they are f16 exactly): one token 16 rows per invocation, its input a uniform block, and a decode step's layers that read
 one input (q and k; gate and up) one dispatch (fused_with, linear_q4_texel3.wgsl); several
 tokens 16 rows x 4 tokens per invocation, the input copied to a texture. A layer the textures do
 not take runs linear_q4_rows.wgsl (eight rows of one token per invocation) and linear_q4_tile.wgsl (four
@@ -51,6 +52,23 @@ class Texels:
     weight: object
     scales: object
     bias: object
+    half_scales: bool = False  # (scale, zero) as two f16 in one r32uint texel (they are f16 exactly)
+    storage: bool = False  # read as read-only storage textures (texel_storage), else sampled ones
+
+    def defines(self, x_inputs: str, xv: int = 0) -> tuple:
+        """The linear_q4_texel*.wgsl defines: the common part, the input (X_UNIFORM of XV vec4, or
+        X_TEXTURE), the textures' types and their loads (a level argument for sampled ones only)."""
+        scale_format = "r32uint" if self.half_scales else "rg32uint"
+        if self.half_scales:
+            fetch = "unpack2x16float(textureLoad(sz, at${LEVEL}).x)"
+        else:
+            fetch = "bitcast<vec2<f32>>(textureLoad(sz, at${LEVEL}).xy)"
+        if self.storage:
+            types = ("texture_storage_2d<rgba32uint, read>", f"texture_storage_2d<{scale_format}, read>", "")
+        else:
+            types = ("texture_2d<u32>", "texture_2d<u32>", ", 0")
+        return (("COMMON", wgsl("linear_q4_texel_common")), ("X_INPUTS", x_inputs), ("SZ_FETCH", fetch),
+                ("W_TEXTURE", types[0]), ("SZ_TEXTURE", types[1]), ("LEVEL", types[2]), ("XV", xv))
 
 
 @dataclass(eq=False)
@@ -72,7 +90,8 @@ class PackedLinear:
         if self.texels is not None:
             t = self.texels
             return (t.weight.texture.size[0] * t.weight.texture.size[1] * 16
-                    + t.scales.texture.size[0] * t.scales.texture.size[1] * 8 + t.bias.size)
+                    + t.scales.texture.size[0] * t.scales.texture.size[1] * (4 if t.half_scales else 8)
+                    + t.bias.size)
         return sum(c.weight.size + c.scales.size + c.bias.size for c in self.chunks)
 
     @property
@@ -139,8 +158,12 @@ def pack_texels(backend, words: np.ndarray, scales: np.ndarray, block: int, bias
     if (block % 32 or ic % 64 or ic * 4 > device.max_uniform or ic * 4 % device.uniform_alignment
             or ic // 4 > device.max_texture):
         return None
+    # one work-group's rows a band where the texture is high enough: its texels one contiguous
+    # run (lavapipe: 45 -> 40 ms of a decode step's 4-bit linears against bands of every row)
     most = device.max_texture - device.max_texture % TEXEL_GROUP_ROWS
     width = min(-(-oc // TEXEL_GROUP_ROWS) * TEXEL_GROUP_ROWS, most)
+    if -(-oc // TEXEL_GROUP_ROWS) * max(vecs, blocks) <= device.max_texture:
+        width = TEXEL_GROUP_ROWS
     bands = -(-oc // width)
     if width == 0 or bands * max(vecs, blocks) > device.max_texture:
         return None
@@ -152,10 +175,27 @@ def pack_texels(backend, words: np.ndarray, scales: np.ndarray, block: int, bias
         return padded.reshape(bands, width, n, c).transpose(0, 2, 1, 3).reshape(bands * n, width, c)
 
     weight = folded(words.reshape(oc, vecs, 4))
-    scale_zero = folded(np.ascontiguousarray(scales, np.float32).view(np.uint32))
-    allocator = backend.allocator
-    return Texels(width, allocator.texture(*weight.shape, weight), allocator.texture(*scale_zero.shape, scale_zero),
-                  allocator.constant(biases))
+    scales = np.ascontiguousarray(scales, np.float32)
+    half = scales.astype(np.float16)
+    # f16 pairs where that is exact (the file's scales are fp16): half the scale bytes, f32's sums
+    half_scales = bool(np.array_equal(half.astype(np.float32), scales))
+    if half_scales:
+        bits = half.view(np.uint16).astype(np.uint32)
+        scale_zero = folded((bits[:, :, 0] | bits[:, :, 1] << np.uint32(16))[:, :, None])
+    else:
+        scale_zero = folded(scales.view(np.uint32))
+    allocator, storage = backend.allocator, texel_storage(device)
+    return Texels(width, allocator.texture(*weight.shape, weight, storage=storage),
+                  allocator.texture(*scale_zero.shape, scale_zero, storage=storage), allocator.constant(biases),
+                  half_scales, storage)
+
+
+def texel_storage(device) -> bool:
+    """Whether the texel kernels read their textures as read-only storage textures: where the
+    device binds as many as linear_q4_texel3.wgsl needs. lavapipe loads a storage texel as an
+    address and a bounds check; a sampled one's load goes through its mip level (a decode step's
+    4-bit linears ~44 -> ~31 ms of CPU)."""
+    return device.max_storage_textures >= 2 * TEXEL_FUSED
 
 
 def x_declaration(tokens: int, ic: int, max_uniform: int) -> str:
@@ -249,14 +289,13 @@ class LinearExecution(StepsExecution):
         p, t, device = self.packed, self.packed.texels, self.backend.device
         if tokens == 0:
             return []
-        common = wgsl("linear_q4_texel_common")
         layer = (p.oc, t.width, p.ic // 32, p.block // 32, p.ic // p.block, int(p.has_bias), self.act, float(p.offset))
         if tokens == 1:
             return [Program(device, "linear_q4_texel", [(x, 0, p.ic * 4), t.weight, t.scales, t.bias, y],
                             pack_params("7if", *layer), (-(-p.oc // TEXEL_GROUP_ROWS), 1, 1),
-                            (("COMMON", common), ("X_INPUTS", X_UNIFORM), ("XV", p.ic // 4)))]
+                            t.defines(X_UNIFORM, p.ic // 4))]
         window = min(tokens, device.max_texture)
-        rows = self.backend.allocator.texture(window, p.ic // 4)
+        rows = self.backend.allocator.texture(window, p.ic // 4, storage=t.storage)
         steps = []
         for t0 in range(0, tokens, window):
             count = min(window, tokens - t0)
@@ -264,7 +303,7 @@ class LinearExecution(StepsExecution):
                       Program(device, "linear_q4_texel_tile", [rows, t.weight, t.scales, t.bias, y],
                               pack_params("7if2i", *layer, count, t0),
                               (-(-p.oc // TEXEL_TILE_ROWS), -(-count // TEXEL_TILE_TOKENS), 1),
-                              (("COMMON", common), ("X_INPUTS", X_TEXTURE)))]
+                              t.defines(X_TEXTURE))]
         return steps
 
     def fused_with(self, following) -> tuple[int, list] | None:
@@ -276,8 +315,8 @@ class LinearExecution(StepsExecution):
         for command in following[:TEXEL_FUSED - 1]:
             other = command.execution
             if not (isinstance(other, LinearExecution) and other.io is not None and other.io[0] is self.io[0]
-                    and (other.packed.ic, other.packed.block, other.packed.offset)
-                    == (self.packed.ic, self.packed.block, self.packed.offset)):
+                    and (other.packed.ic, other.packed.block, other.packed.offset, other.packed.texels.half_scales)
+                    == (self.packed.ic, self.packed.block, self.packed.offset, self.packed.texels.half_scales)):
                 break
             layers.append(other)
         if len(layers) == 1:
@@ -302,7 +341,7 @@ class LinearExecution(StepsExecution):
                              *(ends + [ends[-1]] * (4 - len(ends))), p.ic // 32, p.block // 32, p.ic // p.block,
                              float(p.offset))
         return Program(device, "linear_q4_texel3", buffers, params, (ends[-1], 1, 1),
-                       (("COMMON", wgsl("linear_q4_texel_common")), ("X_INPUTS", X_UNIFORM), ("XV", p.ic // 4)))
+                       p.texels.defines(X_UNIFORM, p.ic // 4))
 
     def on_clone(self, backend, op):
         return LinearExecution(backend, self.packed, self.act)

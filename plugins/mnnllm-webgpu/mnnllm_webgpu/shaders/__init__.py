@@ -29,10 +29,10 @@ X_UNIFORM = """@group(0) @binding(0) var<uniform> x: array<vec4<f32>, ${XV}>;
 fn input(t: i32, vecs: i32, v: i32) -> vec4<f32> {
     return x[t * vecs * 8 + v];
 }"""
-X_TEXTURE = """@group(0) @binding(0) var x: texture_2d<u32>;
+X_TEXTURE = """@group(0) @binding(0) var x: ${W_TEXTURE};
 
 fn input(t: i32, vecs: i32, v: i32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(textureLoad(x, vec2<i32>(v, t), 0));
+    return bitcast<vec4<f32>>(textureLoad(x, vec2<i32>(v, t)${LEVEL}));
 }"""
 INPUTS = """
 fn inputs(t: i32, vecs: i32, k: i32) -> Vec32 {

@@ -3,8 +3,8 @@
 ${COMMON}
 struct Params { rows: i32, width: i32, vecs: i32, vecs_per_block: i32, blocks: i32, has_bias: i32, act: i32,
                 offset: f32 }
-@group(0) @binding(1) var w: texture_2d<u32>;
-@group(0) @binding(2) var sz: texture_2d<u32>;
+@group(0) @binding(1) var w: ${W_TEXTURE};
+@group(0) @binding(2) var sz: ${SZ_TEXTURE};
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;

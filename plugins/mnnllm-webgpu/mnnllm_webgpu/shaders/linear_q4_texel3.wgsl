@@ -5,16 +5,16 @@
 ${COMMON}
 struct Params { rows: vec4<i32>, width: vec4<i32>, has_bias: vec4<i32>, act: vec4<i32>, ends: vec4<i32>,
                 vecs: i32, vecs_per_block: i32, blocks: i32, offset: f32 }
-@group(0) @binding(1) var w0: texture_2d<u32>;
-@group(0) @binding(2) var sz0: texture_2d<u32>;
+@group(0) @binding(1) var w0: ${W_TEXTURE};
+@group(0) @binding(2) var sz0: ${SZ_TEXTURE};
 @group(0) @binding(3) var<storage, read> bias0: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y0: array<f32>;
-@group(0) @binding(5) var w1: texture_2d<u32>;
-@group(0) @binding(6) var sz1: texture_2d<u32>;
+@group(0) @binding(5) var w1: ${W_TEXTURE};
+@group(0) @binding(6) var sz1: ${SZ_TEXTURE};
 @group(0) @binding(7) var<storage, read> bias1: array<f32>;
 @group(0) @binding(8) var<storage, read_write> y1: array<f32>;
-@group(0) @binding(9) var w2: texture_2d<u32>;
-@group(0) @binding(10) var sz2: texture_2d<u32>;
+@group(0) @binding(9) var w2: ${W_TEXTURE};
+@group(0) @binding(10) var sz2: ${SZ_TEXTURE};
 @group(0) @binding(11) var<storage, read> bias2: array<f32>;
 @group(0) @binding(12) var<storage, read_write> y2: array<f32>;
 @group(0) @binding(13) var<uniform> p: Params;

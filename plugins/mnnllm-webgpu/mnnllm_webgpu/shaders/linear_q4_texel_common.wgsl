@@ -1,9 +1,13 @@
 // The part of the 4-bit texel kernels (linear_q4_texel*.wgsl; a CPU adapter such as lavapipe)
 // that they share. Weights are read from textures, which lavapipe fetches with vector gathers (a
-// storage-buffer read is a loop over the lanes). A layer's rows are folded into bands of `width`
-// columns (a multiple of 128): texel (c, band * vecs + k) of w holds codes 32k .. 32k + 31 of row
-// band * width + c (code 8i + n of word i in bits 4n), texel (c, band * blocks + b) of sz that
-// row's block b (scale, zero) as f32 bits. An invocation's rows are 8 apart, so that neighbouring
+// storage-buffer read is a loop over the lanes): read-only storage textures where the device binds
+// six (W_TEXTURE, SZ_TEXTURE; LEVEL empty: lavapipe loads such a texel with an address and a bounds
+// check), else sampled ones (LEVEL ", 0": a load through the mip level, ~1.4x the time). A layer's
+// rows are folded into bands of `width` columns (128, one work-group's rows, where the texture is
+// high enough: its texels one contiguous run): texel (c, band * vecs + k) of w holds codes
+// 32k .. 32k + 31 of row band * width + c (code 8i + n of word i in bits 4n), texel
+// (c, band * blocks + b) of sz that row's block b (scale, zero): two f16 where they are f16
+// exactly, else f32 bits (SZ_FETCH). An invocation's rows are 8 apart, so that neighbouring
 // lanes fetch neighbouring texels; past the last row the last one is read again. x, the input
 // rows (X_UNIFORM or X_TEXTURE of shaders/__init__.py): a uniform block (one token) or an
 // rgba32uint texture of their f32 bits, a token a texel row (several tokens); either way one load
@@ -46,11 +50,11 @@ fn total(a: Vec32) -> f32 {
 
 // four rows' (columns c) sums of code * input over inputs 32k .. 32k + 31 of token row t, at
 // texel row ky: word by word, so that only two of the inputs' vec4 are held at a time
-fn dot4(w: texture_2d<u32>, c: vec4<i32>, ky: i32, t: i32, vecs: i32, k: i32) -> vec4<f32> {
-    let t0 = textureLoad(w, vec2<i32>(c.x, ky), 0);
-    let t1 = textureLoad(w, vec2<i32>(c.y, ky), 0);
-    let t2 = textureLoad(w, vec2<i32>(c.z, ky), 0);
-    let t3 = textureLoad(w, vec2<i32>(c.w, ky), 0);
+fn dot4(w: ${W_TEXTURE}, c: vec4<i32>, ky: i32, t: i32, vecs: i32, k: i32) -> vec4<f32> {
+    let t0 = textureLoad(w, vec2<i32>(c.x, ky)${LEVEL});
+    let t1 = textureLoad(w, vec2<i32>(c.y, ky)${LEVEL});
+    let t2 = textureLoad(w, vec2<i32>(c.z, ky)${LEVEL});
+    let t3 = textureLoad(w, vec2<i32>(c.w, ky)${LEVEL});
     var d = vec4<f32>(0.0);
     for (var q = 0; q < 4; q++) {
         let xa = input(t, vecs, k * 8 + 2 * q) * UNPLACE;
@@ -63,12 +67,17 @@ fn dot4(w: texture_2d<u32>, c: vec4<i32>, ky: i32, t: i32, vecs: i32, k: i32) ->
 
 struct ScaleZero { scale: vec4<f32>, zero: vec4<f32> }
 
+// one row's (scale, zero) at texel `at` of sz: f32 bits (rg32uint) or two f16 (r32uint; SZ_FETCH)
+fn pair(sz: ${SZ_TEXTURE}, at: vec2<i32>) -> vec2<f32> {
+    return ${SZ_FETCH};
+}
+
 // four rows' (scale, zero) at texel row by
-fn scale_zero(sz: texture_2d<u32>, c: vec4<i32>, by: i32) -> ScaleZero {
-    let s0 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.x, by), 0).xy);
-    let s1 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.y, by), 0).xy);
-    let s2 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.z, by), 0).xy);
-    let s3 = bitcast<vec2<f32>>(textureLoad(sz, vec2<i32>(c.w, by), 0).xy);
+fn scale_zero(sz: ${SZ_TEXTURE}, c: vec4<i32>, by: i32) -> ScaleZero {
+    let s0 = pair(sz, vec2<i32>(c.x, by));
+    let s1 = pair(sz, vec2<i32>(c.y, by));
+    let s2 = pair(sz, vec2<i32>(c.z, by));
+    let s3 = pair(sz, vec2<i32>(c.w, by));
     return ScaleZero(vec4<f32>(s0.x, s1.x, s2.x, s3.x), vec4<f32>(s0.y, s1.y, s2.y, s3.y));
 }
 
@@ -80,7 +89,7 @@ fn columns(r0: i32, band_row0: i32, rows: i32) -> vec4<i32> {
 struct Rows16 { a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32> }
 
 // one token (row t of x): rows first + lane + 8i (i = 0..15) of a layer, first a multiple of 128
-fn rows16(w: texture_2d<u32>, sz: texture_2d<u32>, first: i32, lane: i32, rows: i32, width: i32, t: i32,
+fn rows16(w: ${W_TEXTURE}, sz: ${SZ_TEXTURE}, first: i32, lane: i32, rows: i32, width: i32, t: i32,
           vecs: i32, vecs_per_block: i32, blocks: i32, offset: f32) -> Rows16 {
     let band = first / width;
     let r0 = first + lane;

@@ -6,8 +6,8 @@
 ${COMMON}
 struct Params { rows: i32, width: i32, vecs: i32, vecs_per_block: i32, blocks: i32, has_bias: i32, act: i32,
                 offset: f32, tokens: i32, t0: i32 }
-@group(0) @binding(1) var w: texture_2d<u32>;
-@group(0) @binding(2) var sz: texture_2d<u32>;
+@group(0) @binding(1) var w: ${W_TEXTURE};
+@group(0) @binding(2) var sz: ${SZ_TEXTURE};
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> p: Params;
@@ -28,8 +28,8 @@ struct Words4 { a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32> }
 
 // the texels of four rows (columns c) at texel row ky
 fn texels4(c: vec4<i32>, ky: i32) -> Words4 {
-    return Words4(textureLoad(w, vec2<i32>(c.x, ky), 0), textureLoad(w, vec2<i32>(c.y, ky), 0),
-                  textureLoad(w, vec2<i32>(c.z, ky), 0), textureLoad(w, vec2<i32>(c.w, ky), 0));
+    return Words4(textureLoad(w, vec2<i32>(c.x, ky)${LEVEL}), textureLoad(w, vec2<i32>(c.y, ky)${LEVEL}),
+                  textureLoad(w, vec2<i32>(c.z, ky)${LEVEL}), textureLoad(w, vec2<i32>(c.w, ky)${LEVEL}));
 }
 
 fn dots(t: Words4, a: Vec32) -> vec4<f32> {
