@@ -6,7 +6,8 @@ decode row beside a prompt chunk, a prompt chunk of a few rows, a whole prompt a
 Streams: the three reference prompts and two bench-like prompts (batch_bench.py's), 16 tokens
 each, with a token budget that chunks the prompts (16 rows) and one that does not (64). Each
 sampled row's logits equal, bit for bit, those of the same stream alone (`Llm.forward` of the
-prompt, then of each token), so the greedy tokens do too.
+prompt, then of each token), so the greedy tokens do too; on 1 thread and on 2 (the replay's
+thread team splits each int8 linear's rows).
 """
 from __future__ import annotations
 
@@ -35,10 +36,10 @@ def _int8_supported() -> bool:
 pytestmark = pytest.mark.skipif(not _int8_supported(), reason="no AVX512-VNNI on this cpu")
 
 
-@pytest.fixture(scope="module")
-def llm():
+@pytest.fixture(scope="module", params=[1, 2], ids=["1 thread", "2 threads"])
+def llm(request):
     llm = mnnllm_core.create(str(CONFIG))
-    llm.set_config({"sampler_type": "greedy", "thread_num": 1, "memory": "low",
+    llm.set_config({"sampler_type": "greedy", "thread_num": request.param, "memory": "low",
                     "backend_hints": {"cpu_int8_activations": True}})
     return llm.load()
 
