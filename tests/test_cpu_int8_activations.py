@@ -233,10 +233,12 @@ def test_replayed_steps_give_the_per_op_loops_tokens_and_logits(threads):
 @pytest.mark.oracle
 def test_one_linear_against_mnn_memory_low():
     """One int4 linear (576 -> 64, block 64) as an MNN model, run by MNN's runtime under memory
-    "low" (`bench/mnn_int8_linear_probe.py`): one row and more than FEW_TOKENS rows quantize as
-    MNN does (the input codes are MNN's), so only the float epilogue's rounding is left, 1-2e-5
-    measured on outputs up to ~30 (a code of difference would be ~1e-3); MNN's own int8 outputs
-    are 4e-2 from its fp32 ones."""
+    "low" (`bench/mnn_int8_linear_probe.py`): one row quantizes as MNN does (the input codes are
+    MNN's), so only the float epilogue's rounding is left, 1-2e-5 measured on outputs up to ~30
+    (a code of difference would be ~1e-3); MNN's own int8 outputs are 4e-2 from its fp32 ones.
+    More than FEW_TOKENS rows: MNN quantizes them symmetrically, ours each as one row (a row's
+    bits never depend on the rows beside it: issue #33), so each row is its one-row call's bits,
+    and within twice MNN-low's largest distance from MNN's fp32 outputs (8e-2 from MNN low)."""
     import importlib.util
     import tempfile
     from pathlib import Path
@@ -252,5 +254,10 @@ def test_one_linear_against_mnn_memory_low():
     mnn = probe.run_mnn(model, inputs)
     mnn_fp32 = probe.run_mnn(model, inputs, memory="normal")
     for x, theirs, fp32, ours in zip(inputs, mnn, mnn_fp32, probe.run_ours(model, inputs)):
-        assert np.abs(ours - theirs).max() <= 1e-4
         assert np.abs(fp32 - theirs).max() > 1e-2  # MNN did take its int8 path
+        if x.shape[0] == 1:
+            assert np.abs(ours - theirs).max() <= 1e-4
+        else:
+            rows = probe.run_ours(model, [x[t:t + 1] for t in range(x.shape[0])])
+            assert np.array_equal(ours, np.concatenate(rows).reshape(ours.shape))
+            assert np.abs(ours - fp32).max() <= 2 * np.abs(theirs - fp32).max()

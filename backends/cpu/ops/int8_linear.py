@@ -5,10 +5,12 @@ MNN's CPU backend runs every quantized linear this way under memory "low" (preci
 enter: `ConvolutionFloatFactory` picks `DenseConvInt8TiledExecutor` with dynamic quant for
 Memory_Low alone); ours stays on the exact fp32 kernels unless the hint asks, since int8
 inputs change the results (MNN's own memory-low tokens drift from its fp32 ones). The input is
-quantized per token row as MNN does: asymmetric for one row, symmetric ("batch" quant) for
-several rows. Here up to FEW_TOKENS rows (a decode step, a speculative verify step) are all
-quantized asymmetrically, so that a row gives the same bits alone or with others; only a
-longer prefill takes the symmetric rule.
+quantized per token row with MNN's one-row rule (asymmetric) whatever the number of rows: MNN
+takes a symmetric ("batch") rule from 2 rows on, so its rows' bits depend on the rows beside
+them; ours do not, so a decode step, a speculative verify step, a prefill and a continuous
+batch's step (decode rows beside prompt chunks, llm/batch_engine.py) give each row the bits it
+gives alone (the symmetric rule past FEW_TOKENS rows, as MNN, made a batched stream's tokens
+differ from the stream alone on 3 of 5 prompts: issue #33).
 
 What MNN 3.6.1 (PyPI, x86-64: its AVX2 kernels) does, measured op by op on one int4 linear by
 `bench/mnn_int8_linear_probe.py` (MNN's Module API, memory code 2: pymnn ignores the string
@@ -18,9 +20,10 @@ What MNN 3.6.1 (PyPI, x86-64: its AVX2 kernels) does, measured op by op on one i
   the input codes are MNN's: a 576 -> 64/1024 linear is 1-2e-5 (max abs) from MNN low, against
   5e-2 with a rounded zero point (and 4e-2 between MNN low and MNN fp32).
 - several rows: symmetric per row (absmax / 127) from 2 rows on, hint or not; so MNN gives a
-  row other bits alone than among others (0 of 64 outputs equal). Ours keeps one-row
-  quantization up to FEW_TOKENS rows (a row's bits do not depend on the rows beside it) and is
-  symmetric past them, as MNN (codes equal there; 3e-5 apart).
+  row other bits alone than among others (0 of 64 outputs equal). Ours keeps the one-row
+  quantization for every row (a row's bits do not depend on the rows beside it): its codes are
+  not MNN's there (the kernels' symmetric rule, `int8_dot.quantize_rows`, gives MNN's codes,
+  3e-5 apart, but no op takes it).
 - the float epilogue, not reproduced bit for bit: the input is uint8 u = q + 128, the codes
   0..15, D = sum c * u per block; on a one-block linear with exactly representable inputs
   (scale 1/64, zp -128) MNN gives fl(fl(D * scale) * ds) + fl(ds * sum u * (zero - 8 * scale))
@@ -130,7 +133,7 @@ class Int8LinearExecution(Execution):
         self.result = self.out if direct else np.empty((tokens, self.weight.rows), np.float32)
         self.threads = threads = self.backend.runtime.thread_num
         threads = threads if parallel_pays(self.weight.nbytes, tokens) else 1
-        self.kernel = BoundLinear(self.weight, self.x, self.result, tokens > FEW_TOKENS, threads).call
+        self.kernel = BoundLinear(self.weight, self.x, self.result, False, threads).call  # asymmetric: see above
 
     def on_execute(self, inputs, outputs) -> None:
         for step in self._own_steps():
