@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MODEL = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4"
+SHARED = Path(os.environ.get("MNNLLM_SHARED") or Path(__file__).resolve().parents[2] / "shared")
+MODEL = SHARED / "models" / "smollm2-135m-instruct-mnn-q4"
 HERE = Path(sys.executable).with_name("mnnllm")
 
 
