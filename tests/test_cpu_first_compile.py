@@ -1,8 +1,9 @@
 """The cpu kernels' first compile on a machine (an empty numba cache): announced with its expected
 duration, split over compile processes that fill the shared disk cache, and not repeated: later
-processes (with 2 threads or 1) load every kernel from the cache and announce nothing. The process
-that started the compile runs the same code as the later ones (bit for bit): it compiles nothing
-itself (see `kernels/warmup.py`)."""
+processes load every kernel from the cache and announce nothing, or compile only the parts they
+lack (the one-thread GEMM after a parallel warm-up). Only the parts a runtime's settings run are
+compiled. The process that started the compile runs the same code as the later ones (bit for bit):
+it compiles nothing itself (see `kernels/warmup.py`)."""
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ from mnnllm_backends.cpu.kernels.layout import PackedWeight
 threads = int(sys.argv[1])
 kernels.set_threads(threads)
 os.cpu_count = lambda: 2  # two compile processes whatever the machine (a split that compiled the GEMV here)
-warmup.warm_up(threads)
+warmup.warm_up(threads, [*warmup.parts_for(threads), "few_tokens"])
 stats = [d.stats for name, module in list(sys.modules.items()) if name.startswith("mnnllm_backends.cpu.kernels")
          for d in vars(module).values() if hasattr(getattr(d, "stats", None), "cache_misses")]
 print("compiled here:", sum(sum(s.cache_misses.values()) for s in stats))
@@ -74,13 +75,32 @@ def test_the_first_compile_is_announced_parallel_and_cached_for_the_next_process
     cache, first = first_compile
     assert "mnnllm: compiling the cpu kernels for this machine, once: about" in first.stderr
     assert "mnnllm: compiled the cpu kernels in " in first.stderr
-    assert list(cache.glob("warm-*-parallel"))
+    assert {p.name.split("-")[2] for p in cache.glob("warm-*-parallel")} == {"gemv", "few_tokens", "matmul", "rows",
+                                                                             "attention", "decode", "replay"}
     # the compile processes compiled every kernel, which this one loaded
     assert "compiled here: 0" in first.stdout and "loaded: 0" not in first.stdout
-    for threads in (2, 1):  # the parallel warm-up loaded the one-thread kernels too
-        again = _warm_up(cache, threads)
-        assert "compiling" not in again.stderr
-        assert "compiled here: 0" in again.stdout
+    again = _warm_up(cache, 2)
+    assert "compiling" not in again.stderr and "compiled here: 0" in again.stdout
+    serial = _warm_up(cache, 1)  # the parallel warm-up loaded the one-thread kernels but the GEMM's
+    assert "mnnllm: compiling the cpu kernels for this machine, once: about " in serial.stderr
+    assert " s in 1 process (" in serial.stderr
+    assert "compiled here: 0" in serial.stdout
+    assert [p.name.split("-")[2] for p in cache.glob("warm-*-serial")] == ["matmul"]
+    assert "compiling" not in _warm_up(cache, 1).stderr
+
+
+def test_a_runtime_loads_only_the_parts_its_settings_run():
+    from mnnllm_backends.cpu.kernels import warmup
+    assert warmup.parts_for(1) == warmup.parts_for(2) == ["gemv", "matmul", "rows", "attention", "replay", "decode"]
+    assert warmup.parts_for(2, kv_stored=True)[-1] == "stored"
+    assert ("int8" in warmup.parts_for(2, int8_activations=True)) == warmup.int8_dot.supported()
+    # the processes get parts of about equal time, "decode" after the `attend` of "attention"
+    shares = warmup._balanced(warmup.parts_for(2), 2)
+    assert sorted(sum(shares, [])) == sorted(warmup.parts_for(2))
+    totals = [sum(warmup.PARTS[part].seconds for part in share) for share in shares]
+    assert max(totals) - min(totals) < 2.0
+    [with_decode] = [share for share in shares if "decode" in share]
+    assert with_decode.index("attention") < with_decode.index("decode")
 
 
 @pytest.mark.slow
@@ -97,20 +117,26 @@ def test_the_replay_program_calls_kernels_the_warm_up_loaded_with_the_same_types
     """run_program calls kernels by address for fixed signatures (kernels/program.SIGNATURES):
     those of the warm-up's calls, else a replay's first recording would compile (fp32 alphas,
     which the warm-up does not load, are left to their first use, as in the per-op loop)."""
-    from mnnllm_backends.cpu.kernels import (activation, attention, decode_attention, linear, norm, rope, set_threads,
-                                             warmup)
+    from mnnllm_backends.cpu.kernels import (activation, attention, decode_attention, int8_dot, linear, norm, rope,
+                                             set_threads, warmup)
     from mnnllm_backends.cpu.kernels.program import SIGNATURES
     set_threads(threads)
-    for run, _ in warmup.PARTS.values():
-        run(threads)
-    kernels = {"gemv_half": linear._gemv, "norm": norm.normalize_rows, "add_norm": norm.add_normalize_rows,
+    for part in warmup.PARTS.values():
+        part.run(threads)
+    kernels = {"gemv_half": linear._gemv, "few_half": linear._few_gemv, "norm": norm.normalize_rows,
+               "add_norm": norm.add_normalize_rows,
                "rope": rope.rope_qk, "mul_silu": activation.mul_silu, "attend": attention.append_attend,
                "decode": attention.append_decode, "stored_i8": decode_attention.append_attend_stored,
                "stored_f32": decode_attention.append_attend_stored}
     if threads > 1:  # with the thread team's attention parts
         kernels.update({"gemv_half_parallel": linear._gemv_parallel, "decode_part": attention.append_decode_part,
                         "stored_i8_part": decode_attention.append_attend_stored_part,
-                        "stored_f32_part": decode_attention.append_attend_stored_part})
+                        "stored_f32_part": decode_attention.append_attend_stored_part,
+                        "gemv_half_part": linear._gemv_part, "few_half_part": linear._few_gemv_part})
+    if int8_dot.supported():  # the int8 linears (`cpu_int8_activations`)
+        kernels["int8_half"] = int8_dot.linear
+        if threads > 1:
+            kernels.update({"int8_half_parallel": int8_dot.linear_parallel, "int8_half_part": int8_dot.linear_part})
     for name, kernel in kernels.items():
         assert SIGNATURES[name].args in kernel.overloads, name
         assert kernel.overloads[SIGNATURES[name].args].signature == SIGNATURES[name], name

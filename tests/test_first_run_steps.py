@@ -36,7 +36,7 @@ def test_the_cpu_backend_says_it_compiles_its_kernels_when_their_cache_is_cold(m
     from mnnllm_backends.cpu.runtime import CPURuntime
     from mnnllm_core.backend_api import ScheduleConfig
     caplog.set_level(logging.INFO, logger="mnnllm.steps")
-    monkeypatch.setattr(warmup, "compiled_before", lambda threads: False)  # the compile loads from the cache
+    monkeypatch.setattr(warmup, "compiled_before", lambda part, threads: False)  # the compile loads from the cache
     CPURuntime(ScheduleConfig(thread_num=1)).low_memory_kernels()
     line, done = [r.getMessage() for r in caplog.records if r.name == "mnnllm.steps"]
     assert line.startswith("compiling the cpu kernels for this machine, once: about ") and numba.config.CACHE_DIR in line

@@ -78,6 +78,7 @@ class CPURuntime(Runtime):
         self._limits = _limit_blas_threads(self.thread_num)
         self.host_threads = HostThreads(self.thread_num)  # numpy work split by the ops themselves
         self._kernels = None  # the numba kernels module once loaded, False when numba is missing
+        self._kernel_parts: set[str] = set()  # the parts of it loaded (`kernels/warmup.py`)
         self._team = None  # the replay's thread team (`kernels/team.py`), started on first use
         self.kv_memory = KVMemory(self.hints.kvcache_mmap, self.hints.kvcache_limit, self.hints.tmp_path)
         self.kv_format = StoredKinds.of(self.hints.attention_mode, self.hints.kv_fp16)
@@ -96,9 +97,21 @@ class CPURuntime(Runtime):
             else:
                 self._kernels = kernels
                 self.apply_threads()
-                from .kernels.warmup import warm_up
-                warm_up(self.thread_num)  # compiles first (announced) on a machine's first run
+                from .kernels.warmup import parts_for
+                kv = self.kv_format
+                stored = not kv.exact and "f16" not in (kv.keys, kv.values)  # a StoredKVCache's rows, read as stored
+                self.load_kernels(*parts_for(self.thread_num, kv_stored=stored,
+                                             int8_activations=self.hints.cpu_int8_activations))
         return bool(self._kernels)
+
+    def load_kernels(self, *parts: str) -> None:
+        """Load these parts of the kernels (`kernels/warmup.py`) once, compiling them first
+        (announced) on a machine's first run: a rarer op asks for its part when it is created or resized."""
+        wanted = [part for part in parts if part not in self._kernel_parts]
+        if wanted and self.low_memory_kernels():
+            from .kernels.warmup import warm_up
+            warm_up(self.thread_num, wanted)
+            self._kernel_parts.update(wanted)
 
     def team(self):
         """The thread team the replayed programs run on (None: one thread, or the hint is off)."""

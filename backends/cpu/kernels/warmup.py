@@ -1,4 +1,4 @@
-"""Load every kernel the low-memory path runs before the model's weights, then hand the JIT
+"""Load the kernels the low-memory path will run before the model's weights, then hand the JIT
 compiler's code pages back.
 
 numba compiles (or loads from its disk cache) a kernel on its first call, through LLVM:
@@ -8,11 +8,15 @@ they stay in the page cache and fault back in should a new kernel ever be compil
 Loading here, with tiny arrays of the same types as the real calls, also keeps the one-off
 cost inside `load()` instead of the first token.
 
-The first run on a machine (an empty cache) compiles: numba holds one lock per process while it
-compiles, so the kernels are split into PARTS compiled by up to one process per core at once
-(`python -m mnnllm_backends.cpu.kernels.warmup THREADS PART...`), each writing the shared disk
-cache; this process then loads them all from it. A marker file in the cache folder records a
-complete warm-up, so that later runs neither start processes nor announce a compile.
+The kernels come in PARTS, and a runtime loads only those its settings run (`parts_for`: the
+thread team's loops with threads, the StoredKVCache's attention with an int8 KV cache, the int8
+linears with `cpu_int8_activations`); a model's op that needs a rarer part (the gated delta rule)
+asks for it when it is created. A part missing from the cache is compiled on a machine's first run:
+numba holds one lock per process while it compiles, so the missing parts are compiled by up to one
+process per core at once (`python -m mnnllm_backends.cpu.kernels.warmup THREADS PART...`), each
+writing the shared disk cache; this process then loads them from it. A marker file per part in
+the cache folder records a complete compile, so that later runs neither start processes nor
+announce one.
 
 This process never compiles a kernel itself, so that it runs the very code a later process loads:
 numba links a copy of each called kernel into its caller's library (weak symbols, optimized again
@@ -28,7 +32,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numba
@@ -36,7 +41,7 @@ import numpy as np
 
 from mnnllm_core.backend_api import announce
 
-from . import SOURCE_DIGEST, activation, attention, decode_attention, delta_rule, linear, norm, rope, set_threads
+from . import SOURCE_DIGEST, activation, attention, decode_attention, delta_rule, int8_dot, linear, norm, rope, set_threads
 from .layout import PackedWeight, interleave_rows
 from .program import warm_up_replay
 from .team import warm_up_team
@@ -49,7 +54,8 @@ _IC = 32
 
 
 def _weights() -> list[PackedWeight]:
-    """A one-group weight with int4 and one with int8 codes (fp16 alphas)."""
+    """A one-group weight with int4 and one with int8 codes (fp16 alphas): the same kernels (the
+    bits are an argument), so one process of either width finds both loaded."""
     return [PackedWeight(bits, GROUP_ROWS, _IC, _IC, np.zeros(GROUP_ROWS * _IC * bits // 8, np.uint8),
                          np.zeros(2 * GROUP_ROWS, np.uint16)) for bits in (4, 8)]
 
@@ -80,10 +86,9 @@ def _few_tokens(threads: int) -> None:
 
 
 def _matmul(threads: int) -> None:
-    """The one-thread GEMM too: a later one-thread run then finds every kernel it needs cached."""
+    """The GEMM `linear.matmul` runs for `threads`: the parallel one only, with threads."""
     for weight in _weights():
-        for count in {1, threads}:
-            linear.matmul(weight, np.zeros((2, _IC), np.float32), np.zeros((2, GROUP_ROWS), np.float32), count)
+        linear.matmul(weight, np.zeros((2, _IC), np.float32), np.zeros((2, GROUP_ROWS), np.float32), threads)
 
 
 def _rows(threads: int) -> None:
@@ -103,31 +108,38 @@ def _rows(threads: int) -> None:
 
 
 def _attention(threads: int) -> None:
-    """`attend` and, calling it, the replay's fused cache append + attention."""
+    """Attention over the fp32 cache: `attend` and, calling it, the replay's fused cache append +
+    attention; for threads, a prompt's parallel one."""
     q = np.zeros((2, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
-    empty = np.zeros(0, np.float32)
+    empty, past = np.zeros(0, np.float32), np.zeros(1, np.int64)
     attention.attend(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
-    one = q[:1].copy()
-    attention.append_attend(one, one.copy(), one.copy(), keys_t, values, np.zeros(1, np.int64), np.float32(1.0), empty,
-                            one.copy())
+    attention.append_attend(q, q.copy(), q.copy(), keys_t, values, past, np.float32(1.0), empty, q.copy())
     if threads > 1:
         attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
 
 
 def _decode(threads: int) -> None:
-    """One token's attention at depth: the fp32 cache's (`decode_attend`, which calls the split
-    kernel) and a StoredKVCache's over int8 keys with int8 or float32 values; for threads, their
-    thread-team parts (query heads)."""
+    """One token's attention over the fp32 cache (`decode_attend`: split over the keys at depth,
+    else `attend`) and the replay's fused append + attention; for threads, a thread team's part
+    of it (query heads)."""
     one = np.zeros((1, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
-    empty, past, rows = np.zeros(0, np.float32), np.zeros(1, np.int64), np.zeros((1, 16), np.float32)
+    empty, past = np.zeros(0, np.float32), np.zeros(1, np.int64)
     attention.decode_attend(one, keys_t, values, 0, np.float32(1.0), empty, one.copy(), threads)
     attention.append_decode(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty, one.copy(),
                             threads)
-    if threads > 1:  # a thread team's part of it
+    if threads > 1:
         attention.append_decode_part(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty,
                                      one.copy(), threads, 0, 1)
+
+
+def _stored(threads: int) -> None:
+    """One token's attention over a StoredKVCache (int8 keys, int8 or float32 values), and for
+    threads a thread team's part of it (query heads)."""
+    one = np.zeros((1, 1, 16), np.float32)
+    values, empty = np.zeros((1, 16, 16), np.float32), np.zeros(0, np.float32)
+    past, rows = np.zeros(1, np.int64), np.zeros((1, 16), np.float32)
     codes = np.zeros((1, 16, 16), np.int8)
     for stored_values, scale in ((codes.copy(), rows), (values, np.zeros((0, 0), np.float32))):
         decode_attention.append_attend_stored(one, one.copy(), one.copy(), codes, rows, rows.copy(), stored_values,
@@ -148,60 +160,110 @@ def _delta_rule(threads: int) -> None:
         delta_rule._scan_parallel(qk, qk, qk, gates, gates, state, qk.copy(), 0)
 
 
+def _int8(threads: int) -> None:
+    """The int8-activation linear (`cpu_int8_activations`) for one token and a few, and for
+    threads its parallel kernel and a thread team's part of it."""
+    weight = int8_dot.repack(_weights()[0])
+    for tokens in (1, 2):
+        x, out = np.zeros((tokens, _IC), np.float32), np.zeros(tokens * GROUP_ROWS, np.float32)
+        scratch = np.zeros(int8_dot.scratch_bytes(tokens, _IC, weight.n_blocks), np.uint8)
+        int8_dot.BoundLinear(weight, x, out.reshape(tokens, -1), tokens > 1, 1)()
+        if threads > 1:
+            call = int8_dot.bind(x, False, scratch, [weight], [out], threads)
+            call()
+            int8_dot.linear_part(*call.args[:-1], 0, threads)
+
+
 def _replay(threads: int) -> None:
     """The decode replay's program runner (it calls the kernels the other parts compile) and, for
-    threads, the thread team's loops (`team.py`)."""
+    threads, the thread team's loops (`team.py`), which call the runner's instructions."""
     warm_up_replay()
     if threads > 1:
         warm_up_team()
 
 
-# each part and the seconds its first compile took alone in a process for 2 threads (2-core EPYC,
-# numba 0.68, numba's own first compiles included; the mean of two runs on a lightly loaded
-# machine): the compile processes get parts of about equal total time
-PARTS: dict[str, tuple[Callable[[int], None], float]] = {
-    "gemv": (_gemv, 3.0), "few_tokens": (_few_tokens, 3.6), "matmul": (_matmul, 4.2), "rows": (_rows, 2.3),
-    "attention": (_attention, 4.7), "decode": (_decode, 8.0), "delta_rule": (_delta_rule, 2.4),
-    "replay": (_replay, 2.1)}
+@dataclass(frozen=True)
+class Part:
+    run: Callable[[int], None]
+    # CPU seconds of its first compile in a process for 2 threads (the process's start,
+    # `_PROCESS_SECONDS`, not included): the compile processes get parts of about equal total time
+    seconds: float
+    # whether its warm-up for threads also loads the one-thread kernels (then a one-thread run
+    # finds them loaded after a parallel one)
+    serial_too: bool = True
 
 
-def compiled_before(threads: int) -> bool:
-    """Whether a complete warm-up for `threads` ran on this machine (its marker in the cache
-    folder): else loading the kernels compiles them."""
+# in the order a compile process runs its parts: "decode" calls "attention"'s `attend`, which a
+# process then finds compiled (or cached by the other process) instead of compiling it again.
+# Seconds: the median of 3 on a 2-core EPYC (znver4), numba 0.68, "decode" after "attention".
+PARTS: dict[str, Part] = {
+    "gemv": Part(_gemv, 2.1), "few_tokens": Part(_few_tokens, 2.7), "matmul": Part(_matmul, 2.9, serial_too=False),
+    "rows": Part(_rows, 1.4), "attention": Part(_attention, 3.4), "replay": Part(_replay, 7.4),
+    "decode": Part(_decode, 7.0), "stored": Part(_stored, 11.4), "delta_rule": Part(_delta_rule, 1.4),
+    "int8": Part(_int8, 6.1)}
+
+
+def parts_for(threads: int, kv_stored: bool = False, int8_activations: bool = False) -> list[str]:
+    """The parts a runtime runs on any model: linears of one token and of a prompt, norms, RoPE,
+    attention and the replay; `kv_stored`, the attention over a StoredKVCache (int8 rows);
+    `int8_activations`, the int8 linears (on a cpu that has them). Rarer steps ask for their own
+    part (`warm_up`) when their op is resized or created: few-token linears (a speculative step, a
+    prompt of 2..8 tokens), the gated delta rule."""
+    parts = ["gemv", "matmul", "rows", "attention", "replay", "stored" if kv_stored else "decode"]
+    if int8_activations and int8_dot.supported():
+        parts.append("int8")
+    return parts
+
+
+def compiled_before(part: str, threads: int) -> bool:
+    """Whether `part` for `threads` was compiled on this machine (its marker in the cache
+    folder): else loading it compiles it."""
+    return any(marker.exists() for marker in _markers(part, threads))
+
+
+def _markers(part: str, threads: int) -> list[Path]:
+    """The markers that show `part` loadable for `threads`: its own, and for one thread the
+    parallel one when that warm-up loads the serial kernels too."""
     cache = Path(numba.config.CACHE_DIR)
-    return any(path.exists() for path in (_marker(threads), cache / f"warm-{SOURCE_DIGEST}-parallel"))
+    modes = ["parallel"] if threads > 1 else ["serial", "parallel"] if PARTS[part].serial_too else ["serial"]
+    return [cache / f"warm-{SOURCE_DIGEST}-{part}-{mode}" for mode in modes]
 
 
-def _marker(threads: int) -> Path:
-    """A parallel warm-up loads the serial kernels too, so its marker covers both."""
-    return Path(numba.config.CACHE_DIR) / f"warm-{SOURCE_DIGEST}-{'parallel' if threads > 1 else 'serial'}"
+def warm_up(threads: int, parts: Iterable[str] = ()) -> None:
+    """Load `parts` (default: `parts_for(threads)`) for `threads` threads, compiling first, in
+    parallel processes, those this machine's cache lacks."""
+    wanted = list(dict.fromkeys(parts or parts_for(threads)))
+    missing = [part for part in wanted if not compiled_before(part, threads)]
+    if missing:
+        _compile(threads, missing)
+    for part in wanted:
+        PARTS[part].run(threads)
+        if part in missing:
+            _mark(part, threads)
+    release_compiler_pages()
 
 
-def warm_up(threads: int) -> None:
-    """Load the kernels for `threads` threads (fp16 alphas, int4 and int8 codes), compiling them
-    first, in parallel processes, when this machine's cache lacks them."""
-    if not compiled_before(threads):
-        _compile(threads)
-    for run, _ in PARTS.values():
-        run(threads)
-    marker = _marker(threads)
+def _mark(part: str, threads: int) -> None:
+    marker = _markers(part, threads)[0]
     try:
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
     except OSError as err:  # a read-only cache: later runs load what numba could write, if anything
         log.debug("no warm-up marker in %s: %s", marker.parent, err)
-    release_compiler_pages()
 
 
-def _compile(threads: int) -> None:
-    """Compile every part into the disk cache, in up to one process per core (not this one: see
+_PROCESS_SECONDS = 1.2  # a compile process's start: the interpreter, numba's import and first compile
+
+
+def _compile(threads: int, parts: list[str]) -> None:
+    """Compile `parts` into the disk cache, in up to one process per core (not this one: see
     the module's docstring), announced before (with the expected time) and after (with the time
     it took)."""
-    processes = max(1, min(len(PARTS), os.cpu_count() or 1))
-    shares = _balanced(processes)
-    expected = max(sum(PARTS[name][1] for name in share) for share in shares) + 2.0
-    announce(f"compiling the cpu kernels for this machine, once: about {expected:.0f} s in {processes} "
-             f"process{'es' if processes > 1 else ''} (later runs load them from {numba.config.CACHE_DIR})")
+    processes = max(1, min(len(parts), os.cpu_count() or 1))
+    shares = _balanced(parts, processes)
+    expected = max(sum(PARTS[name].seconds for name in share) for share in shares) + _PROCESS_SECONDS
+    announce(f"compiling the cpu kernels for this machine, once: about {expected:.0f} s in {len(shares)} "
+             f"process{'es' if len(shares) > 1 else ''} (later runs load them from {numba.config.CACHE_DIR})")
     start = time.perf_counter()
     workers = []
     for share in shares:
@@ -219,15 +281,17 @@ def _compile(threads: int) -> None:
     announce(f"compiled the cpu kernels in {time.perf_counter() - start:.0f} s")
 
 
-def _balanced(count: int) -> list[list[str]]:
-    """PARTS in `count` shares of about equal compile time, the largest share first."""
+def _balanced(parts: list[str], count: int) -> list[list[str]]:
+    """`parts` in `count` shares of about equal compile time, the largest share first."""
     shares: list[list[str]] = [[] for _ in range(count)]
     totals = [0.0] * count
-    for name, (_, seconds) in sorted(PARTS.items(), key=lambda item: -item[1][1]):
+    for name in sorted(parts, key=lambda name: -PARTS[name].seconds):
         lightest = totals.index(min(totals))
         shares[lightest].append(name)
-        totals[lightest] += seconds
-    return [share for _, share in sorted(zip(totals, shares), key=lambda pair: -pair[0]) if share]
+        totals[lightest] += PARTS[name].seconds
+    order = list(PARTS)
+    return [sorted(share, key=order.index) for _, share in sorted(zip(totals, shares), key=lambda pair: -pair[0])
+            if share]
 
 
 def release_compiler_pages() -> int:
@@ -255,4 +319,4 @@ def release_compiler_pages() -> int:
 if __name__ == "__main__":  # one compile process of `_compile`: THREADS PART...
     set_threads(int(sys.argv[1]))
     for part in sys.argv[2:]:
-        PARTS[part][0](int(sys.argv[1]))
+        PARTS[part].run(int(sys.argv[1]))

@@ -137,6 +137,7 @@ class GatedDeltaRuleExecution(Execution):
         self.history = history if history is not None else DeltaRuleHistory(width)
         self.scan = scan
         if backend.low_memory():
+            backend.runtime.load_kernels("delta_rule")
             from ..kernels.delta_rule import delta_rule_scan
             self.scan = delta_rule_scan
 

@@ -67,6 +67,8 @@ class PackedLinearExecution(Execution):
         self.out = outputs[0].storage.reshape(self.tokens, -1)
         self.threads = self.backend.runtime.thread_num
         self.source = id(x)
+        if 1 < self.tokens <= FEW_TOKENS:  # a speculative or short step: its kernels load on first need
+            self.backend.runtime.load_kernels("few_tokens")
 
     def on_execute(self, inputs, outputs) -> None:
         tokens, x, out, rows = self.tokens, self.x, self.out, self.weight.oc
