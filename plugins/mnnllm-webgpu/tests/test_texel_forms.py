@@ -64,9 +64,9 @@ def test_sampled_textures_pass_every_linear_case(device, packed_forms, monkeypat
     assert packed_forms and not any(storage for storage, _ in packed_forms)
 
 
-def _half_scale_case(tokens: int) -> Case:
+def _half_scale_case(tokens: int, oc: int = 200) -> Case:
     """A 4-bit layer (block 64, rows not a multiple of 128) whose scales and zeros are fp16 values."""
-    oc, ic, block = 200, 576, 64
+    ic, block = 576, 64
 
     def build(rng) -> Trial:
         weight, _ = quantize(randn(rng, oc, ic), 4, block)
@@ -86,3 +86,14 @@ def test_f16_scale_pairs_give_the_f32_pairs_results(device, packed_forms) -> Non
     cases = [_half_scale_case(t) for t in (1, 3, 37)]
     assert _failures(run_suite("webgpu", cases=cases)) == []
     assert packed_forms and all(half for _, half in packed_forms)
+
+
+def test_prefill_tail_of_64_rows_gives_the_linear_results(device, packed_forms) -> None:
+    """Rows 64 or fewer past a multiple of 128 (SmolLM2's 576 and 192): linear_q4_texel_tile.wgsl's
+    last work-group narrow (64 rows), after the wide ones and alone."""
+    if not device.is_cpu:
+        pytest.skip("no texel kernels on a GPU adapter")
+    from mnnllm_webgpu.ops.linear import tile_groups
+    assert tile_groups(576) == [(0, 4, True), (4, 1, False)] and tile_groups(200) == [(0, 2, True)]
+    cases = [_half_scale_case(t, oc) for oc in (192, 576, 64) for t in (5, 37)]
+    assert _failures(run_suite("webgpu", cases=cases)) == []

@@ -217,6 +217,16 @@ def tile_window(tokens: int, most: int) -> int:
     return min(window, even + -even % 4)
 
 
+def tile_groups(oc: int) -> list[tuple[int, int, bool]]:
+    """linear_q4_texel_tile.wgsl's dispatches over a layer's rows: (first group, groups, wide):
+    128-row work-groups, and where the rows end 64 or fewer past a multiple of 128 (576, 192) the
+    last 64 in a narrow one (WIDE false) rather than 128 computed for 64."""
+    full, rest = divmod(oc, TEXEL_TILE_ROWS)
+    if rest == 0 or rest > TEXEL_TILE_ROWS // 2:
+        return [(0, -(-oc // TEXEL_TILE_ROWS), True)]
+    return [(0, full, True), (full, 1, False)] if full else [(0, 1, False)]
+
+
 class LinearExecution(StepsExecution):
     def __init__(self, backend, packed: PackedLinear, act: int):
         super().__init__(backend)
@@ -299,11 +309,12 @@ class LinearExecution(StepsExecution):
         steps = []
         for t0 in range(0, tokens, window):
             count = min(window, tokens - t0)
-            steps += [CopyToTexture(rows, x, t0 * p.ic * 4, p.ic * 4, count),
-                      Program(device, "linear_q4_texel_tile", [rows, t.weight, t.scales, t.bias, y],
-                              pack_params("7if2i", *layer, count, t0),
-                              (-(-p.oc // TEXEL_TILE_ROWS), -(-count // TEXEL_TILE_TOKENS), 1),
-                              t.defines(X_TEXTURE))]
+            steps.append(CopyToTexture(rows, x, t0 * p.ic * 4, p.ic * 4, count))
+            for group0, groups, wide in tile_groups(p.oc):
+                steps.append(Program(device, "linear_q4_texel_tile", [rows, t.weight, t.scales, t.bias, y],
+                                     pack_params("7if3i", *layer, count, t0, group0),
+                                     (groups, -(-count // TEXEL_TILE_TOKENS), 1),
+                                     t.defines(X_TEXTURE) + (("WIDE", "true" if wide else "false"),)))
         return steps
 
     def fused_with(self, following) -> tuple[int, list] | None:

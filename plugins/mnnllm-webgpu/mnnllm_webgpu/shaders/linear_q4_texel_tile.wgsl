@@ -1,11 +1,14 @@
 // One 4-bit layer over several tokens (prefill) on a CPU adapter (linear_q4_texel_common.wgsl):
 // a work-group of 8 invocations computes 128 output rows of 4 tokens (from the dispatch's y
 // times 4), 16 rows x 4 tokens each, so that each fetched texel serves 4 tokens and each input
-// 16 rows. x: the input's `tokens` rows from token t0 as a texture; past the last token the last
+// 16 rows. WIDE false (a layer's last 64 rows, where its rows are 64 past a multiple of 128): 64
+// rows, 8 an invocation, the other half neither fetched nor summed (a constant: the compiler drops
+// it). Work-group g computes rows from (group0 + g) * 128. x: the input's `tokens` rows from token t0 as a texture; past the last token the last
 // one is read again and nothing written.
 ${COMMON}
 struct Params { rows: i32, width: i32, vecs: i32, vecs_per_block: i32, blocks: i32, has_bias: i32, act: i32,
-                offset: f32, tokens: i32, t0: i32 }
+                offset: f32, tokens: i32, t0: i32, group0: i32 }
+const WIDE = ${WIDE};
 @group(0) @binding(1) var w: ${W_TEXTURE};
 @group(0) @binding(2) var sz: ${SZ_TEXTURE};
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -38,12 +41,17 @@ fn dots(t: Words4, a: Vec32) -> vec4<f32> {
 
 // one token's partial sums of 16 rows (groups of 4: texels wa .. wd) plus this k's
 fn add16(s: Rows16, wa: Words4, wb: Words4, wc: Words4, wd: Words4, a: Vec32) -> Rows16 {
+    if (!WIDE) { return Rows16(s.a + dots(wa, a), s.b + dots(wb, a), s.c, s.d); }
     return Rows16(s.a + dots(wa, a), s.b + dots(wb, a), s.c + dots(wc, a), s.d + dots(wd, a));
 }
 
 // acc plus one block's partial sums scaled: scale * (part - offset * xs) + zero * xs
 fn scaled16(acc: Rows16, part: Rows16, sa: ScaleZero, sb: ScaleZero, sc: ScaleZero, sd: ScaleZero, xs: f32) -> Rows16 {
     let off = p.offset * xs;
+    if (!WIDE) {
+        return Rows16(acc.a + sa.scale * (part.a - off) + sa.zero * xs, acc.b + sb.scale * (part.b - off) + sb.zero * xs,
+                      acc.c, acc.d);
+    }
     return Rows16(acc.a + sa.scale * (part.a - off) + sa.zero * xs, acc.b + sb.scale * (part.b - off) + sb.zero * xs,
                   acc.c + sc.scale * (part.c - off) + sc.zero * xs, acc.d + sd.scale * (part.d - off) + sd.zero * xs);
 }
@@ -51,13 +59,14 @@ fn scaled16(acc: Rows16, part: Rows16, sa: ScaleZero, sb: ScaleZero, sc: ScaleZe
 fn store16(t: i32, r0: i32, v: Rows16) {
     store(t, r0, v.a);
     store(t, r0 + 32, v.b);
+    if (!WIDE) { return; }
     store(t, r0 + 64, v.c);
     store(t, r0 + 96, v.d);
 }
 
 @compute @workgroup_size(8)
 fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_id) l: vec3<u32>) {
-    let first = i32(g.x) * 128;
+    let first = (p.group0 + i32(g.x)) * 128;
     let t = i32(g.y) * 4;
     let last = p.tokens - 1;
     let t1 = min(t + 1, last);
@@ -86,8 +95,12 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_id) l: ve
             let k = b * p.vecs_per_block + j;
             let wa = texels4(ca, ky + k);
             let wb = texels4(cb, ky + k);
-            let wc = texels4(cc, ky + k);
-            let wd = texels4(cd, ky + k);
+            var wc = wa;
+            var wd = wa;
+            if (WIDE) {
+                wc = texels4(cc, ky + k);
+                wd = texels4(cd, ky + k);
+            }
             let x0 = inputs(t, p.vecs, k);
             let x1 = inputs(t1, p.vecs, k);
             let x2 = inputs(t2, p.vecs, k);
@@ -100,8 +113,12 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_id) l: ve
         }
         let sa = scale_zero(sz, ca, by + b);
         let sb = scale_zero(sz, cb, by + b);
-        let sc = scale_zero(sz, cc, by + b);
-        let sd = scale_zero(sz, cd, by + b);
+        var sc = sa;
+        var sd = sa;
+        if (WIDE) {
+            sc = scale_zero(sz, cc, by + b);
+            sd = scale_zero(sz, cd, by + b);
+        }
         acc0 = scaled16(acc0, p0, sa, sb, sc, sd, xs.x);
         acc1 = scaled16(acc1, p1, sa, sb, sc, sd, xs.y);
         acc2 = scaled16(acc2, p2, sa, sb, sc, sd, xs.z);
