@@ -271,3 +271,42 @@ def test_memory_normal_attention_on_threads_gives_the_logits_of_the_blocks_in_or
         first = llm.forward(long_ids[:300], all_logits=True)
         got[name] = (first, llm.forward(long_ids[300:420]))
     assert all(np.array_equal(a, b) for a, b in zip(got["threads"], got["in order"]))
+
+
+def test_a_long_step_gives_its_activation_buffers_back_and_the_same_logits(long_ids, fp32_logits, monkeypatch):
+    """A step longer than RELEASED_STEP_ROWS drops its module clone after it runs (its buffers are
+    collected before the decode that follows); the logits are those of a kept clone, again the
+    next time a step of that length is resized afresh."""
+    from mnnllm_core.llm import chunked_prefill
+    monkeypatch.setattr(chunked_prefill, "RELEASED_STEP_ROWS", 100)
+    llm = load()
+    assert np.array_equal(llm.forward(long_ids), fp32_logits["low"])
+    assert (LONG, False) not in llm.pool.keys()
+    llm.forward([long_ids[0]])
+    assert (1, False) in llm.pool.keys()
+    llm.reset()
+    assert np.array_equal(llm.forward(long_ids), fp32_logits["low"])
+
+
+class _Tensor:
+    def __init__(self, shape, dtype=np.float32):
+        self.shape, self.dtype, self.storage = shape, np.dtype(dtype), None
+
+
+def test_the_cpu_step_buffers_serve_any_shape_that_fits_but_never_two_live_tensors():
+    from mnnllm_backends.cpu.buffer_pool import SizedBufferPool
+    pool = SizedBufferPool()
+    wide = _Tensor((8, 12))
+    wide.storage = pool.acquire(wide)
+    assert wide.storage.shape == (8, 12) and wide.storage.dtype == np.float32
+    pool.release(wide)
+    pool.release(wide)  # a tensor read twice by its last command: pooled once
+    narrow, other = _Tensor((4, 6), np.int32), _Tensor((4, 6), np.int32)
+    narrow.storage, other.storage = pool.acquire(narrow), pool.acquire(other)
+    assert np.shares_memory(narrow.storage, wide.storage)  # the released buffer, as another shape
+    assert not np.shares_memory(other.storage, wide.storage)  # the one pooled buffer went to narrow
+    pool.release(narrow)
+    tiny = _Tensor((1, 2))
+    assert not np.shares_memory(pool.acquire(tiny), wide.storage)  # under 1/MAX_WASTE of it: a buffer of its own
+    empty = _Tensor((0, 5))
+    assert pool.acquire(empty).shape == (0, 5)
