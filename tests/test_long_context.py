@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import mnnllm_core
+from mnnllm_backends.cpu.host_memory import MAPPED_FROM, mapped_zeros
 from mnnllm_backends.cpu.kv_memory import KVMemory
 from mnnllm_backends.cpu.kv_storage import StoredKinds, StoredKVCache
 from mnnllm_core.llm.prefix_cache import model_caches
@@ -82,10 +83,19 @@ def file_backed(array: np.ndarray) -> bool:
 
 
 def test_kv_memory_chooses_by_the_bytes_of_a_layer():
-    assert KVMemory(limit=-1).zeros_for(1 << 40) is np.zeros
-    assert KVMemory(limit=100).zeros_for(100) is np.zeros
-    assert KVMemory(limit=100).zeros_for(101) is not np.zeros
-    assert KVMemory(mmap=True).zeros_for(1) is not np.zeros
+    assert KVMemory(limit=-1).zeros_for(1 << 40) is mapped_zeros
+    assert KVMemory(limit=100).zeros_for(100) is mapped_zeros
+    assert KVMemory(limit=100).zeros_for(101) is not mapped_zeros
+    assert KVMemory(mmap=True).zeros_for(1) is not mapped_zeros
+
+
+def test_large_host_arrays_are_zeroed_mappings_of_their_own():
+    big, small = mapped_zeros((MAPPED_FROM // 4,), np.float32), mapped_zeros((3, 5), np.int8)
+    assert file_backed(big)  # an anonymous mapping: what file_backed() looks for, without a file
+    assert small.base is None and small.shape == (3, 5) and small.dtype == np.int8
+    assert not big.any() and big.flags.writeable
+    big[-1] = 2.5
+    assert big[-1] == 2.5
 
 
 def test_attention_mode_reads_as_mnn_cpu_does():

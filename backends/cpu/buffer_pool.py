@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .host_memory import mapped_zeros
+
 MAX_WASTE = 4  # a buffer serves tensors of at least 1/MAX_WASTE of its bytes
 
 
@@ -31,7 +33,7 @@ class SizedBufferPool:
         if fits:
             buffer = self._free.pop(min(fits, key=lambda i: self._free[i].nbytes))
         else:
-            buffer = np.empty(max(need, dtype.itemsize), np.uint8)
+            buffer = mapped_zeros(max(need, dtype.itemsize), np.uint8)  # given back to the system when dropped
         view = buffer[:need].view(dtype).reshape(tensor.shape)
         self._lent[id(view)] = (view, buffer)
         return view
