@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import mnnllm_core
+from mnnllm_backends.cpu.host_memory import MAPPED_FROM, mapped_zeros
 from mnnllm_backends.cpu.kv_memory import KVMemory
 from mnnllm_backends.cpu.kv_storage import StoredKinds, StoredKVCache
 from mnnllm_core.llm.prefix_cache import model_caches
@@ -82,10 +83,19 @@ def file_backed(array: np.ndarray) -> bool:
 
 
 def test_kv_memory_chooses_by_the_bytes_of_a_layer():
-    assert KVMemory(limit=-1).zeros_for(1 << 40) is np.zeros
-    assert KVMemory(limit=100).zeros_for(100) is np.zeros
-    assert KVMemory(limit=100).zeros_for(101) is not np.zeros
-    assert KVMemory(mmap=True).zeros_for(1) is not np.zeros
+    assert KVMemory(limit=-1).zeros_for(1 << 40) is mapped_zeros
+    assert KVMemory(limit=100).zeros_for(100) is mapped_zeros
+    assert KVMemory(limit=100).zeros_for(101) is not mapped_zeros
+    assert KVMemory(mmap=True).zeros_for(1) is not mapped_zeros
+
+
+def test_large_host_arrays_are_zeroed_mappings_of_their_own():
+    big, small = mapped_zeros((MAPPED_FROM // 4,), np.float32), mapped_zeros((3, 5), np.int8)
+    assert file_backed(big)  # an anonymous mapping: what file_backed() looks for, without a file
+    assert small.base is None and small.shape == (3, 5) and small.dtype == np.int8
+    assert not big.any() and big.flags.writeable
+    big[-1] = 2.5
+    assert big[-1] == 2.5
 
 
 def test_attention_mode_reads_as_mnn_cpu_does():
@@ -271,3 +281,42 @@ def test_memory_normal_attention_on_threads_gives_the_logits_of_the_blocks_in_or
         first = llm.forward(long_ids[:300], all_logits=True)
         got[name] = (first, llm.forward(long_ids[300:420]))
     assert all(np.array_equal(a, b) for a, b in zip(got["threads"], got["in order"]))
+
+
+def test_a_long_step_gives_its_activation_buffers_back_and_the_same_logits(long_ids, fp32_logits, monkeypatch):
+    """A step longer than RELEASED_STEP_ROWS drops its module clone after it runs (its buffers are
+    collected before the decode that follows); the logits are those of a kept clone, again the
+    next time a step of that length is resized afresh."""
+    from mnnllm_core.llm import chunked_prefill
+    monkeypatch.setattr(chunked_prefill, "RELEASED_STEP_ROWS", 100)
+    llm = load()
+    assert np.array_equal(llm.forward(long_ids), fp32_logits["low"])
+    assert (LONG, False) not in llm.pool.keys()
+    llm.forward([long_ids[0]])
+    assert (1, False) in llm.pool.keys()
+    llm.reset()
+    assert np.array_equal(llm.forward(long_ids), fp32_logits["low"])
+
+
+class _Tensor:
+    def __init__(self, shape, dtype=np.float32):
+        self.shape, self.dtype, self.storage = shape, np.dtype(dtype), None
+
+
+def test_the_cpu_step_buffers_serve_any_shape_that_fits_but_never_two_live_tensors():
+    from mnnllm_backends.cpu.buffer_pool import SizedBufferPool
+    pool = SizedBufferPool()
+    wide = _Tensor((8, 12))
+    wide.storage = pool.acquire(wide)
+    assert wide.storage.shape == (8, 12) and wide.storage.dtype == np.float32
+    pool.release(wide)
+    pool.release(wide)  # a tensor read twice by its last command: pooled once
+    narrow, other = _Tensor((4, 6), np.int32), _Tensor((4, 6), np.int32)
+    narrow.storage, other.storage = pool.acquire(narrow), pool.acquire(other)
+    assert np.shares_memory(narrow.storage, wide.storage)  # the released buffer, as another shape
+    assert not np.shares_memory(other.storage, wide.storage)  # the one pooled buffer went to narrow
+    pool.release(narrow)
+    tiny = _Tensor((1, 2))
+    assert not np.shares_memory(pool.acquire(tiny), wide.storage)  # under 1/MAX_WASTE of it: a buffer of its own
+    empty = _Tensor((0, 5))
+    assert pool.acquire(empty).shape == (0, 5)

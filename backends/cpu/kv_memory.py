@@ -5,7 +5,8 @@ temporary folder when unset). `kvcache_limit` (MNN's KVCACHE_SIZE_LIMIT hint: "s
 kvcache in memory (for a single layer); if the size of kvcache exceeds the limit, it will be
 moved to disk") is in bytes of one layer's keys and values together; -1 (the default) means no
 limit. A layer whose storage would grow past it is grown into a file-backed mapping, the rows so
-far copied there, as MNN's KVCacheManager moves it from memory to disk.
+far copied there, as MNN's KVCacheManager moves it from memory to disk. Otherwise a layer lives in
+anonymous mappings (`host_memory.py`): a capacity beyond the tokens written costs no memory.
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import logging
 import tempfile
 from typing import Callable
 
-import numpy as np
-
 from mnnllm_core.backend_api import file_backed_zeros
+
+from .host_memory import mapped_zeros
 
 log = logging.getLogger(__name__)
 
@@ -38,4 +39,4 @@ class KVMemory:
                          layer_bytes, self.limit)
                 self._told = True
             return self.on_disk
-        return np.zeros
+        return mapped_zeros  # committed as written, given back when the cache grows past it (host_memory.py)

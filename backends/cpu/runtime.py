@@ -13,6 +13,7 @@ import numpy as np
 from mnnllm_core.backend_api import (BackendConfig, HostBackend, Runtime, RuntimeCreator, RuntimeHints,
                                      ScheduleConfig)
 
+from .buffer_pool import SizedBufferPool
 from .host_threads import HostThreads
 from .kv_memory import KVMemory
 from .kv_storage import StoredKinds
@@ -40,6 +41,7 @@ class CPUBackend(HostBackend):
 
     def __init__(self, runtime: "CPURuntime", config: BackendConfig):
         super().__init__(runtime, config)
+        self.pool = SizedBufferPool()  # step buffers shared across shapes (buffer_pool.py)
         self._scratch: dict[str, np.ndarray] = {}
         self.run_count = 0
         self.shared_inputs: dict[Any, object] = {}  # input tensor index (("int8", index)) -> linears reading it

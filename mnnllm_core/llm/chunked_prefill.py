@@ -4,14 +4,32 @@ activations a step holds (and the attention scores) grow with the chunk, not wit
 
 `chunk` > 0 is the chunk's size; else `chunk_limits` [max, min] (an NPU export's fixed prefill
 and decode lengths) chunks by its max; neither (the defaults) runs a prompt at once.
+
+A step of more than RELEASED_STEP_ROWS rows gives its activations back when it ends: the module
+pool's clone of that length (its resized buffers: 287 MiB at 8,192 rows on the shared model, cpu
+memory "low") is dropped and collected, so the decode that follows holds the KV cache, not the
+prompt's activations too. A prompt of that length again is resized afresh, a small cost beside
+its prefill.
 """
 from __future__ import annotations
 
+import gc
 from typing import Callable
 
 import numpy as np
 
 from .config import LlmConfig
+from .module_pool import ModulePool
+
+RELEASED_STEP_ROWS = 1024
+
+
+def release_long_step(pool: ModulePool, seq: int, all_logits: bool) -> None:
+    """After a step of `seq` rows: drop its clone when the step was long. The clone's session
+    holds reference cycles, so only a collection gives its buffers back now."""
+    if seq > RELEASED_STEP_ROWS:
+        pool.discard(seq, all_logits)
+        gc.collect()
 
 
 def prefill_chunk(config: LlmConfig) -> int:

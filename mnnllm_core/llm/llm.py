@@ -26,7 +26,7 @@ from ..express.runtime_manager import RuntimeManager
 from ..express.static_module import Config
 from . import arguments
 from .attention_mask import check_attention_type, check_mask_input, step_mask, tree_depths, tree_mask
-from .chunked_prefill import prefill_chunk, run_in_chunks
+from .chunked_prefill import prefill_chunk, release_long_step, run_in_chunks
 from .config import LlmConfig
 from .config_keys import check_keys
 from .context import STOPPED, LlmContext
@@ -313,6 +313,7 @@ class Llm(PymnnMethods):
                                          "to what the KV cache holds", file=self.config.origin("max_all_tokens"),
                                          field="max_all_tokens") from err
             raise
+        release_long_step(self.pool, seq, all_logits)
         self._commit(ids)
         if conversation.cached != len(conversation):
             cached = conversation.cached
