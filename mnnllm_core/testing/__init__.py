@@ -11,10 +11,15 @@ tolerances; a table of pass / fail / not supported (with the backend's reason) a
 holds the catalogue, `references` the float64 references, `runner` and `report` the rest.
 """
 from .cases import FP16_TOL, FP32_TOL, INT8_KV_TOL, Case, Step, Trial, all_cases, perf_cases
+from .cases.case import randn, single
+from .cases.linear import LINEAR_TOL, linear_op
 from .harness import Again, Const, Graph, OpResult, Weights, make_module, new_runtime, one_op_graph, run_op
 from .report import render, summary, table
+from .references import linear_reference, quantize
 from .runner import CaseResult, Runner, compare, run_suite, select
 
 __all__ = ["Case", "Step", "Trial", "all_cases", "perf_cases", "FP32_TOL", "FP16_TOL", "INT8_KV_TOL", "Again",
            "Const", "Graph", "OpResult", "Weights", "make_module", "new_runtime", "one_op_graph", "run_op", "render",
-           "summary", "table", "CaseResult", "Runner", "compare", "run_suite", "select"]
+           "summary", "table", "CaseResult", "Runner", "compare", "run_suite", "select",
+           # a backend's own cases build on these (plugins import nothing deeper)
+           "randn", "single", "LINEAR_TOL", "linear_op", "linear_reference", "quantize"]

@@ -7,12 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mnnllm_core.core.weights.formats import ConvolutionWeights
-from mnnllm_core.testing import run_suite, select
-from mnnllm_core.testing.cases.case import Case, Trial, randn, single
-from mnnllm_core.testing.cases.linear import LINEAR_TOL, linear_op
-from mnnllm_core.testing.harness import Weights
-from mnnllm_core.testing.references import linear_reference, quantize
+from mnnllm_core.backend_api import ConvolutionWeights
+from mnnllm_core.testing import (LINEAR_TOL, Case, Trial, Weights, linear_op, linear_reference, quantize, randn,
+                                 run_suite, select, single)
 
 
 webgpu_device = pytest.importorskip("mnnllm_webgpu.device", reason="the webgpu plugin is not installed")
