@@ -11,12 +11,16 @@ steps are timed: decode tok/s = tokens emitted / time, and the median host time 
 static-shape backend (opencl, vulkan ...) "together" runs twice: unpadded (batch_sizes=(): each
 row count its own clone, as before padding) and padded (decode steps padded to the engine's
 BATCH_SIZES). Each engine lives through the rounds (as the server's does) after a warm-up run
-(which meets every row count the streams leave behind: the figures are the steady state).
+(which meets every row count the streams leave behind) of --warm tokens a stream, as is the
+one-stream run before "alone": on the cpu with a thread team (thread_num > 1, memory "low") each
+new program's first 2 x TRIAL (16) runs alternate the team and one thread to choose between them
+(kernels/team.py), so a short warm-up left most timed steps of a row count in that trial, half of
+them on one thread, where a step of several rows is compute-bound. The figures are the steady state.
 The modes alternate for --rounds rounds (the mean of each is printed; the engines' order turns
 each round), so the machine's drift hits them alike; the load average is printed before and after.
 
     python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low]
-                                [--backend opencl] [--hint KEY=JSON] [--stagger K]
+                                [--backend opencl] [--hint KEY=JSON] [--stagger K] [--warm 20]
 """
 from __future__ import annotations
 
@@ -32,9 +36,10 @@ import mnnllm_core
 from mnnllm_core.llm.batch_engine import BatchEngine
 from mnnllm_core.llm.batch_plan import BATCH_SIZES
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / \
-    "config.json"
+DEFAULT_CONFIG = Path(os.environ.get("MNNLLM_SHARED") or Path(__file__).resolve().parents[2] / "shared") / "models" / \
+    "smollm2-135m-instruct-mnn-q4" / "config.json"
 PROMPT = 16
+WARM = 20  # warm-up tokens a stream: past the cpu team's trial of each program (2 x 8 runs, kernels/team.py)
 
 
 def prompts(count: int, vocab: int) -> list[list[int]]:
@@ -84,6 +89,7 @@ def main() -> None:
                         help="a runtime hint, e.g. cpu_int8_activations=true (repeatable)")
     parser.add_argument("--stagger", type=int, default=0, help="stream i decodes this many tokens fewer per i")
     parser.add_argument("--backend", default=None, help="backend_type (default: the model's own; opencl, vulkan ...)")
+    parser.add_argument("--warm", type=int, default=WARM, help="tokens a stream decodes in the warm-up runs")
     args = parser.parse_args()
     llm = mnnllm_core.create(args.config)
     hints = dict((k, json.loads(v)) for k, v in (h.split("=", 1) for h in args.hint))
@@ -101,15 +107,16 @@ def main() -> None:
     modes = {"together": (), "padded": BATCH_SIZES} if static else {"together": ()}
     header = " | ".join(f"{m} tok/s | {m} ms/step" for m in modes)
     print(f"load average {load()}: {Path(args.config).parent.name}, {llm.runtime_manager.config.backend_type}, "
-          f"memory {llm.config.memory}, -n {args.n}, stagger {args.stagger}, {args.t} threads, {args.rounds} rounds")
+          f"memory {llm.config.memory}, -n {args.n}, stagger {args.stagger}, {args.t} threads, {args.rounds} rounds, "
+          f"warm-up {args.warm}")
     print(f"| streams | alone tok/s | {header} | speed-up |")
     print("|---|---|" + "---|---|" * len(modes) + "---|")
     for count in counts:
         streams = prompts(count, vocab)
         engines = {m: BatchEngine(llm, slots=count, batch_sizes=sizes) for m, sizes in modes.items()}
         for engine in engines.values():  # warm-up: the shapes (as the streams leave too) resized and recorded
-            together(engine, streams, 4, sampler, min(args.stagger, 1))
-        alone(llm, streams[:1], 4, sampler)
+            together(engine, streams, args.warm, sampler, min(args.stagger, 1))
+        alone(llm, streams[:1], args.warm, sampler)
         ones, manys = [], {m: [] for m in modes}
         for round_ in range(args.rounds):  # the engines' order turns each round: neither always runs last
             ones.append(alone(llm, streams, args.n, sampler))
