@@ -36,8 +36,8 @@ PREFILL_LOG = re.compile(r"((?:chat)?cmpl-\w+): [^;]*; \d+ prompt tokens "
 class Server:
     """`mnnllm serve` in a subprocess on a free port; its log is read as it comes."""
 
-    def __init__(self, config: str, overrides: dict):
-        command = [sys.executable, "-m", "mnnllm_core.cli", "serve", config, "--port", "0"]
+    def __init__(self, config: str, overrides: dict, options: tuple[str, ...] = ()):
+        command = [sys.executable, "-m", "mnnllm_core.cli", "serve", config, "--port", "0", *options]
         for key, value in overrides.items():
             command += ["--set", f"{key}={json.dumps(value)}"]
         self.process = subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
