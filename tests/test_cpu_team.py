@@ -182,3 +182,44 @@ def test_the_barrier_counts_exactly_and_the_workers_stop() -> None:
     assert not team.alive
     with pytest.raises(ValueError):
         team_module.Team(1)
+
+
+def test_programs_of_the_same_code_share_one_way() -> None:
+    """A batched step recorded again (other slots in its rows, as requests come and go) is a new
+    program of the same code: it keeps the way chosen instead of starting a trial of its own, and
+    the team's ways stay as many as the step shapes, not as the recordings."""
+    from mnnllm_backends.cpu.kernels.team import TRIAL, Team, describe
+    from mnnllm_backends.cpu.kernels.program import WIDTH, array_table
+
+    tables = [array_table([np.zeros(1, dtype)]) for dtype in (np.float32, np.uint8, np.float32, np.uint16, np.int64)]
+    code, scalars = np.zeros((0, WIDTH), np.int64), np.zeros(1)
+    descriptors = [describe(code, scalars, tables) for _ in range(3)]  # the same empty program, three times
+    team = Team(2)
+    try:
+        for descriptor in descriptors:
+            for _ in range(TRIAL):
+                team.run(descriptor.__array_interface__["data"][0], "the same code")
+        assert len(team.ways) == 1 and team.ways["the same code"].runs == 3 * TRIAL
+        team.run(descriptors[0].__array_interface__["data"][0])  # no key: its address names it
+        assert len(team.ways) == 2
+    finally:
+        team.close()
+
+    llm = mnnllm_core.create(str(CONFIG))  # int8 activations: every batched step replays as team programs
+    llm.set_config({"backend_type": "cpu", "memory": "low", "sampler_type": "greedy", "thread_num": 2,
+                    "backend_hints": {"cpu_int8_activations": True}})
+    llm.load()
+    from mnnllm_core.llm.batch_engine import BatchEngine
+    engine = BatchEngine(llm, slots=4)
+    sampler = llm.make_sampler({"sampler_type": "greedy", "banned_tokens": sorted(llm.tokenizer.stop_ids)})
+    for i in range(16):  # 16 requests of 8 to 20 tokens through 4 slots: the slots in the rows keep changing
+        engine.submit([1] + [(1000 + 997 * i + 31 * j) % 40000 + 50 for j in range(15)], 8 + 3 * (i % 5), sampler)
+    engine.run()
+    runtime = llm.runtime_manager.runtime
+    try:
+        runs = [way.runs for way in runtime.team().ways.values()]
+        # keyed by address (each recording its own way) the busiest way ran 37 times and 86 % of
+        # the runs were in trials (42 ways); keyed by code the step shapes keep theirs (13 ways, 28 %)
+        assert max(runs) > 4 * TRIAL and sum(min(r, 2 * TRIAL) for r in runs) < sum(runs) / 2, runs
+    finally:
+        runtime.close_team()

@@ -9,6 +9,7 @@ runs it as it is.
 """
 from __future__ import annotations
 
+import hashlib
 from functools import cache, partial
 from typing import Any, Callable
 
@@ -188,7 +189,10 @@ class StepProgram:
         scalars, tables = np.asarray(self.scalars, np.float64), [kernels.array_table(entries) for entries in arrays]
         if self.team and any(row[0] in kernels.LINEARS for row in self.rows):  # else nothing to split: no wake-up
             descriptor = describe(code, scalars, tables)
-            call = partial(self.team.run, descriptor.__array_interface__["data"][0])
+            # the way's key: the code and scalars (array addresses live in the tables), so the same
+            # step recorded again over other arrays keeps its way (`Team.run`)
+            key = hashlib.blake2b(code.tobytes() + scalars.tobytes(), digest_size=16).digest()
+            call = partial(self.team.run, descriptor.__array_interface__["data"][0], key)
             call.arrays = (arrays, code, scalars, tables, descriptor)  # type: ignore[attr-defined]
             return call
         call = partial(kernels.run_program, code, scalars, *tables)
