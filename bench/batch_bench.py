@@ -18,9 +18,12 @@ new program's first 2 x TRIAL (16) runs alternate the team and one thread to cho
 them on one thread, where a step of several rows is compute-bound. The figures are the steady state.
 The modes alternate for --rounds rounds (the mean of each is printed; the engines' order turns
 each round), so the machine's drift hits them alike; the load average is printed before and after.
+--vs-mnn adds MNN's C++ runtime (PyPI MNN, its own process) serving the streams one after
+another: it decodes -n tokens after a PROMPT-token context (`mnnllm bench`'s decode test at that
+depth, memory and threads as ours), so one stream's rate is the aggregate of any count.
 
     python bench/batch_bench.py [CONFIG] [--streams 1,2,4,8] [-n 32] [--rounds 2] [--memory low]
-                                [--backend opencl] [--hint KEY=JSON] [--stagger K] [--warm 20]
+                                [--backend opencl] [--hint KEY=JSON] [--stagger K] [--warm 20] [--vs-mnn]
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import mnnllm_core
 from mnnllm_core.llm.batch_engine import BatchEngine
+from mnnllm_core.bench.worker_protocol import call_worker
 from mnnllm_core.llm.batch_plan import BATCH_SIZES
 
 DEFAULT_CONFIG = Path(os.environ.get("MNNLLM_SHARED") or Path(__file__).resolve().parents[2] / "shared") / "models" / \
@@ -73,6 +77,14 @@ def together(engine: BatchEngine, streams: list[list[int]], n: int, sampler, sta
     return emitted / sum(times), statistics.median(times) * 1e3
 
 
+def mnn_one_after_another(config: str, n: int, threads: int, memory: str, reps: int) -> float:
+    """MNN's decode tok/s of one stream: -n tokens after a PROMPT-token context, median of `reps`."""
+    job = {"config": config, "backend": "mnn", "threads": threads, "tests": [[0, n, PROMPT]], "reps": reps,
+           "precision": 2, "mnn_memory": memory, "settings": {}}
+    (result,) = call_worker("mnnllm_core.bench.mnn_worker", job, timeout=600)["rows"]
+    return statistics.median(result["samples_ts"])
+
+
 def load() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -90,6 +102,7 @@ def main() -> None:
     parser.add_argument("--stagger", type=int, default=0, help="stream i decodes this many tokens fewer per i")
     parser.add_argument("--backend", default=None, help="backend_type (default: the model's own; opencl, vulkan ...)")
     parser.add_argument("--warm", type=int, default=WARM, help="tokens a stream decodes in the warm-up runs")
+    parser.add_argument("--vs-mnn", action="store_true", help="MNN's C++ runtime serving the streams one after another")
     args = parser.parse_args()
     llm = mnnllm_core.create(args.config)
     hints = dict((k, json.loads(v)) for k, v in (h.split("=", 1) for h in args.hint))
@@ -127,6 +140,10 @@ def main() -> None:
                            for runs in manys.values())
         last = statistics.mean(r[0] for r in list(manys.values())[-1])
         print(f"| {count} | {one:.2f} | {cells} | {last / one:.2f}x |", flush=True)
+    if args.vs_mnn:
+        memory = llm.config.memory
+        rate = mnn_one_after_another(args.config, args.n, args.t, memory, max(3, args.rounds))
+        print(f"MNN C++ cpu (memory {memory}), the streams one after another: {rate:.2f} tok/s at any count")
     print(f"load average {load()}")
 
 
