@@ -133,11 +133,6 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
     codes uint8 [ic/2][32] from c_start (byte j of row r at j*32 + r: high nibble is
     weight 2j, low nibble weight 2j+1); alpha [n_blocks][zero[32], scale[32]] from a_start
     (fp16 bits as uint16, or float32); w = zero + scale * (code - 8).
-
-    The high and low nibbles sum into separate accumulators, added at the block's end: one chain
-    of two dependent FMAs a byte made the loop wait on FMA latency (Zen4, one thread: 3.5% faster
-    split, the same in L2 as from memory, i.e. the kernel is bound by its instructions, not by
-    bandwidth).
     """
     sig = types.void(codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes, out, o_start)
     half = alpha.dtype == types.uint16
@@ -166,9 +161,8 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
                     w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
                     hi = builder.uitofp(builder.lshr(w, four), VF)
                     lo = builder.uitofp(builder.and_(w, mask), VF)
-                    builder.store(fma(builder, hi, even, builder.load(high[v])), high[v])
-                    builder.store(fma(builder, lo, odd, builder.load(low[v])), low[v])
-            sums = [builder.fadd(builder.load(high[v]), builder.load(low[v]), flags=FAST) for v in range(_VECTORS)]
+                    builder.store(fma(builder, lo, odd, fma(builder, hi, even, builder.load(high[v]))), high[v])
+            sums = [builder.load(high[v]) for v in range(_VECTORS)]
             xs = splat(builder, builder.load(builder.gep(xs_p, [b])))
             a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
             _accumulate(builder, alpha_p, a_index, half, xs, 8, sums, acc)
