@@ -210,7 +210,7 @@ def run_rank(program, rank, threads, state):
                 last += 1
         # a part -1 first (an int8 linear's quantized rows, unless each rank quantizes its own)
         first = attention or (op == INT8_LINEAR and not _own_rows(c, floats, codes, threads))
-        split = op == GEMV or op == FEW_GEMV or first
+        split = op == GEMV or op == FEW_GEMV or op == INT8_LINEAR or attention
         if first:  # the quantized rows, the new cache rows: written once by rank 0, then read by every rank
             if shared:  # part -1 reads every rank's rows; else only rank 0's: no barrier before it
                 barrier(state, threads)
