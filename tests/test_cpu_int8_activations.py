@@ -76,6 +76,36 @@ def test_a_shared_call_gives_each_member_its_own_calls_bits(tokens, threads):
         assert np.array_equal(out.reshape(tokens, -1)[:, :weight.oc], alone)
 
 
+@pytest.mark.parametrize("tokens", [1, 5])
+def test_parts_quantizing_their_own_rows_give_the_calls_bits(tokens):
+    """With a scratch holding a copy of the quantized rows per part (`own_rows`, a thread team's
+    int8 linear), each part quantizes into its own copy and computes its rows: the copies are
+    equal, and the parts together give the bits of one `linear` call; a scratch of one copy keeps
+    the part -1 protocol (rank 0 quantizes, the parts read its rows)."""
+    weights = [int8_dot.repack(pack(quantized(oc=oc, ic=192, bits=4, block=64))) for oc in (96, 48)]
+    x = RNG.standard_normal((tokens, 192)).astype(np.float32)
+    size = int8_dot.scratch_bytes(tokens, 192, weights[0].n_blocks)
+
+    def outputs(parts_run, scratch):
+        outs = [np.full(tokens * w.rows, np.nan, np.float32) for w in weights]
+        call = int8_dot.bind(x, False, scratch, weights, outs, 1)
+        if parts_run is None:
+            call()
+        else:
+            for part in parts_run:
+                int8_dot.linear_part(*call.args, part, 2)
+        return outs
+
+    whole = outputs(None, np.empty(size, np.uint8))
+    assert int8_dot.own_rows(2 * size, tokens, 192, weights[0].n_blocks, 2)
+    assert not int8_dot.own_rows(size, tokens, 192, weights[0].n_blocks, 2)
+    own = np.zeros(2 * size, np.uint8)
+    for outs in (outputs([1, 0], own), outputs([-1, 0, 1], np.empty(size, np.uint8))):
+        for a, b in zip(whole, outs):
+            assert np.array_equal(a, b)
+    assert np.array_equal(own[:size], own[size:])
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("exact_alpha", [True, False], ids=["fp16 alphas", "float32 alphas"])
 @pytest.mark.parametrize("symmetric", [False, True])

@@ -280,9 +280,18 @@ def _members(codes, code_sums, alphas, outs, starts, n_blocks, block, words, ds,
                     h0, h1)
 
 
-def scratch_bytes(tokens: int, ic: int, n_blocks: int) -> int:
+@jit()
+def scratch_bytes(tokens, ic, n_blocks):
     """The bytes of one call's quantized rows (`quantized_rows`)."""
     return tokens * (ic + 8 + 8 * n_blocks)
+
+
+@jit()
+def own_rows(scratch_size, tokens, ic, n_blocks, parts):
+    """Whether a scratch of `scratch_size` bytes holds a copy of the quantized rows for each of
+    `parts` parts: then each part (a rank of the thread team) quantizes the rows into its own
+    copy, the same bits as every other, and no rank waits for rank 0's (`linear_part`)."""
+    return scratch_size >= parts * scratch_bytes(tokens, ic, n_blocks)
 
 
 @jit(fastmath=False)
@@ -333,12 +342,19 @@ def linear_parallel(x, symmetric, scratch, codes, code_sums, alphas, outs, start
 def linear_part(x, symmetric, scratch, codes, code_sums, alphas, outs, starts, n_blocks, block, part, parts):
     """One rank's share of `linear_parallel` on the calling thread (the replay's thread team,
     `team.py`): part -1 quantizes the rows into `scratch` (one rank, before the others read it),
-    part 0..parts-1 computes that part's groups from them."""
+    part 0..parts-1 computes that part's groups from them. Where the scratch holds a copy per part
+    (`own_rows`) there is no part -1: each part quantizes the rows into its own copy first (a
+    decode step's 576 inputs take about a microsecond, less than a barrier's hand-over)."""
     tokens, ic = x.shape
-    xq, ds, zp, qsum, xsum = quantized_rows(scratch, tokens, ic, n_blocks)
-    if part < 0:
+    if part >= 0 and own_rows(scratch.shape[0], tokens, ic, n_blocks, parts):
+        size = scratch_bytes(tokens, ic, n_blocks)
+        xq, ds, zp, qsum, xsum = quantized_rows(scratch[part * size:(part + 1) * size], tokens, ic, n_blocks)
         quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
-        return
+    else:
+        xq, ds, zp, qsum, xsum = quantized_rows(scratch, tokens, ic, n_blocks)
+        if part < 0:
+            quantize_rows(x, block, symmetric, xq, ds, zp, qsum, xsum)
+            return
     total = starts[MEMBERS]
     per_part = (total + parts - 1) // parts
     _members(codes, code_sums, alphas, outs, starts, n_blocks, block, xq.view(np.int32), ds, zp, qsum, xsum, tokens,

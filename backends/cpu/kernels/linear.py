@@ -14,7 +14,7 @@ from numba import prange
 
 from . import jit
 from .layout import PackedWeight
-from .gemm import GEMM_ROWS, gemm_block
+from .gemm import GEMM_ROWS, gemm_block, gemm_columns
 from .simd import (FEW_TOKENS_MAX, GROUP_ROWS, q4_few_dot, q4_group_dequantize, q4_group_dot, q8_few_dot,
                    q8_group_dequantize, q8_group_dot)
 
@@ -140,6 +140,13 @@ def _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, column, width,
     _dequantize(bits, codes, alpha, n_blocks, block, g, g + 1, panel, g, GROUP_ROWS)
     flat_x = x.reshape(-1)
     flat_out = out.reshape(-1)
+    if width == GROUP_ROWS:  # a whole group: its 32 columns at once (`gemm_columns`)
+        for k0 in range(0, ic, DEPTH):
+            depth = min(DEPTH, ic - k0)
+            for m0 in range(0, tokens, GEMM_ROWS):
+                gemm_columns(min(GEMM_ROWS, tokens - m0), flat_x, m0 * ic + k0, ic, panel, k0 * GROUP_ROWS,
+                             GROUP_ROWS, depth, flat_out, m0 * ldc + column, ldc, GROUP_ROWS, k0 > 0)
+        return
     for half in range(2):
         left = column + half * 16
         if left >= column + width:

@@ -33,7 +33,8 @@ KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`k
 PART_KERNEL = WIDTH - 2  # a linear's: the address of its kernel for one part of its rows (`team.py`)
 LINEARS = (GEMV, FEW_GEMV, INT8_LINEAR)  # the instructions a thread team splits by rows
 # ... and those it splits by query heads (one token's attention); these and INT8_LINEAR have a
-# part -1 that rank 0 runs first, alone (the new cache row, the quantized input rows)
+# part -1 that rank 0 runs first, alone (the new cache row; the quantized input rows, unless each
+# rank quantizes its own: `int8_dot.own_rows`)
 ATTENTIONS = (DECODE_ATTEND, STORED_ATTEND)
 # an attention's field 21: 1 when it joins the attention before it (another KV slot's rows of a
 # batched step: other rows, another cache), so a team runs the two without a barrier between

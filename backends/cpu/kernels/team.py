@@ -9,7 +9,8 @@ caller is rank 0. For each program run rank 0 publishes the program (`lead`: its
 address, then a new generation) and every rank walks the same instructions (`run_rank`): a
 linear (GEMV, few-token GEMV, int8 linear) gives each rank the part of its rows that
 `_gemv_parallel` (`linear_parallel`) gives the same thread, computed by the same `_rows`
-(`_members`); the int8 linear's rows are quantized once, by rank 0; one token's attention
+(`_members`); each rank quantizes the int8 linear's rows into its own copy where the scratch
+holds one per rank (`int8_dot.own_rows`; else rank 0 does, once, and the others wait); one token's attention
 (DECODE_ATTEND, STORED_ATTEND) gives each rank a share of the query heads, computed by the code
 the serial kernel runs for each head (`append_decode_part`, `append_attend_stored_part`), after
 rank 0 wrote the new cache row; the attentions of a batched step's KV slots (JOINS) run as one:
@@ -45,6 +46,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit
+from .int8_dot import own_rows
 from .program import (DECODE_ATTEND, FEW_GEMV, GEMV, INT8_LINEAR, JOINS, STORED_ATTEND, WIDTH, _pointer,
                       array_table, run_instruction, run_part)
 
@@ -179,6 +181,14 @@ def barrier(state, threads):
 
 
 @jit()
+def _own_rows(c, floats, codes, threads):
+    """Whether int8 linear `c`'s scratch (field 4) holds a copy of the quantized rows per rank
+    (`int8_dot.own_rows`, what its part kernel checks too): fields 2 token rows, 3 x, 18 blocks."""
+    tokens = c[2]
+    return own_rows(codes[c[4], 1], tokens, floats[c[3], 1] // tokens, c[18], threads)
+
+
+@jit()
 def run_rank(program, rank, threads, state):
     """Rank `rank`'s share of the program whose descriptor is at `program` (see `describe`), then
     the closing barrier."""
@@ -198,8 +208,9 @@ def run_rank(program, rank, threads, state):
         if attention:
             while last < code.shape[0] and code[last, JOINS] != 0:
                 last += 1
-        first = op == INT8_LINEAR or attention  # a part -1 first
-        split = op == GEMV or op == FEW_GEMV or first
+        # a part -1 first (an int8 linear's quantized rows, unless each rank quantizes its own)
+        first = attention or (op == INT8_LINEAR and not _own_rows(c, floats, codes, threads))
+        split = op == GEMV or op == FEW_GEMV or op == INT8_LINEAR or attention
         if first:  # the quantized rows, the new cache rows: written once by rank 0, then read by every rank
             if shared:  # part -1 reads every rank's rows; else only rank 0's: no barrier before it
                 barrier(state, threads)

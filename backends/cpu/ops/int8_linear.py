@@ -69,10 +69,12 @@ class SharedInt8Input:
     """The int8 linears reading one input tensor, and the buffers of their shared call (the
     quantized rows, each member's results) for up to FEW_TOKENS rows."""
 
-    def __init__(self, weights: list[Int8Weight]):
-        self.weights = weights
+    def __init__(self, weights: list[Int8Weight], threads: int = 1):
+        self.weights, self.threads = weights, threads
         first = weights[0]
-        self.scratch = np.empty(scratch_bytes(FEW_TOKENS, first.ic, first.n_blocks), np.uint8)
+        # a copy of the quantized rows per thread: each rank of a thread team quantizes its own
+        # (`int8_dot.own_rows`), so no rank waits on another before its rows
+        self.scratch = np.empty(max(1, threads) * scratch_bytes(FEW_TOKENS, first.ic, first.n_blocks), np.uint8)
         self.results = [np.zeros(FEW_TOKENS * w.rows, np.float32) for w in weights]
         self.nbytes = sum(w.nbytes for w in weights)
 
@@ -89,7 +91,7 @@ class SharedInt8Input:
 
     def twin(self) -> "SharedInt8Input":
         """The same weights with buffers of their own (for a cloned session)."""
-        return SharedInt8Input(list(self.weights))
+        return SharedInt8Input(list(self.weights), self.threads)
 
     def targets(self, tokens: int) -> tuple[np.ndarray, ...]:
         """Each member's result buffer for `tokens` rows ([tokens][padded rows], flat)."""
@@ -171,6 +173,6 @@ def create_int8_linear(backend, key: int, weight: Int8Weight, bias: np.ndarray |
     shared = backend.shared_inputs.get(("int8", key))
     member = shared.join(weight) if shared is not None else None
     if member is None:
-        shared, member = SharedInt8Input([weight]), 0
+        shared, member = SharedInt8Input([weight], backend.runtime.thread_num), 0
         backend.shared_inputs[("int8", key)] = shared
     return Int8LinearExecution(backend, shared, member, bias, activation)
