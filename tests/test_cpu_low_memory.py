@@ -260,12 +260,21 @@ def test_the_kernels_are_loaded_at_load_and_no_run_compiles_more(low_llm):
                 if name.startswith("mnnllm_backends.cpu.kernels") for key, value in vars(module).items()
                 if isinstance(value, CPUDispatcher)}
 
+    def steps():
+        low_llm.reset()
+        low_llm.forward(list(range(100, 140)))
+        low_llm.forward([5])
+
     before = overloads()
-    low_llm.reset()
-    low_llm.forward(list(range(100, 140)))
-    low_llm.forward([5])
+    steps()
+    assert overloads() == before  # a prompt and a decode step: parts the warm-up loaded at load
+    low_llm.forward([6, 7, 8])  # a 2..8-token step loads its rarer part when resized (on demand)
+    grown = {k for k, v in overloads().items() if v != before.get(k)}
+    assert all("_few_" in k for k in grown), grown
+    after = overloads()
+    steps()
     low_llm.forward([6, 7, 8])
-    assert overloads() == before
+    assert overloads() == after  # and no later run adds any
 
 
 def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
