@@ -45,7 +45,13 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (th >= p.seq * p.heads) { return; }  // uniform per work-group
     let lane = i32(li);
     let h = th % p.heads;
-    let t = th / p.heads;
+    // queries from both ends in turn (0, seq-1, 1, seq-2, ...): lavapipe hands each of its threads
+    // one contiguous run of a dispatch's work-groups, and a causal walk grows with t, so in
+    // query order one thread got the cheap first half (1/4 of the work) and the other the rest
+    let n = th / p.heads;
+    var t = n / 2;
+    if (n % 2 == 1) { t = p.seq - 1 - n / 2; }
+    let qh = t * p.heads + h;  // the (query, head) row of q and o
     let group = p.heads / p.kv_heads;
     let g = h / group;
     let past = step[0];
@@ -59,7 +65,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     var qv: array<vec4<f32>, D4>;
-    for (var d = 0; d < D4; d++) { qv[d] = q[th * D4 + d]; }
+    for (var d = 0; d < D4; d++) { qv[d] = q[qh * D4 + d]; }
     var end = total;
     if (p.mask_mode == 1) { end = min(total, past + t + 1); }  // causally blocked keys weigh 0
     var top = NEG_INF;
@@ -103,6 +109,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let inv = 1.0 / sum;
     for (var i = 0; i < PER_LANE; i++) {
         let d = lane + 8 * i;
-        if (d < D4) { o[th * D4 + d] = acc[i] * inv; }
+        if (d < D4) { o[qh * D4 + d] = acc[i] * inv; }
     }
 }
