@@ -25,6 +25,7 @@ LOCAL = 256  # work-group size of kv_write.wgsl
 SPLIT_LOCAL = 64  # work-group size of attention_split.wgsl
 MASK_MODES = {"float": 2, "int": 3}  # attention.wgsl: 0 none, 1 causal, 2 added, 3 int (0 blocks)
 ONLINE_DIM4 = 64  # attention_online.wgsl: head dims up to 256, multiples of 4
+ONLINE_HEADS = 4  # attention_online.wgsl: query heads of one kv head a prefill's work-group takes, at most
 SCORES_LIMIT = 1 << 27  # bytes of one block's scores at most (also the device's binding limit)
 # the WGSL a cache format's rows take: (enable directive, element type)
 KV_TYPES = {"float": ("", "f32"), "fp16": ("enable f16;", "f16")}
@@ -34,6 +35,15 @@ def cache_format(wanted: KVFormat, row_values: int) -> KVFormat:
     """The backend's KV format, but float where fp16 rows would not be whole 4-byte words
     (WebGPU copies, hence the cache's appends, moves and growth, go in multiples of 4 bytes)."""
     return wanted if wanted.name != "fp16" or row_values % 2 == 0 else KVFormat("float")
+
+
+def online_heads(seq: int, group: int) -> int:
+    """Query heads of one kv head an attention_online.wgsl work-group takes: in a prefill the
+    largest divisor of the group up to ONLINE_HEADS (each key and value read once for all of
+    them), in decode 1 (a step's few work-groups spread over the threads)."""
+    if seq == 1:
+        return 1
+    return max(d for d in range(1, min(group, ONLINE_HEADS) + 1) if group % d == 0)
 
 
 def query_block(seq: int, heads: int, stride: int, limit: int) -> int:
@@ -175,14 +185,15 @@ class AttentionExecution(StepsExecution):
         mask = inputs[3].storage if len(inputs) > 3 else q
         sinks = inputs[4].storage if len(inputs) > 4 else q
         mode, rows, cols = self.mask
-        groups, row = fold(seq * heads, 1)
+        heads_per_group = online_heads(seq, heads // kv_heads)
+        groups, row = fold(seq * heads // heads_per_group, 1)
         scale = float(np.float32(self.params.scale_for(dim)))
         params = pack_params("4if5iI", seq, heads, kv_heads, self.kv_seq, scale,
                              mode, rows, cols, int(len(inputs) > 4), int(self.params.kv_cache), row)
         enable, kv_type = KV_TYPES[self.kv_format.name if self.params.kv_cache else "float"]
         return Program(device, "attention_online", [q, inputs[1].storage, inputs[2].storage, keys, values, mask,
                                                     sinks, outputs[0].storage, self.step], params, groups,
-                       (("ENABLE", enable), ("KV", kv_type), ("DIM4", dim // 4)))
+                       (("ENABLE", enable), ("KV", kv_type), ("DIM4", dim // 4), ("HEADS", heads_per_group)))
 
     def on_execute(self, inputs, outputs) -> None:
         self.before_run()
