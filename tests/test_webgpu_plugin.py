@@ -157,6 +157,16 @@ def test_the_one_dispatch_attention_runs_where_the_adapter_has_subgroups_of_eigh
     assert not attention.online(device, 6) and not attention.online(device, 260)
 
 
+@pytest.mark.skipif(not AVAILABLE, reason="no WebGPU adapter")
+def test_a_prefills_attention_work_group_takes_the_query_heads_of_one_kv_head_and_decodes_one() -> None:
+    """attention_online_group.wgsl reads each key once for up to ONLINE_HEADS query heads (a
+    divisor of the group: 6/1 heads by 3 and 3); a decode step keeps one head a work-group. The
+    conformance suite's prefill cases (9/3, 6/1, 4/4 heads) check its outputs."""
+    from mnnllm_webgpu.ops.attention import online_heads
+    assert [online_heads(128, group) for group in (1, 2, 3, 4, 6, 7, 8)] == [1, 2, 3, 4, 3, 1, 4]
+    assert online_heads(1, 3) == 1
+
+
 F16 = pytest.mark.skipif(not AVAILABLE or not default_device().f16, reason="the adapter has no shader-f16")
 FP16_LONG = [c for c in attention_long.cases(FP16_TOL) if "prefill" in c.name]
 

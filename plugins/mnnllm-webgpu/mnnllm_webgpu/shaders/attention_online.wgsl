@@ -1,65 +1,26 @@
 ${ENABLE}
-// Attention in one dispatch with an online softmax (no scores buffer, so no depth limit), for an
-// adapter whose subgroups hold the 8 invocations of a work-group (lavapipe: 8 lanes, one
-// vector; no barrier, which lavapipe pays for by switching coroutines). One work-group per (query
-// t, head h): keys go by 8 at a time, one per invocation (the dot product a vec4 at a time), the
-// 8 scores' max and sum by subgroup ops into a running max and sum (the sum and the partial output
-// rescaled when the max grows), then each invocation adds the 8 value rows, their weights passed
-// by subgroupShuffle, into its share of the output (vec4 number lane, lane + 8, ...). Keys and
-// values before past (step[0]) come from the cache, the step's own from the k/v inputs; the
-// work-group of a kv head's first query head appends the step's row to the cache (nothing in this
-// dispatch reads those rows from it). Without a cache (write_cache 0) past is 0: every key is
-// an input's. Masks and sinks as attention.wgsl; a causal mask ends the walk at key past + t.
-struct Params {
-    seq: i32, heads: i32, kv_heads: i32, kv_seq: i32, scale: f32,
-    mask_mode: i32, mask_rows: i32, mask_cols: i32, has_sinks: i32, write_cache: i32, row: u32,
-}
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k: array<vec4<f32>>;   // the step's keys [kv_seq, kv_heads, dim]
-@group(0) @binding(2) var<storage, read> v: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> ck: array<vec4<${KV}>>;  // the cache
-@group(0) @binding(4) var<storage, read_write> cv: array<vec4<${KV}>>;
-@group(0) @binding(5) var<storage, read> mask: array<u32>;
-@group(0) @binding(6) var<storage, read> sinks: array<f32>;
-@group(0) @binding(7) var<storage, read_write> o: array<vec4<f32>>;
-@group(0) @binding(8) var<storage, read> step: array<i32>;  // past, total
-@group(0) @binding(9) var<uniform> p: Params;
-
-const D4: i32 = ${DIM4};  // vec4s of a head
-const PER_LANE: i32 = (D4 + 7) / 8;  // output vec4s an invocation sums
-const NEG_INF: f32 = -3.4028235e38;  // the lowest finite float: exp(NEG_INF - m) is 0
-
-fn key(j: i32, g: i32, d: i32, past: i32) -> vec4<f32> {
-    if (j >= past) { return k[((j - past) * p.kv_heads + g) * D4 + d]; }
-    return vec4<f32>(ck[(j * p.kv_heads + g) * D4 + d]);
-}
-
-fn value(j: i32, g: i32, d: i32, past: i32) -> vec4<f32> {
-    if (j >= past) { return v[((j - past) * p.kv_heads + g) * D4 + d]; }
-    return vec4<f32>(cv[(j * p.kv_heads + g) * D4 + d]);
-}
-
+// Attention, one work-group per (query t, head h) (a decode step: its few work-groups spread over
+// the threads), the rest in attention_online_common.wgsl: keys go by 8 at a time, one per
+// invocation (the dot product a vec4 at a time), the 8 scores' max and sum by subgroup ops into a
+// running max and sum (the sum and the partial output rescaled when the max grows), then each
+// invocation adds the 8 value rows, their weights passed by subgroupShuffle, into its share of
+// the output (vec4 number lane, lane + 8, ...).
+${COMMON}
 @compute @workgroup_size(8)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let th = i32(wg.x + wg.y * p.row);
     if (th >= p.seq * p.heads) { return; }  // uniform per work-group
     let lane = i32(li);
     let h = th % p.heads;
-    let t = th / p.heads;
+    let t = balanced_query(th / p.heads);
+    let qh = t * p.heads + h;  // the (query, head) row of q and o
     let group = p.heads / p.kv_heads;
     let g = h / group;
     let past = step[0];
     let total = step[1];
-    if (p.write_cache != 0 && h % group == 0 && t < p.kv_seq) {
-        let src = (t * p.kv_heads + g) * D4;
-        let to = ((past + t) * p.kv_heads + g) * D4;
-        for (var d = lane; d < D4; d += 8) {
-            ck[to + d] = vec4<${KV}>(k[src + d]);
-            cv[to + d] = vec4<${KV}>(v[src + d]);
-        }
-    }
+    if (p.write_cache != 0 && h % group == 0 && t < p.kv_seq) { append_row(t, g, past, lane); }
     var qv: array<vec4<f32>, D4>;
-    for (var d = 0; d < D4; d++) { qv[d] = q[th * D4 + d]; }
+    for (var d = 0; d < D4; d++) { qv[d] = q[qh * D4 + d]; }
     var end = total;
     if (p.mask_mode == 1) { end = min(total, past + t + 1); }  // causally blocked keys weigh 0
     var top = NEG_INF;
@@ -103,6 +64,6 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let inv = 1.0 / sum;
     for (var i = 0; i < PER_LANE; i++) {
         let d = lane + 8 * i;
-        if (d < D4) { o[th * D4 + d] = acc[i] * inv; }
+        if (d < D4) { o[qh * D4 + d] = acc[i] * inv; }
     }
 }

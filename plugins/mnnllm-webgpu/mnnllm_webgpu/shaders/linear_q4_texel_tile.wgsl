@@ -1,10 +1,12 @@
 // One 4-bit layer over several tokens (prefill) on a CPU adapter (linear_q4_texel_common.wgsl):
 // a work-group of 8 invocations computes 128 output rows of 4 tokens (from the dispatch's y
 // times 4), 16 rows x 4 tokens each, so that each fetched texel serves 4 tokens and each input
-// 16 rows. WIDE false (a layer's last 64 rows, where its rows are 64 past a multiple of 128): 64
-// rows, 8 an invocation, the other half neither fetched nor summed (a constant: the compiler drops
-// it). Work-group g computes rows from (group0 + g) * 128. x: the input's `tokens` rows from token t0 as a texture; past the last token the last
-// one is read again and nothing written.
+// 16 rows. Word by word: the 4 tokens' 8 inputs of one word's codes, then every row's codes of
+// that word (lavapipe: ~0.75x the CPU time of holding all 32 inputs of the 4 tokens, which spill).
+// WIDE false (a layer's last 64 rows, where its rows are 64 past a multiple of 128): 64 rows, 8 an
+// invocation, the other half neither fetched nor summed (a constant: the compiler drops it).
+// Work-group g computes rows from (group0 + g) * 128. x: the input's `tokens` rows from token t0
+// as a texture; past the last token the last one is read again and nothing written.
 ${COMMON}
 struct Params { rows: i32, width: i32, vecs: i32, vecs_per_block: i32, blocks: i32, has_bias: i32, act: i32,
                 offset: f32, tokens: i32, t0: i32, group0: i32 }
@@ -35,14 +37,16 @@ fn texels4(c: vec4<i32>, ky: i32) -> Words4 {
                   textureLoad(w, vec2<i32>(c.z, ky)${LEVEL}), textureLoad(w, vec2<i32>(c.w, ky)${LEVEL}));
 }
 
-fn dots(t: Words4, a: Vec32) -> vec4<f32> {
-    return vec4<f32>(dot32(t.a, a), dot32(t.b, a), dot32(t.c, a), dot32(t.d, a));
+// four rows' words q (texels t) dotted with one token's placed inputs xa (codes 0..3), xb (4..7)
+fn dotq(t: Words4, q: i32, xa: vec4<f32>, xb: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot(lo(t.a[q]), xa) + dot(hi(t.a[q]), xb), dot(lo(t.b[q]), xa) + dot(hi(t.b[q]), xb),
+                     dot(lo(t.c[q]), xa) + dot(hi(t.c[q]), xb), dot(lo(t.d[q]), xa) + dot(hi(t.d[q]), xb));
 }
 
-// one token's partial sums of 16 rows (groups of 4: texels wa .. wd) plus this k's
-fn add16(s: Rows16, wa: Words4, wb: Words4, wc: Words4, wd: Words4, a: Vec32) -> Rows16 {
-    if (!WIDE) { return Rows16(s.a + dots(wa, a), s.b + dots(wb, a), s.c, s.d); }
-    return Rows16(s.a + dots(wa, a), s.b + dots(wb, a), s.c + dots(wc, a), s.d + dots(wd, a));
+fn addq(s: Rows16, wa: Words4, wb: Words4, wc: Words4, wd: Words4, q: i32, xa: vec4<f32>, xb: vec4<f32>) -> Rows16 {
+    if (!WIDE) { return Rows16(s.a + dotq(wa, q, xa, xb), s.b + dotq(wb, q, xa, xb), s.c, s.d); }
+    return Rows16(s.a + dotq(wa, q, xa, xb), s.b + dotq(wb, q, xa, xb), s.c + dotq(wc, q, xa, xb),
+                  s.d + dotq(wd, q, xa, xb));
 }
 
 // acc plus one block's partial sums scaled: scale * (part - offset * xs) + zero * xs
@@ -101,15 +105,23 @@ fn main(@builtin(workgroup_id) g: vec3<u32>, @builtin(local_invocation_id) l: ve
                 wc = texels4(cc, ky + k);
                 wd = texels4(cd, ky + k);
             }
-            let x0 = inputs(t, p.vecs, k);
-            let x1 = inputs(t1, p.vecs, k);
-            let x2 = inputs(t2, p.vecs, k);
-            let x3 = inputs(t3, p.vecs, k);
-            xs += vec4<f32>(total(x0), total(x1), total(x2), total(x3));
-            p0 = add16(p0, wa, wb, wc, wd, placed(x0));
-            p1 = add16(p1, wa, wb, wc, wd, placed(x1));
-            p2 = add16(p2, wa, wb, wc, wd, placed(x2));
-            p3 = add16(p3, wa, wb, wc, wd, placed(x3));
+            for (var q = 0; q < 4; q++) {
+                let v = k * 8 + 2 * q;
+                let a0 = input(t, p.vecs, v);
+                let b0 = input(t, p.vecs, v + 1);
+                let a1 = input(t1, p.vecs, v);
+                let b1 = input(t1, p.vecs, v + 1);
+                let a2 = input(t2, p.vecs, v);
+                let b2 = input(t2, p.vecs, v + 1);
+                let a3 = input(t3, p.vecs, v);
+                let b3 = input(t3, p.vecs, v + 1);
+                let one = vec4<f32>(1.0);
+                xs += vec4<f32>(dot(a0 + b0, one), dot(a1 + b1, one), dot(a2 + b2, one), dot(a3 + b3, one));
+                p0 = addq(p0, wa, wb, wc, wd, q, a0 * UNPLACE, b0 * UNPLACE);
+                p1 = addq(p1, wa, wb, wc, wd, q, a1 * UNPLACE, b1 * UNPLACE);
+                p2 = addq(p2, wa, wb, wc, wd, q, a2 * UNPLACE, b2 * UNPLACE);
+                p3 = addq(p3, wa, wb, wc, wd, q, a3 * UNPLACE, b3 * UNPLACE);
+            }
         }
         let sa = scale_zero(sz, ca, by + b);
         let sb = scale_zero(sz, cb, by + b);
