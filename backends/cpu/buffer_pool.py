@@ -35,7 +35,8 @@ class SizedBufferPool:
         in `events` (BufferEvent: acquire or release, in the resize's order); a tensor that shares
         an input's bytes joins that input's lifetime."""
         end = len(events)
-        released = {id(e.tensor): time for time, e in enumerate(events) if not e.acquire}
+        released = {id(e.tensor): time for time, e in enumerate(events)  # a graph input at its last reader
+                    if not e.acquire}  # too: each run uploads it again before the first op
         slots: list[Lifetime] = []
         groups: list[list] = []
         slot_of: dict[int, int] = {}

@@ -275,9 +275,11 @@ class Pipeline:
             backend.on_resize_begin()
         inputs, uploaded, steps = self._buffer_order()
         events = [BufferEvent(True, t) for t in inputs + uploaded]
-        for acquired, released in steps:
+        last_reads = self._last_reads(inputs)
+        for position, (acquired, released) in enumerate(steps):
             events += [BufferEvent(True, t, shares) for t, shares in acquired]
             events += [BufferEvent(False, t) for t in released]
+            events += [BufferEvent(False, t, rewritten=True) for t in last_reads.get(position, ())]
         for backend in self.backends:
             backend.on_plan_buffers([e for e in events if e.tensor.backend is backend])
         for tensor in inputs + uploaded:
@@ -323,6 +325,19 @@ class Pipeline:
             shares = self._shared_input(command, released)
             steps.append(([(t, shares if i == 0 else None) for i, t in enumerate(command.outputs)], released))
         return inputs, list(uploaded.values()), steps
+
+    def _last_reads(self, inputs: list[Tensor]) -> dict[int, list[Tensor]]:
+        """command position -> the graph inputs it is the last reader of (an input no op reads: none)."""
+        wanted = {id(t) for t in inputs}
+        last = {}
+        for position, command in enumerate(self.commands):
+            for tensor in command.inputs:
+                if id(tensor) in wanted:
+                    last[id(tensor)] = (position, tensor)
+        reads = defaultdict(list)
+        for position, tensor in last.values():
+            reads[position].append(tensor)
+        return reads
 
     @staticmethod
     def _shared_input(command: Command, released: list[Tensor]) -> Tensor | None:

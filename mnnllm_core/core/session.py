@@ -110,6 +110,11 @@ class Session:
         log.debug("resized %s: %d commands", self.info.path, len(self.pipeline.commands))
 
     def run(self, feeds: dict[str, np.ndarray]) -> None:
+        """Upload every input, then execute: an input's storage may serve other tensors once its
+        last reader ran (a backend's pool plans so), so a run never reads the last run's input."""
+        if len(feeds) < len(self.info.input_indexes):
+            missing = set(self.info.input_indexes) - set(feeds)
+            raise MnnllmError(f"missing inputs {sorted(missing)}", file=self.info.path, field="inputs")
         tensors = self.pipeline.tensors
         for name, value in feeds.items():
             tensor = tensors[self.info.input_indexes[name]]
