@@ -102,15 +102,16 @@ def test_the_8192_row_step_holds_its_live_peak_not_a_buffer_per_shape(monkeypatc
     assert step_buffer_bytes(load(), 8192) > held + 110 * MiB
 
 
-def test_a_run_without_every_input_is_refused():
-    """A graph input's bytes serve later tensors once its last reader ran: each run must upload it."""
+def test_a_run_without_every_input_is_refused_and_a_consumed_feed_is_let_go():
+    """A graph input's bytes serve later tensors once its last reader ran: each run must upload it.
+    The Llm's steps consume their feeds (the embeddings are not held through a long step)."""
     llm = load()
     llm.forward([1, 2])
     module = llm.pool.get(1, False).static_module
     feeds = {**llm._token_feeds([3]), "attention_mask": llm._attention_mask(1),
              "position_ids": llm._position_ids(1), "logits_index": llm._logits_index[False]}
-    module.forward(feeds)
-    del feeds["position_ids"]
+    want = module.forward(dict(feeds))
+    assert np.array_equal(module.forward(feeds, consume=True)[0], want[0]) and feeds == {}  # uploaded, let go
     with pytest.raises(MnnllmError, match="missing inputs"):
         module.forward(feeds)
 
