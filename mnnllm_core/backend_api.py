@@ -9,11 +9,13 @@ The contract (names after MNN's Backend.hpp, snake_case):
   Runtime         device state shared by every session: `op_creators`, `create_backend()`
   Backend         one session's memory and op creation: `alloc` (storage for a tensor),
                   `buffer_key` (which tensors may share storage; reuse is the core's
-                  BufferPool), `upload`, `download`; `kv_meta`, the KV cache state of this step
+                  BufferPool), `on_plan_buffers` (a resize's BufferEvents before its first
+                  acquire: a pool may place buffers by lifetime), `upload`, `download`; `kv_meta`, the KV cache state of this step
   HostBackend     a Backend whose storage is numpy arrays
   Execution       one op: `on_resize`, `on_execute`, `on_clone` (share packed weights); the
                   replay hooks `replay_steps` (what a replay records), `fused_with` (several
-                  ops as one step), `before_run` (host work of every replayed run; True when
+                  ops as one step), `output_may_share` (an input whose storage an
+                  elementwise op's output may take), `before_run` (host work of every replayed run; True when
                   buffers moved), `capturable` (may be captured into a device graph)
   Replay          what `Backend.on_record(commands)` may return: the resized commands of a
                   pipeline wholly on the backend as one step, `run()` each token instead of the
@@ -57,7 +59,7 @@ Check a backend with `mnnllm test-backend NAME` (the conformance suite, mnnllm_c
 """
 from __future__ import annotations
 
-from .core.allocator import BufferPool
+from .core.allocator import BufferEvent, BufferPool
 from .core.backend import (SETTINGS, Backend, BackendConfig, Execution, HostBackend, OpCreator, Refused, Runtime,
                            RuntimeCreator, ScheduleConfig)
 from .core.device_cache import DeviceCache
@@ -110,7 +112,7 @@ __all__ = [
     # kernel variants tuned once per device (gpu_tuning); compiled code kept per device; long steps said
     "TuningCache", "TUNING_HINT", "DeviceCache", "announce",
     # shared machinery
-    "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
+    "BufferEvent", "BufferPool", "broadcast_strides", "walks_contiguously", "NormTables", "norm_tables", "NormLaunch",
     "layernorm_launch", "check_norm_lengths", "HeadNormTables", "head_norm_tables",
     # op-creator prologues
     "linear_creator", "float_attention_creator", "layernorm_weights", "rope_norm_tables",

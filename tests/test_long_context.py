@@ -76,10 +76,29 @@ def test_kvcache_limit_moves_a_layer_past_it_into_a_file_backed_mapping(long_ids
     assert not any(file_backed(cache.v) for cache in model_caches(small.module))
 
 
+def mapping_of(array: np.ndarray) -> str | None:
+    """The path of the mapping of its own that holds `array`'s data, as /proc/self/maps names it
+    ("" when anonymous; Python's shared anonymous mmap shows as "/dev/zero (deleted)"), None when
+    the array is not over a mapping object (the heap)."""
+    base = array
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not (isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)):
+        return None
+    address = array.__array_interface__["data"][0]
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)
+            low, high = (int(x, 16) for x in fields[0].split("-"))
+            if low <= address < high:
+                path = fields[5].strip() if len(fields) > 5 else ""
+                return "" if path.startswith("/dev/zero") else path
+    raise AssertionError(f"no mapping holds address {address:#x}")
+
+
 def file_backed(array: np.ndarray) -> bool:
-    while isinstance(array, np.ndarray):
-        array = array.base
-    return isinstance(array, memoryview) and isinstance(array.obj, mmap.mmap)
+    """Whether `array` lives in a mapping of a file (an anonymous mapping is not)."""
+    return bool(mapping_of(array))
 
 
 def test_kv_memory_chooses_by_the_bytes_of_a_layer():
@@ -91,7 +110,7 @@ def test_kv_memory_chooses_by_the_bytes_of_a_layer():
 
 def test_large_host_arrays_are_zeroed_mappings_of_their_own():
     big, small = mapped_zeros((MAPPED_FROM // 4,), np.float32), mapped_zeros((3, 5), np.int8)
-    assert file_backed(big)  # an anonymous mapping: what file_backed() looks for, without a file
+    assert mapping_of(big) == "" and not file_backed(big)  # an anonymous mapping of its own
     assert small.base is None and small.shape == (3, 5) and small.dtype == np.int8
     assert not big.any() and big.flags.writeable
     big[-1] = 2.5

@@ -9,7 +9,23 @@ pooled once, so two live tensors never share storage.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable
+
+
+@dataclass(frozen=True)
+class BufferEvent:
+    """One step of a resize's buffer order (`Pipeline._buffer_order`): `tensor` acquired (or
+    released, `acquire` False); `shares`: an input of the acquiring command whose storage the
+    tensor may take, that command being the input's last reader (an op that reads each element
+    before writing it: `Execution.output_may_share`); `rewritten`: a graph input's last reader
+    ran (the pipeline keeps inputs, but every run uploads each input before its first op, so a
+    pool that plans may give its bytes to a later tensor)."""
+
+    acquire: bool
+    tensor: Any
+    shares: Any = None
+    rewritten: bool = False
 
 
 class BufferPool:
@@ -18,6 +34,10 @@ class BufferPool:
         self._alloc, self._key, self._free_buffer = alloc, key, free
         self._free: dict[Hashable, list] = defaultdict(list)
         self._pooled: set[int] = set()
+
+    def plan(self, events: list[BufferEvent]) -> None:
+        """The resize's whole buffer order, before its first acquire: this pool hands buffers out
+        as they are released and does not look ahead (a pool that places them by lifetime does)."""
 
     def acquire(self, tensor) -> Any:
         """Storage for `tensor`: a released buffer of its key, else a new one."""

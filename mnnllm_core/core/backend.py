@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from .allocator import BufferPool
+from .allocator import BufferEvent, BufferPool
 from .kv_meta import KVMeta
 from .op import Op
 from .runtime_hints import RuntimeHints
@@ -74,6 +74,10 @@ class Execution:
     # changes per token), so a replay may capture them once into a device graph (a CUDA
     # graph); False makes such a replay run its steps call by call.
     capturable = True
+    # The index of an input whose storage output 0 may take when this op is that input's last
+    # reader and they have one byte size: the op reads each element of it before writing that
+    # element of the output (an elementwise op). None: the output never shares an input's storage.
+    output_may_share: int | None = None
 
     def __init__(self, backend: "Backend"):
         self.backend = backend
@@ -174,6 +178,10 @@ class Backend:
     def buffer_key(self, tensor: Tensor) -> Hashable:
         """Tensors with equal keys can share storage; by default the same shape and dtype."""
         return tensor.shape, tensor.dtype.str
+
+    def on_plan_buffers(self, events: list[BufferEvent]) -> None:
+        """This backend's part of the resize's buffer order, before the first on_acquire_buffer."""
+        self.pool.plan(events)
 
     def on_acquire_buffer(self, tensor: Tensor) -> None:
         tensor.storage = self.pool.acquire(tensor)

@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import BackendError, ConfigError, ExecutionError, MnnllmError, UnsupportedError, shorten
+from .allocator import BufferEvent
 from .geometry.transform import lower
 from .backend import Backend, Execution, Refused
 from .op import Op
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 # ops with state of their own (the KV cache, a convolution state): made once at load, shared by clones, never folded
 STATEFUL = {"Attention", "LinearAttention"}
 MULTI_SOURCE_RASTER = {"Concat"}
+# one command's buffers: the outputs it acquires (each with the input whose storage it may take),
+# the inputs it releases after its on_resize
+BufferStep = tuple[list[tuple[Tensor, "Tensor | None"]], list[Tensor]]
 
 
 def op_failure(op: Op, stage: str, err: Exception, backend: Backend | None = None) -> MnnllmError:
@@ -269,34 +273,27 @@ class Pipeline:
         for backend in self.backends:
             backend.on_clear_buffer()
             backend.on_resize_begin()
-        keep = {id(self.tensors[i]) for i in self.info.output_indexes.values()}
-        for index in self.info.input_indexes.values():
-            tensor = self.tensors[index]
-            keep.add(id(tensor))
+        inputs, uploaded, steps = self._buffer_order()
+        events = [BufferEvent(True, t) for t in inputs + uploaded]
+        last_reads = self._last_reads(inputs)
+        for position, (acquired, released) in enumerate(steps):
+            events += [BufferEvent(True, t, shares) for t, shares in acquired]
+            events += [BufferEvent(False, t) for t in released]
+            events += [BufferEvent(False, t, rewritten=True) for t in last_reads.get(position, ())]
+        for backend in self.backends:
+            backend.on_plan_buffers([e for e in events if e.tensor.backend is backend])
+        for tensor in inputs + uploaded:
             tensor.backend.on_acquire_buffer(tensor)
-        last_use = {}
-        for position, command in enumerate(self.commands):
-            for tensor in command.inputs:
-                last_use[id(tensor)] = position
-        # Host-known values are uploaded once, here, so each gets a buffer no computed tensor
-        # ever had: a pooled buffer of an earlier tensor would be overwritten when that one runs.
-        uploaded = set()
-        for command in self.commands:
-            for tensor in command.inputs:
-                if tensor.host is not None and id(tensor) not in uploaded:
-                    tensor.backend.on_acquire_buffer(tensor)
-                    tensor.backend.upload(tensor, tensor.host)
-                    uploaded.add(id(tensor))
-        keep |= uploaded
+        for tensor in uploaded:
+            tensor.backend.upload(tensor, tensor.host)
         command = None
         try:
-            for position, command in enumerate(self.commands):
-                for tensor in command.outputs:
+            for command, (acquired, released) in zip(self.commands, steps):
+                for tensor, _ in acquired:
                     tensor.backend.on_acquire_buffer(tensor)
                 command.execution.on_resize(command.inputs, command.outputs)
-                for tensor in {id(t): t for t in command.inputs}.values():  # Concat(x, x) reads x twice
-                    if last_use[id(tensor)] == position and id(tensor) not in keep:
-                        tensor.backend.on_release_buffer(tensor)
+                for tensor in released:
+                    tensor.backend.on_release_buffer(tensor)
         except Exception as err:
             if command is None:
                 raise
@@ -304,6 +301,55 @@ class Pipeline:
         for backend in self.backends:
             backend.on_resize_end()
         self.replay = self._record()
+
+    def _buffer_order(self) -> tuple[list[Tensor], list[Tensor], list["BufferStep"]]:
+        """The resize's buffer events in order, known before any is acquired (so a backend may
+        place buffers by lifetime): the graph's inputs; the host-known values, uploaded once, here,
+        so each gets a buffer no computed tensor ever had (a pooled buffer of an earlier tensor
+        would be overwritten when that one runs); then per command the outputs it acquires (each
+        with the input whose storage it may take: `Execution.output_may_share`, when the command
+        is that input's last reader) and the inputs it releases after its on_resize."""
+        inputs = [self.tensors[i] for i in self.info.input_indexes.values()]
+        keep = {id(t) for t in inputs} | {id(self.tensors[i]) for i in self.info.output_indexes.values()}
+        uploaded, last_use = {}, {}
+        for position, command in enumerate(self.commands):
+            for tensor in command.inputs:
+                last_use[id(tensor)] = position
+                if tensor.host is not None:
+                    uploaded[id(tensor)] = tensor
+        keep |= set(uploaded)
+        steps = []
+        for position, command in enumerate(self.commands):
+            released = [t for t in {id(t): t for t in command.inputs}.values()  # Concat(x, x) reads x twice
+                        if last_use[id(t)] == position and id(t) not in keep]
+            shares = self._shared_input(command, released)
+            steps.append(([(t, shares if i == 0 else None) for i, t in enumerate(command.outputs)], released))
+        return inputs, list(uploaded.values()), steps
+
+    def _last_reads(self, inputs: list[Tensor]) -> dict[int, list[Tensor]]:
+        """command position -> the graph inputs it is the last reader of (an input no op reads: none)."""
+        wanted = {id(t) for t in inputs}
+        last = {}
+        for position, command in enumerate(self.commands):
+            for tensor in command.inputs:
+                if id(tensor) in wanted:
+                    last[id(tensor)] = (position, tensor)
+        reads = defaultdict(list)
+        for position, tensor in last.values():
+            reads[position].append(tensor)
+        return reads
+
+    @staticmethod
+    def _shared_input(command: Command, released: list[Tensor]) -> Tensor | None:
+        """The input whose storage the command's first output may take, if any."""
+        index = command.execution.output_may_share
+        if index is None or index >= len(command.inputs) or not command.outputs:
+            return None
+        source, output = command.inputs[index], command.outputs[0]
+        if (all(source is not t for t in released) or source.backend is not output.backend
+                or source.nbytes != output.nbytes):
+            return None
+        return source
 
     def _record(self) -> Replay | None:
         """The backend's Replay of the commands, when replay is on and every command runs there."""

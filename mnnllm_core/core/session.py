@@ -109,11 +109,19 @@ class Session:
         self.resize_count += 1
         log.debug("resized %s: %d commands", self.info.path, len(self.pipeline.commands))
 
-    def run(self, feeds: dict[str, np.ndarray]) -> None:
+    def run(self, feeds: dict[str, np.ndarray], consume: bool = False) -> None:
+        """Upload every input, then execute: an input's storage may serve other tensors once its
+        last reader ran (a backend's pool plans so), so a run never reads the last run's input.
+        `consume`: empty `feeds` once uploaded (the caller's arrays are not held through the run)."""
+        if len(feeds) < len(self.info.input_indexes):
+            missing = set(self.info.input_indexes) - set(feeds)
+            raise MnnllmError(f"missing inputs {sorted(missing)}", file=self.info.path, field="inputs")
         tensors = self.pipeline.tensors
-        for name, value in feeds.items():
+        for name in feeds:  # no loop variable keeps a consumed input alive
             tensor = tensors[self.info.input_indexes[name]]
-            tensor.backend.upload(tensor, np.ascontiguousarray(value, dtype=tensor.dtype))
+            tensor.backend.upload(tensor, np.ascontiguousarray(feeds[name], dtype=tensor.dtype))
+        if consume:
+            feeds.clear()
         self.pipeline.execute()
 
     def output(self, name: str) -> np.ndarray:

@@ -48,14 +48,14 @@ class StaticModule:
     def resize_count(self) -> int:
         return self.session.resize_count
 
-    def forward(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def forward(self, feeds: dict[str, np.ndarray], consume: bool = False) -> list[np.ndarray]:
         unknown = set(feeds) - set(self.info.input_indexes)
         if unknown:
             raise MnnllmError(f"unknown inputs {sorted(unknown)}; the module takes {list(self.info.input_indexes)}",
                               file=self.info.path, field="inputs")
         if self.session.needs_resize(feeds):
             self.session.resize(feeds)
-        self.session.run(feeds)
+        self.session.run(feeds, consume)
         return [np.array(self.session.output(n), copy=True) for n in self.info.output_indexes]
 
     def clone(self) -> "StaticModule":

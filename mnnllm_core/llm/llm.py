@@ -305,7 +305,7 @@ class Llm(PymnnMethods):
         conversation = self.conversation
         conversation.start_step(seq)
         try:
-            outputs = self.pool.get(seq, all_logits).forward(feeds)
+            outputs = self.pool.get(seq, all_logits).forward(feeds, consume=True)
         except BaseException as err:
             self.pool.discard(seq, all_logits)  # an interrupted run may leave its clone half resized
             if isinstance(err, ContextLengthError):  # the KV cache's capacity: name max_all_tokens beside it

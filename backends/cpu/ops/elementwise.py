@@ -80,7 +80,11 @@ class BinaryExecution(Execution):
 
 
 class MulSiluExecution(Execution):
-    """memory "low": a * silu(b) in one numba pass when both sides have the output's shape."""
+    """memory "low": a * silu(b) in one numba pass when both sides have the output's shape. Each
+    element is read before it is written, so the output may take a's storage (the MLP's gate:
+    a long prefill holds one [rows, intermediate] buffer less)."""
+
+    output_may_share = 0
 
     def on_resize(self, inputs, outputs) -> None:
         from ..kernels.activation import mul_silu
