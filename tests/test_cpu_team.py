@@ -223,3 +223,37 @@ def test_programs_of_the_same_code_share_one_way() -> None:
         assert max(runs) > 4 * TRIAL and sum(min(r, 2 * TRIAL) for r in runs) < sum(runs) / 2, runs
     finally:
         runtime.close_team()
+
+
+# A process that loads the GEMV kernels from the disk cache, then compiles a new caller of the
+# block sums itself (as a test of another weight format does), then runs the team's part kernel.
+_AFTER_A_COMPILE = """
+import numpy as np, numba
+from mnnllm_backends.cpu.kernels import linear
+from mnnllm_backends.cpu.kernels.layout import PackedWeight
+from mnnllm_backends.cpu.kernels.simd import GROUP_ROWS
+rng = np.random.default_rng(3)
+oc, ic, block = 4 * GROUP_ROWS, 576, 64
+w = PackedWeight(4, oc, ic, block, rng.integers(0, 256, oc * ic // 2, dtype=np.uint8),
+                 rng.standard_normal(2 * oc * ic // block).astype(np.float16).view(np.uint16))
+x = rng.standard_normal(ic).astype(np.float32)
+gemv = linear.Gemv([w])
+alone = gemv(x, 1)[0].copy()
+numba.njit(lambda x, n, b: linear._block_sums(x, n, b))(x, w.n_blocks, w.block)
+for part in range(2):
+    linear._gemv_part(w.bits, gemv.codes, gemv.alphas, gemv.targets, gemv.starts, x, w.n_blocks, w.block, part, 2)
+print(float(np.abs(gemv.results[0] - alone).max()))
+"""
+
+
+def test_the_part_kernels_bits_do_not_depend_on_what_the_process_compiled_before() -> None:
+    """test_batch_replay's team logits differed from the loop's (~1e-6) when test_cpu_low_memory
+    ran first: compiling a GEMV of another format loaded `_block_sums` alone, whose copy then
+    served the part kernel loaded after it and summed in another order (fastmath). The first
+    process fills the disk cache if needed; the second loads the kernels from it, as a test run does."""
+    import subprocess
+    import sys
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", _AFTER_A_COMPILE], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+    assert float(done.stdout.split()[-1]) == 0.0

@@ -33,8 +33,14 @@ def parallel_pays(nbytes: int, tokens: int) -> bool:
 DEPTH = 256  # inner-dimension block of the GEMM: a panel block of 32 KiB stays in L1/L2
 
 
-@jit()
+@jit(fastmath=False)
 def _block_sums(x, n_blocks, block):
+    """Each block's sum, added in order. Not under fastmath: the GEMV kernels (`_gemv`,
+    `_gemv_parallel`, the team's `_gemv_part`) each hold a copy of this function, and which copy
+    a call binds to depends on what the process loaded first (a kernel compiled in the process
+    loads this one's own library, whose symbol then serves every kernel loaded after it); with
+    reassociation the copies vectorized the sum differently, so the team's logits differed from
+    the loop's after another GEMV signature was compiled. In order, every copy gives one sum."""
     sums = np.empty(n_blocks, np.float32)
     for b in range(n_blocks):
         total = np.float32(0.0)
@@ -198,7 +204,7 @@ def _dequantize_all(bits, codes, alpha, n_blocks, block, groups, tile):
     _dequantize(bits, codes, alpha, n_blocks, block, 0, groups, tile, 0, groups * GROUP_ROWS)
 
 
-@jit()
+@jit(fastmath=False)  # block sums added in order, whichever copy runs: see `_block_sums`
 def _few_inputs(bits, x, n_blocks, block):
     """x [tokens, ic] as the few-token kernels read it: (even elements, odd elements, their row
     stride, block sums [tokens * n_blocks]); int8 reads x whole as the even part. Plain loops:
