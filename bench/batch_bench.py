@@ -39,9 +39,9 @@ import mnnllm_core
 from mnnllm_core.llm.batch_engine import BatchEngine
 from mnnllm_core.bench.worker_protocol import call_worker
 from mnnllm_core.llm.batch_plan import BATCH_SIZES
+from shared_models import SHARED_MODEL  # beside this script
 
-DEFAULT_CONFIG = Path(os.environ.get("MNNLLM_SHARED") or Path(__file__).resolve().parents[2] / "shared") / "models" / \
-    "smollm2-135m-instruct-mnn-q4" / "config.json"
+DEFAULT_CONFIG = SHARED_MODEL
 PROMPT = 16
 WARM = 20  # warm-up tokens a stream: past the cpu team's trial of each program (2 x 8 runs, kernels/team.py)
 

@@ -28,9 +28,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
+from shared_models import SHARED_MODEL  # beside this script
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
+DEFAULT_CONFIG = SHARED_MODEL
 
 
 def _timed(owner, name: str, spent: list[float]) -> None:

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 
 import mnnllm_core
+from shared_models import SHARED_MODEL  # beside this script
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
+DEFAULT_CONFIG = SHARED_MODEL
 PATHS = {"fp32": False, "int8": True}
 
 

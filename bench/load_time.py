@@ -8,7 +8,8 @@ import json
 import statistics
 import subprocess
 import sys
-from pathlib import Path
+
+from shared_models import SHARED_MODEL  # beside this script
 
 OURS = """
 import sys, time
@@ -49,7 +50,7 @@ def _median(script: str, config: str, runs: int) -> float:
 
 
 def main() -> None:
-    default = Path(__file__).resolve().parents[2] / "shared/models/smollm2-135m-instruct-mnn-q4/config.json"
+    default = SHARED_MODEL
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("config", nargs="?", default=str(default))
     parser.add_argument("-n", type=int, default=5)

@@ -15,9 +15,9 @@ import os
 import statistics
 import time
 from collections import defaultdict
-from pathlib import Path
+from shared_models import SHARED_MODEL  # beside this script
 
-DEFAULT_CONFIG = Path(os.environ.get("MNNLLM_SHARED", Path(__file__).resolve().parents[2] / "shared")) / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
+DEFAULT_CONFIG = SHARED_MODEL
 TICK = os.sysconf("SC_CLK_TCK")
 
 

@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from shared_models import SHARED_MODEL  # beside this script
+
 WORKER = r"""
 import json, sys, time
 job = json.loads(sys.argv[1])
@@ -138,7 +140,7 @@ def bench_load(config: str, n: int) -> dict:
 
 
 def main() -> None:
-    default = Path(__file__).resolve().parents[2] / "shared/models/smollm2-135m-instruct-mnn-q4/config.json"
+    default = SHARED_MODEL
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("configs", nargs="*", default=[str(default)])
     parser.add_argument("-n", type=int, default=3)

@@ -19,11 +19,11 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import openai
 
 import mnnllm_core
+from shared_models import SHARED_MODEL  # beside this script
 
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "1+1="]
 TURNS = ["What is the capital of France?", "And of Italy?", "Which of the two cities is older?",
@@ -182,7 +182,7 @@ def render(result: dict) -> str:
 
 
 def main() -> None:
-    default = Path(__file__).resolve().parents[2] / "shared/models/smollm2-135m-instruct-mnn-q4/config.json"
+    default = SHARED_MODEL
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs="?", default=str(default))
     parser.add_argument("-rep", type=int, default=5, help="repetitions (after one warm-up round)")

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import mnnllm_core
 from mnnllm_core.export.draft import fit_drafts, random_eagle, random_mtp, write_eagle, write_mtp
+from shared_models import SHARED_MODEL  # beside this script
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
+DEFAULT_CONFIG = SHARED_MODEL
 FIT_QUESTIONS = ["Explain how a bicycle works.", "Write a short story about a cat.",
                  "What are the benefits of exercise?", "Describe the water cycle.",
                  "How do computers store data?", "Give me three tips for learning a language."]

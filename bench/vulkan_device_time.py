@@ -18,9 +18,9 @@ import resource
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
+from shared_models import SHARED_MODEL  # beside this script
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "shared" / "models" / "smollm2-135m-instruct-mnn-q4" / "config.json"
+DEFAULT_CONFIG = SHARED_MODEL
 
 
 def _cpu_seconds() -> float:
