@@ -48,7 +48,7 @@ def test_max_tokens_bisects_the_device_limit():
 
 
 class _FullCache:
-    def forward(self, feeds):
+    def forward(self, feeds, consume=False):
         raise ContextLengthError("40 tokens do not fit the KV cache: its buffers hold at most 32 tokens",
                                  field="max_all_tokens")
 
