@@ -188,7 +188,7 @@ def test_programs_of_the_same_code_share_one_way() -> None:
     """A batched step recorded again (other slots in its rows, as requests come and go) is a new
     program of the same code: it keeps the way chosen instead of starting a trial of its own, and
     the team's ways stay as many as the step shapes, not as the recordings."""
-    from mnnllm_backends.cpu.kernels.team import TRIAL, Team, describe
+    from mnnllm_backends.cpu.kernels.team import TRIAL, WARM, Team, describe
     from mnnllm_backends.cpu.kernels.program import WIDTH, array_table
 
     tables = [array_table([np.zeros(1, dtype)]) for dtype in (np.float32, np.uint8, np.float32, np.uint16, np.int64)]
@@ -220,9 +220,79 @@ def test_programs_of_the_same_code_share_one_way() -> None:
         runs = [way.runs for way in runtime.team().ways.values()]
         # keyed by address (each recording its own way) the busiest way ran 37 times and 86 % of
         # the runs were in trials (42 ways); keyed by code the step shapes keep theirs (13 ways, 28 %)
-        assert max(runs) > 4 * TRIAL and sum(min(r, 2 * TRIAL) for r in runs) < sum(runs) / 2, runs
+        trial = WARM + 2 * TRIAL
+        assert max(runs) > 4 * TRIAL and sum(min(r, trial) for r in runs) < sum(runs) / 2, runs
     finally:
         runtime.close_team()
+
+
+def _trial(way, team_seconds: float, solo_seconds: float, slow_first: int = 0) -> list[bool]:
+    """The ways of one trial's runs on `way` (`_Way`), each team run taking `team_seconds` (the
+    first `slow_first` timed ones 10x that), each run on one thread `solo_seconds`."""
+    from mnnllm_backends.cpu.kernels.team import TRIAL, WARM
+
+    ways, slow = [], slow_first
+    for _ in range(WARM + 2 * TRIAL):
+        together, timed = way.next()
+        ways.append(together)
+        if timed:
+            seconds = team_seconds if together else solo_seconds
+            if together and slow > 0:
+                seconds, slow = 10 * team_seconds, slow - 1
+            way.record(together, seconds)
+    return ways
+
+
+def _kept(way, runs: int) -> list[bool]:
+    """The ways of the next `runs` runs, none timed."""
+    ways = []
+    for _ in range(runs):
+        together, timed = way.next()
+        assert not timed
+        ways.append(together)
+    return ways
+
+
+def test_the_way_warms_the_team_before_timing_and_alternates() -> None:
+    from mnnllm_backends.cpu.kernels.team import TRIAL, WARM, _Way
+
+    way = _Way()
+    ways = [way.next() for _ in range(WARM + 2 * TRIAL)]
+    assert ways[:WARM] == [(True, False)] * WARM  # the workers' wake-up, untimed
+    assert ways[WARM:] == [(True, True), (False, True)] * TRIAL
+
+
+def test_the_team_is_kept_unless_one_thread_is_clearly_faster() -> None:
+    from mnnllm_backends.cpu.kernels.team import KEEP, MARGIN, _Way
+
+    way = _Way()
+    _trial(way, 1.0, 1.0 - MARGIN / 2)  # one thread a little faster: within the noise
+    assert way.together and _kept(way, KEEP) == [True] * KEEP
+    way = _Way()
+    _trial(way, 1.0, 1.5, slow_first=3)  # the team's first runs slow (wake-up, page faults): the median holds
+    assert way.together
+
+
+def test_a_busy_core_keeps_one_thread_and_tries_the_team_again_sooner() -> None:
+    """Where the other core is taken the team's runs wait for time slices: one thread wins, is
+    kept SOLO_KEEP runs, then twice as long at each win in a row, up to KEEP; the team, once it
+    wins again, is kept KEEP runs."""
+    from mnnllm_backends.cpu.kernels.team import KEEP, SOLO_KEEP, TRIAL, WARM, _Way
+
+    way = _Way()
+    keep = SOLO_KEEP
+    while keep <= KEEP:
+        _trial(way, 2.0, 1.0)
+        assert not way.together and way.keep == min(keep, KEEP)
+        assert _kept(way, way.keep) == [False] * way.keep
+        if keep == KEEP:
+            break
+        keep = min(2 * keep, KEEP)
+    ways = _trial(way, 1.0, 1.6)  # the core is free again
+    assert ways[:WARM] == [True] * WARM and ways[WARM:] == [True, False] * TRIAL
+    assert way.together and way.keep == KEEP and _kept(way, KEEP) == [True] * KEEP
+    _trial(way, 2.0, 1.0)  # taken again: the doubling starts over
+    assert not way.together and way.keep == SOLO_KEEP
 
 
 # A process that loads the GEMV kernels from the disk cache, then compiles a new caller of the

@@ -32,6 +32,7 @@ address (`program.run_part`, `program.run_instruction`), so `run_rank` compiles 
 """
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import sys
@@ -68,6 +69,7 @@ _FUTEX_WAIT, _FUTEX_WAKE = 128, 129  # the _PRIVATE operations: waiters of this 
 
 _I64 = ir.IntType(64)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+_log = logging.getLogger(__name__)
 
 
 def _slot(builder, address):
@@ -277,32 +279,50 @@ def new_state(spins: int = SPINS) -> np.ndarray:
     return state
 
 
-TRIAL = 8  # runs each way when a program's way is chosen (`Team.run`)
-KEEP = 1000  # runs on the way chosen before the next trial
+TRIAL = 8  # timed runs each way when a program's way is chosen (`Team.run`)
+WARM = 2  # untimed runs on the team before a trial's timed ones (the workers wake, touch their rows)
+KEEP = 1000  # runs on the team, once it won a trial, before the next trial
+SOLO_KEEP = 64  # runs on rank 0 alone after its first win; doubled at each win in a row, up to KEEP
+MARGIN = 0.1  # rank 0 alone wins only with a median this fraction below the team's
 
 
 class _Way:
-    """A program's way (on the team, or on rank 0 alone) and the times of its trial runs."""
+    """A program's way (on the team, or on rank 0 alone) and its trials: WARM untimed runs on
+    the team, then TRIAL timed runs each way, alternating. The team is kept unless one thread
+    was clearly faster (MARGIN): a trial whose team runs were slowed by something passing (the
+    workers' first wake-up, page faults, a burst of other work) kept one thread for KEEP runs,
+    a whole bench run at the one-thread rate. One thread, once chosen, is kept SOLO_KEEP runs,
+    doubled while it keeps winning, so a core taken for a while costs few trials and a passing
+    loss is soon tried again."""
 
-    __slots__ = ("runs", "together", "times")
+    __slots__ = ("runs", "trial", "together", "keep", "times")
 
     def __init__(self) -> None:
-        self.runs, self.together, self.times = 0, True, ([], [])
+        self.runs, self.trial, self.together, self.keep, self.times = 0, 0, True, KEEP, ([], [])
 
-    def next(self) -> tuple[bool, list | None]:
-        """Whether the next run goes on the team, and the list its time goes into (None: untimed)."""
-        cycle = self.runs % (2 * TRIAL + KEEP)
+    def next(self) -> tuple[bool, bool]:
+        """Whether the next run goes on the team, and whether its time is to be `record`ed."""
+        cycle = self.runs - self.trial  # runs since the trial began
         self.runs += 1
-        if cycle >= 2 * TRIAL:
-            return self.together, None
-        together = cycle % 2 == 0
-        return together, self.times[together]
+        if cycle < WARM:
+            return True, False
+        if cycle < WARM + 2 * TRIAL:
+            return (cycle - WARM) % 2 == 0, True
+        if cycle + 1 == WARM + 2 * TRIAL + self.keep:
+            self.trial = self.runs  # the next run begins a trial
+        return self.together, False
 
-    def timed(self) -> None:
-        """After a trial run: on its last, keep the faster way (by the medians)."""
+    def record(self, together: bool, seconds: float) -> None:
+        """A trial run's time; after the last, the way kept (see the class)."""
         solo, team = self.times
+        self.times[together].append(seconds)
         if len(solo) == len(team) == TRIAL:
-            self.together = float(np.median(team)) <= float(np.median(solo))
+            was_solo = not self.together
+            self.together = float(np.median(solo)) >= (1.0 - MARGIN) * float(np.median(team))
+            self.keep = KEEP if self.together else min(KEEP, 2 * self.keep if was_solo else SOLO_KEEP)
+            _log.debug("team way: %s (median %.1f us on the team, %.1f us on one thread), for %d runs",
+                       "team" if self.together else "one thread", 1e6 * float(np.median(team)),
+                       1e6 * float(np.median(solo)), self.keep)
             solo.clear()
             team.clear()
 
@@ -312,8 +332,8 @@ class Team:
     started here. `close` (or the team's collection) stops and joins the workers.
 
     `way`: "auto" measures, per program, a few runs on the team against as many on rank 0 alone
-    (`run_rank` with one part: every row by the same code, the same bits) every KEEP runs and
-    keeps the faster: on a machine whose cores are taken by other work the ranks are seldom on
+    (`run_rank` with one part: every row by the same code, the same bits) now and then (`_Way`)
+    and keeps the team unless one thread was clearly faster: on a machine whose cores are taken by other work the ranks are seldom on
     cores together and each barrier waits for a time slice, so one thread is faster there.
     "team" or "solo" force one way (also `MNNLLM_TEAM_WAY`, for measuring)."""
 
@@ -347,14 +367,13 @@ class Team:
             way = self.ways.get(key)
             if way is None:
                 way = self.ways[key] = _Way()
-            together, times = way.next()
-            if times is None:
+            together, timed = way.next()
+            if not timed:
                 self._run(program, together)
                 return
             start = time.perf_counter()
             self._run(program, together)
-            times.append(time.perf_counter() - start)
-            way.timed()
+            way.record(together, time.perf_counter() - start)
 
     def _run(self, program: int, together: bool) -> None:
         if together:
