@@ -8,6 +8,8 @@ alphas on any x86-64 with AVX2+FMA+F16C (and the equivalent NEON on arm64).
 """
 from __future__ import annotations
 
+import platform
+
 from llvmlite import binding, ir
 from numba import types
 from numba.core import cgutils
@@ -24,6 +26,7 @@ _VI = ir.VectorType(_I32, LANES)
 _VB = ir.VectorType(ir.IntType(8), LANES)
 _VH = ir.VectorType(ir.HalfType(), LANES)
 FAST = ("fast",)
+_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 _VECTORS = GROUP_ROWS // LANES
 
 
@@ -75,6 +78,16 @@ def reset_slots(builder, slots):
 def _codes(builder, codes, index):
     """Eight unsigned code bytes as <8 x i32>."""
     return builder.zext(load_vector(builder, codes, index, _VB, 1), _VI)
+
+
+def _wide_codes(builder, codes, index):
+    """`_codes` kept as 32-bit lanes: an empty asm hides the widening from LLVM, which would
+    otherwise mask the low nibbles on the bytes and widen them a second time (a second
+    `vpmovzxbd`, on the shuffle ports, where one `vpand` on the wide lanes does)."""
+    wide = _codes(builder, codes, index)
+    if not _X86:
+        return wide
+    return builder.asm(ir.FunctionType(_VI, [_VI]), "", "=x,0", [wide], False)
 
 
 def _values(builder, codes, index):
@@ -132,7 +145,11 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
 
     codes uint8 [ic/2][32] from c_start (byte j of row r at j*32 + r: high nibble is
     weight 2j, low nibble weight 2j+1); alpha [n_blocks][zero[32], scale[32]] from a_start
-    (fp16 bits as uint16, or float32); w = zero + scale * (code - 8).
+    (fp16 bits as uint16, or float32); w = zero + scale * (code - 8). x_even, x_odd: x's element
+    pairs as a code byte and its low nibble weigh them (`linear.byte_weights`: the byte and its
+    low nibble are converted, no shift); x_sum: x's block sums. Each byte's two products go into
+    one sum a vector, in order, as the few-token kernel adds them (its rows must equal this bit
+    for bit).
     """
     sig = types.void(codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes, out, o_start)
     half = alpha.dtype == types.uint16
@@ -144,25 +161,25 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
         xs_p, out_p = array_data(context, builder, tys[6], args[6]), array_data(context, builder, tys[9], args[9])
         c_start_v, a_start_v, blocks, per_block, o_start_v = args[1], args[3], args[7], args[8], args[10]
         acc = zero_slots(builder, _VECTORS)
-        high, low = zero_slots(builder, _VECTORS), zero_slots(builder, _VECTORS)
+        part = zero_slots(builder, _VECTORS)
         mask = ir.Constant(_VI, [15] * LANES)
-        four = ir.Constant(_VI, [4] * LANES)
         with cgutils.for_range(builder, blocks) as block_loop:
             b = block_loop.index
-            reset_slots(builder, high + low)
+            reset_slots(builder, part)
             first = builder.mul(b, per_block)
             with cgutils.for_range(builder, per_block) as byte_loop:
                 j = builder.add(first, byte_loop.index)
-                even = splat(builder, builder.load(builder.gep(xe_p, [j])))
-                odd = splat(builder, builder.load(builder.gep(xo_p, [j])))
+                whole_x = splat(builder, builder.load(builder.gep(xe_p, [j])))
+                low_x = splat(builder, builder.load(builder.gep(xo_p, [j])))
                 row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
                 prefetch(builder, code_p, builder.add(row0, i64(PREFETCH_BYTES)))
                 for v in range(_VECTORS):
-                    w = _codes(builder, code_p, builder.add(row0, i64(v * LANES)))
-                    hi = builder.uitofp(builder.lshr(w, four), VF)
-                    lo = builder.uitofp(builder.and_(w, mask), VF)
-                    builder.store(fma(builder, lo, odd, fma(builder, hi, even, builder.load(high[v]))), high[v])
-            sums = [builder.load(high[v]) for v in range(_VECTORS)]
+                    w = _wide_codes(builder, code_p, builder.add(row0, i64(v * LANES)))
+                    whole = builder.sitofp(w, VF)
+                    low = builder.sitofp(builder.and_(w, mask), VF)
+                    total = fma(builder, low, low_x, fma(builder, whole, whole_x, builder.load(part[v])))
+                    builder.store(total, part[v])
+            sums = [builder.load(part[v]) for v in range(_VECTORS)]
             xs = splat(builder, builder.load(builder.gep(xs_p, [b])))
             a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
             _accumulate(builder, alpha_p, a_index, half, xs, 8, sums, acc)
@@ -257,11 +274,12 @@ _MAGIC = 1 << 23  # a float32 with this exponent holds integers 0 .. 2^23 - 1 in
 
 
 def _exact_float(builder, value):
-    return builder.uitofp(value, VF)
+    """Eight integers 0..255 as <8 x float> (a signed conversion: one instruction without AVX-512)."""
+    return builder.sitofp(value, VF)
 
 
 def _small_to_float(builder, value):
-    """Eight integers 0..15 as <8 x float>, exactly as `uitofp` gives them, but as an integer OR
+    """Eight integers 0..255 as <8 x float>, exactly as `uitofp` gives them, but as an integer OR
     and a float subtract (2^23 + v - 2^23): the FMA ports, which a few-token pass of 3 or more rows
     keeps busy, are left to the FMAs (x86 runs `vcvtdq2ps` on them, the subtract on the add
     ports; 3 rows on: 11-12% faster on Zen4)."""
@@ -275,7 +293,7 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
     code_p, alpha_p, xe_p, xo_p, xs_p, out_p = pointers
     c_start_v, a_start_v, x_stride_v, blocks, per_block, o_start_v, o_stride_v = values
     per_pass = FEW_VECTORS_A_PASS
-    mask, four = ir.Constant(_VI, [15] * LANES), ir.Constant(_VI, [4] * LANES)
+    mask = ir.Constant(_VI, [15] * LANES)
     middle = ir.Constant(VF, [8.0 if bits == 4 else 0.0] * LANES)
     token_rows = [builder.add(first_token, i64(t)) for t in range(tokens)]
     # two rows leave the FMA ports idle half the time (each sum's two FMAs a byte wait on each other)
@@ -295,9 +313,9 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
                 weights = []
                 for u in range(per_pass):
                     index = builder.add(row0, i64(u * LANES))
-                    if bits == 4:
-                        w = _codes(builder, code_p, index)
-                        weights.append((nibble(builder, builder.lshr(w, four)), nibble(builder, builder.and_(w, mask))))
+                    if bits == 4:  # the byte and its low nibble, as `q4_group_dot`
+                        w = _wide_codes(builder, code_p, index)
+                        weights.append((nibble(builder, w), nibble(builder, builder.and_(w, mask))))
                     else:
                         weights.append((_values(builder, code_p, index),))
                 for t in range(tokens):
