@@ -195,7 +195,7 @@ class StepProgram:
             call = partial(self.team.run, descriptor.__array_interface__["data"][0], key)
             call.arrays = (arrays, code, scalars, tables, descriptor)  # type: ignore[attr-defined]
             return call
-        call = partial(kernels.run_program, code, scalars, *tables)
+        call = partial(kernels.run_program, code, scalars, *tables, kernels.runner_address("instruction"))
         call.arrays = arrays  # type: ignore[attr-defined]
         return call
 

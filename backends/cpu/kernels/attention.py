@@ -17,7 +17,7 @@ from numba import prange
 from . import jit
 from .decode_attention import group_rows, attend_split, attend_split_heads, heads_of, splits_for
 from .exp import exp32
-from .gemm import GEMM_ROWS, gemm_columns
+from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
 
 PANEL = 16  # columns per GEMM block; the cache capacity is a multiple of it
 ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one parallel task of a prefill
@@ -72,13 +72,13 @@ def _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, r0, r1):
         visible = past + (r0 + m0 + rows - 1) // group + 1  # the block's last row sees the most
         columns = -(-visible // PANEL) * PANEL
         gemm_columns(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity, capacity, dim, scores, m0 * width,
-                     width, columns, False)
+                     width, columns, OVERWRITE)
         for i in range(m0, m0 + rows):
             t, j = divmod(r0 + i, group)
             sink = sinks[kv * group + j] if has_sinks else np.float32(0.0)
             _softmax(scores[i * width:(i + 1) * width], past + t + 1, columns, has_sinks, sink)
         gemm_columns(rows, scores, m0 * width, width, flat_v, kv * capacity * dim, dim, visible, context, m0 * dim,
-                     dim, dim, False)
+                     dim, dim, OVERWRITE)
     for i in range(count):
         t, j = divmod(r0 + i, group)
         target = out[t, kv * group + j]

@@ -24,10 +24,13 @@ from numba import prange
 
 from . import jit
 from .exp import exp32
-from .gemm import GEMM_ROWS, gemm_block
+from .gemm import GEMM_ROWS, OVERWRITE, gemm_block
 
 PANEL = 16  # keys of one GEMM block: the fp32 cache's capacity, and a span's start, in whole panels
 SPAN = 256  # keys of one task at least: fewer would spend more on merging than on the keys
+# a 0 argument that is not a literal: numba compiles a kernel once more for each literal value
+# it is called with (`_stored_span`'s j0 = 0 beside the thread team's j0)
+NO_LITERAL = np.int64(0)
 
 
 @jit()
@@ -131,10 +134,10 @@ def _stored_parallel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, leng
     span = -(-length // splits)
     best, total, acc = _partials(splits, heads, dim)
     for task in prange(splits * kv_heads):
-        part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
+        part, kv, p0, p1 = _task_keys(np.int64(task), kv_heads, span, length)
         if p0 < p1:
-            _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, 0, heads // kv_heads, p0, p1, scale,
-                         best, total, acc, part)
+            _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, NO_LITERAL, heads // kv_heads, p0,
+                         p1, scale, best, total, acc, part)
     _merge(best, total, acc, sinks, out)  # on this thread: a second parallel launch would cost more
 
 
@@ -146,11 +149,11 @@ def attend_stored(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, length,
         _stored_parallel(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, length, scale, sinks, out, splits)
         return
     heads, dim = q.shape
-    best, total, acc = _partials(1, heads, dim)
+    best, total, acc = _partials(np.int64(1), heads, dim)
     kv_heads = k_codes.shape[0]
     for kv in range(kv_heads):
-        _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, 0, heads // kv_heads, 0, length, scale,
-                     best, total, acc, 0)
+        _stored_span(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, kv, NO_LITERAL, heads // kv_heads,
+                     NO_LITERAL, length, scale, best, total, acc, NO_LITERAL)
     _merge(best, total, acc, sinks, out)
 
 
@@ -277,7 +280,7 @@ def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, 
         rows = min(GEMM_ROWS, group - m0)
         for n0 in range(0, width, PANEL):
             gemm_block(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity + p0 + n0, capacity, dim, scores,
-                       m0 * width + n0, width, False)
+                       m0 * width + n0, width, OVERWRITE)
     for j in range(group):
         row = scores[j * width:j * width + count]
         top = row[0]
@@ -289,7 +292,7 @@ def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, 
         rows = min(GEMM_ROWS, group - m0)
         for n0 in range(0, dim, PANEL):
             gemm_block(rows, scores, m0 * width, width, flat_v, (kv * capacity + p0) * dim + n0, dim, count, context,
-                       m0 * dim + n0, dim, False)
+                       m0 * dim + n0, dim, OVERWRITE)
     for j in range(group):
         for d in range(dim):
             acc[part, first + j, d] = context[j * dim + d]
@@ -305,9 +308,10 @@ def attend_split(q, keys_t, values, length, scale, sinks, out, splits):
     span = _panel_span(length, splits)
     best, total, acc = _partials(splits, heads, dim)
     for task in prange(splits * kv_heads):
-        part, kv, p0, p1 = _task_keys(task, kv_heads, span, length)
+        part, kv, p0, p1 = _task_keys(np.int64(task), kv_heads, span, length)
         if p0 < p1:
-            _transposed_span(q, keys_t, values, kv, 0, heads // kv_heads, p0, p1, scale, best, total, acc, part)
+            _transposed_span(q, keys_t, values, kv, NO_LITERAL, heads // kv_heads, p0, p1, scale, best, total, acc,
+                             part)
     _merge(best, total, acc, sinks, out)  # on this thread: a second parallel launch would cost more
 
 

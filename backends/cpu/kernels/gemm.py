@@ -6,6 +6,7 @@ Written here rather than taken from BLAS so that a low-memory run uses one threa
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -57,6 +58,9 @@ def _gemm_rows(rows: int, vectors: int = 2):
 
 
 GEMM_ROWS = 6  # rows of A per register block: 12 accumulators + 2 B vectors + 1 broadcast
+# `accumulate` = False (C overwritten) as a numpy bool, not a literal: numba compiles a kernel once
+# more for each literal argument, and the linears pass a bool that varies
+OVERWRITE = np.bool_(False)
 _gemm_1, _gemm_2, _gemm_3, _gemm_4, _gemm_5, _gemm_6 = (_gemm_rows(r) for r in range(1, GEMM_ROWS + 1))
 @jit()
 def gemm_block(rows, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate):

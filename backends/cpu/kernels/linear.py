@@ -159,12 +159,15 @@ def _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, column, width,
     _dequantize(bits, codes, alpha, n_blocks, block, g, g + 1, panel, g, GROUP_ROWS)
     flat_x = x.reshape(-1)
     flat_out = out.reshape(-1)
+    # strides as int64, not literals: a literal argument compiles the GEMM once more beside the
+    # attention's call (numba specializes a kernel per literal value)
+    panel_stride, spill_stride = np.int64(GROUP_ROWS), np.int64(16)
     if width == GROUP_ROWS:  # a whole group: its 32 columns at once (`gemm_columns`)
         for k0 in range(0, ic, DEPTH):
             depth = min(DEPTH, ic - k0)
             for m0 in range(0, tokens, GEMM_ROWS):
                 gemm_columns(min(GEMM_ROWS, tokens - m0), flat_x, m0 * ic + k0, ic, panel, k0 * GROUP_ROWS,
-                             GROUP_ROWS, depth, flat_out, m0 * ldc + column, ldc, GROUP_ROWS, k0 > 0)
+                             panel_stride, depth, flat_out, m0 * ldc + column, ldc, panel_stride, k0 > 0)
         return
     for half in range(2):
         left = column + half * 16
@@ -177,11 +180,11 @@ def _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, column, width,
                 rows = min(GEMM_ROWS, tokens - m0)
                 b_start = k0 * GROUP_ROWS + half * 16
                 if whole:
-                    gemm_block(rows, flat_x, m0 * ic + k0, ic, panel, b_start, GROUP_ROWS, depth, flat_out,
+                    gemm_block(rows, flat_x, m0 * ic + k0, ic, panel, b_start, panel_stride, depth, flat_out,
                                m0 * ldc + left, ldc, k0 > 0)
                 else:
-                    gemm_block(rows, flat_x, m0 * ic + k0, ic, panel, b_start, GROUP_ROWS, depth, spill, m0 * 16, 16,
-                               k0 > 0)
+                    gemm_block(rows, flat_x, m0 * ic + k0, ic, panel, b_start, panel_stride, depth, spill, m0 * 16,
+                               spill_stride, k0 > 0)
         if not whole:
             valid = column + width - left
             for t in range(tokens):

@@ -16,6 +16,8 @@ about a second and calls the kernels the other warm-up parts compile and cache.
 """
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 from llvmlite import ir
 from numba import carray, types
@@ -39,8 +41,10 @@ ATTENTIONS = (DECODE_ATTEND, STORED_ATTEND)
 # an attention's field 21: 1 when it joins the attention before it (another KV slot's rows of a
 # batched step: other rows, another cache), so a team runs the two without a barrier between
 JOINS = 21
+ONE = np.int64(1)  # a token's row count not as a literal: `_tensor` compiles once per literal shape
 
 _F32, _BYTES, _HALVES, _INTS = types.float32[::1], types.uint8[::1], types.uint16[::1], types.int64[::1]
+_F64 = types.float64[::1]
 _TENSOR = types.Array(types.float32, 3, "C")
 _MATRIX = types.Array(types.float32, 2, "C")
 _CODES = types.Array(types.int8, 3, "C")
@@ -90,6 +94,12 @@ SIGNATURES.update({f"{kind}_{alphas}_part": _gemv_signature(real, False, kind ==
                    for kind in ("gemv", "few") for alphas, real in (("half", _HALVES), ("real", _F32))})
 SIGNATURES.update({f"int8_{alphas}_part": _int8_signature(real, False, True)
                    for alphas, real in (("half", _HALVES), ("real", _F32))})
+# the runners, called by address too (`run_program`, the thread team's loops): `run_instruction`,
+# `run_part` and `team.run_rank`
+_TABLES = [_F64, *[types.Array(types.int64, 2, "C")] * 5]
+SIGNATURES.update({"instruction": types.none(_INTS, *_TABLES),
+                   "part": types.none(_INTS, *_TABLES, types.int64, types.int64),
+                   "rank": types.none(types.int64, types.int64, types.int64, types.int64)})
 
 
 _KERNELS = {NORM: "norm", ADD_NORM: "add_norm", ROPE: "rope", MUL_SILU: "mul_silu", ATTEND: "attend",
@@ -163,6 +173,7 @@ _few_half_part, _few_real_part = _function_at("few_half_part"), _function_at("fe
 _int8_half_part, _int8_real_part = _function_at("int8_half_part"), _function_at("int8_real_part")
 _decode_part = _function_at("decode_part")
 _stored_i8_part, _stored_f32_part = _function_at("stored_i8_part"), _function_at("stored_f32_part")
+instruction_at, part_at, rank_at = _function_at("instruction"), _function_at("part"), _function_at("rank")
 
 
 @intrinsic
@@ -308,11 +319,11 @@ def _decode_step(c, scalars, floats, ints, part, parts):
     """`_attend_step`'s fields for one token (field 10), then 15 threads; with parts > 0, part
     `part` of `parts` by the part kernel (`append_decode_part`)."""
     heads, kv_heads, dim, capacity = c[11], c[12], c[13], c[14]
-    q, k, v = (_tensor(floats, c[1], (1, heads, dim)), _tensor(floats, c[2], (1, kv_heads, dim)),
-               _tensor(floats, c[3], (1, kv_heads, dim)))
+    q, k, v = (_tensor(floats, c[1], (ONE, heads, dim)), _tensor(floats, c[2], (ONE, kv_heads, dim)),
+               _tensor(floats, c[3], (ONE, kv_heads, dim)))
     keys_t, values = _tensor(floats, c[4], (kv_heads, dim, capacity)), _tensor(floats, c[5], (kv_heads, capacity, dim))
     past, scale, sinks, out = (_ints(ints, c[6]), np.float32(scalars[c[7]]), _floats(floats, c[8]),
-                               _tensor(floats, c[9], (1, heads, dim)))
+                               _tensor(floats, c[9], (ONE, heads, dim)))
     if parts > 0:
         _decode_part(c[PART_KERNEL])(q, k, v, keys_t, values, past, scale, sinks, out, c[15], part, parts)
     else:
@@ -328,12 +339,12 @@ def _stored_step(c, scalars, floats, codes, ints, part, parts):
     heads, kv_heads, dim, capacity = c[14], c[15], c[16], c[17]
     rows = (kv_heads, capacity)
     values_rows = rows if c[19] else (0, 0)
-    q, k, v = (_tensor(floats, c[1], (1, heads, dim)), _tensor(floats, c[2], (1, kv_heads, dim)),
-               _tensor(floats, c[3], (1, kv_heads, dim)))
+    q, k, v = (_tensor(floats, c[1], (ONE, heads, dim)), _tensor(floats, c[2], (ONE, kv_heads, dim)),
+               _tensor(floats, c[3], (ONE, kv_heads, dim)))
     keys = (_codes(codes, c[4], (kv_heads, capacity, dim)), _tensor(floats, c[5], rows), _tensor(floats, c[6], rows))
     v_scale, v_zero = _tensor(floats, c[8], values_rows), _tensor(floats, c[9], values_rows)
     past, scale, sinks, out = (_ints(ints, c[10]), np.float32(scalars[c[11]]), _floats(floats, c[12]),
-                               _tensor(floats, c[13], (1, heads, dim)))
+                               _tensor(floats, c[13], (ONE, heads, dim)))
     if c[19]:
         v_codes = _codes(codes, c[7], (kv_heads, capacity, dim))
         if parts > 0:
@@ -397,11 +408,14 @@ def run_instruction(c, scalars, floats, codes, reals, halves, ints):
 
 
 @jit()
-def run_program(code, scalars, floats, codes, reals, halves, ints):
+def run_program(code, scalars, floats, codes, reals, halves, ints, instruction):
     """Each instruction of `code` in order; the array tables: float32 values, uint8 codes,
-    float32 alphas, fp16-bit alphas, int64."""
+    float32 alphas, fp16-bit alphas, int64. `instruction`: `run_instruction`'s address
+    (`runner_address`), called through it rather than linked in, so that this loop compiles in
+    a fraction of a second instead of optimizing every step function again."""
+    run = instruction_at(instruction)
     for i in range(code.shape[0]):
-        run_instruction(code[i], scalars, floats, codes, reals, halves, ints)
+        run(code[i], scalars, floats, codes, reals, halves, ints)
 
 
 @jit()
@@ -457,8 +471,15 @@ def array_table(arrays: list[np.ndarray]) -> np.ndarray:
     return table
 
 
+@cache
+def runner_address(runner: str) -> int:
+    """The address of "instruction" (`run_instruction`) or "part" (`run_part`), for the loops
+    that call them (`run_program`, `team.run_rank`)."""
+    return kernel_address(run_instruction if runner == "instruction" else run_part, runner)
+
+
 def warm_up_replay() -> None:
     """Load the program runner (a part of `warmup.PARTS`, so that a first run compiles it beside
     the kernels it calls)."""
     tables = [array_table([np.zeros(1, dtype)]) for dtype in (np.float32, np.uint8, np.float32, np.uint16, np.int64)]
-    run_program(np.zeros((0, WIDTH), np.int64), np.zeros(1), *tables)
+    run_program(np.zeros((0, WIDTH), np.int64), np.zeros(1), *tables, runner_address("instruction"))

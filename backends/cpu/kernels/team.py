@@ -28,7 +28,8 @@ short nap elsewhere) until the last rank wakes them (a system call only when som
 a loaded machine: a rank waiting on a preempted one would hold its core for the whole time slice.
 Between programs a worker spins the same way, then sleeps until rank 0 publishes the next one,
 so an idle engine does not hold a core. The kernels are the ones the serial program calls by
-address (`program.run_part`, `program.run_instruction`), so `run_rank` compiles quickly.
+address (`program.run_part`, `program.run_instruction`), and `run_rank` calls those by address
+too, as `lead` and `work` call `run_rank` (`RANK_AT`), so each of them compiles quickly.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ from numba.extending import intrinsic
 from . import jit
 from .int8_dot import own_rows
 from .program import (DECODE_ATTEND, FEW_GEMV, GEMV, INT8_LINEAR, JOINS, STORED_ATTEND, WIDTH, _pointer,
-                      array_table, run_instruction, run_part)
+                      array_table, instruction_at, kernel_address, part_at, rank_at, runner_address)
 
 # state fields, a cache line each: the program (written by rank 0 once a run) and the workers
 # asleep waiting for one; the barrier's count; its passes and the ranks asleep waiting for one;
@@ -58,6 +59,10 @@ GENERATION, PROGRAM, STOP, IDLE_SLEEPERS, IDLE_SLEEPS = 0, 1, 2, 3, 4
 ARRIVED = 8
 PASSED, SLEEPERS, SLEEPS = 16, 17, 18  # SLEEPS, IDLE_SLEEPS: sleeps so far (for profiling)
 TIMEOUT, SPIN_TURNS = 24, 26
+# the addresses of `run_rank`, `program.run_instruction` and `program.run_part` (written once, by
+# `new_state`): the loops call them through these rather than link them in, which made numba
+# optimize the whole program runner again for each of `run_rank`, `lead` and `work`
+RANK_AT, INSTRUCTION_AT, PART_AT = 27, 28, 29
 STATE_SIZE = 32
 # pause turns of a wait before the rank sleeps (SPIN_TURNS, read at run time)
 SPINS = int(os.environ.get("MNNLLM_TEAM_SPINS", 1 << 10))  # ~60 us on a 2-core EPYC (pause ~57 ns)
@@ -200,6 +205,8 @@ def run_rank(program, rank, threads, state):
     floats, codes = carray(_pointer(d[4]), (d[5], 2), np.int64), carray(_pointer(d[6]), (d[7], 2), np.int64)
     reals, halves = carray(_pointer(d[8]), (d[9], 2), np.int64), carray(_pointer(d[10]), (d[11], 2), np.int64)
     ints = carray(_pointer(d[12]), (d[13], 2), np.int64)
+    run_instruction = instruction_at(load_acquire(state + INSTRUCTION_AT * 8))
+    run_part = part_at(load_acquire(state + PART_AT * 8))
     shared = False  # whether the previous instruction's results came from every rank
     i = 0
     while i < code.shape[0]:
@@ -239,7 +246,7 @@ def lead(state, program, threads):
     """Rank 0: publish the program, start the workers on it, run rank 0's share and wait for theirs."""
     store_release(state + PROGRAM * 8, program)
     advance(state, GENERATION, IDLE_SLEEPERS)
-    run_rank(program, np.int64(0), threads, state)
+    rank_at(load_acquire(state + RANK_AT * 8))(program, np.int64(0), threads, state)
 
 
 @jit()
@@ -247,6 +254,7 @@ def work(state, rank, threads, seen):
     """A worker's life: each new generation (after `seen`), its rank's share of the program
     published; spinning, then sleeping while none comes; until STOP."""
     turns = load_acquire(state + SPIN_TURNS * 8)
+    share = rank_at(load_acquire(state + RANK_AT * 8))  # `run_rank`
     while True:
         spins = 0
         while load_acquire(state + GENERATION * 8) == seen:
@@ -261,7 +269,7 @@ def work(state, rank, threads, seen):
                 fetch_add(state + IDLE_SLEEPERS * 8, -1)
                 fetch_add(state + IDLE_SLEEPS * 8, 1)
         seen += 1  # rank 0 starts a program only once the previous one passed its closing barrier
-        run_rank(load_acquire(state + PROGRAM * 8), rank, threads, state)
+        share(load_acquire(state + PROGRAM * 8), rank, threads, state)
 
 
 def describe(code: np.ndarray, scalars: np.ndarray, tables: list[np.ndarray]) -> np.ndarray:
@@ -272,10 +280,13 @@ def describe(code: np.ndarray, scalars: np.ndarray, tables: list[np.ndarray]) ->
 
 
 def new_state(spins: int = SPINS) -> np.ndarray:
-    """A team's state array: no program yet, sleeps of TIMEOUT_NS at most after `spins` turns."""
+    """A team's state array: no program yet, sleeps of TIMEOUT_NS at most after `spins` turns,
+    the runners' addresses."""
     state = np.zeros(STATE_SIZE, np.int64)
     state[TIMEOUT:TIMEOUT + 2] = divmod(TIMEOUT_NS, 1_000_000_000)
     state[SPIN_TURNS] = spins
+    state[RANK_AT] = kernel_address(run_rank, "rank")
+    state[INSTRUCTION_AT], state[PART_AT] = runner_address("instruction"), runner_address("part")
     return state
 
 

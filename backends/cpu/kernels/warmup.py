@@ -191,16 +191,19 @@ class Part:
     # whether its warm-up for threads also loads the one-thread kernels (then a one-thread run
     # finds them loaded after a parallel one)
     serial_too: bool = True
+    # a part whose kernels this one calls: both go to the same compile process, that one first
+    # (in another process the callees would be compiled twice)
+    after: str | None = None
 
 
-# in the order a compile process runs its parts: "decode" calls "attention"'s `attend`, which a
-# process then finds compiled (or cached by the other process) instead of compiling it again.
-# Seconds: the median of 3 on a 2-core EPYC (znver4), numba 0.68, "decode" after "attention".
+# in the order a compile process runs its parts: "decode" calls "attention"'s `attend`, which
+# the process then finds compiled instead of compiling it again.
+# Seconds: on a 2-core EPYC (znver4), numba 0.68, "decode" after "attention".
 PARTS: dict[str, Part] = {
-    "gemv": Part(_gemv, 2.1), "few_tokens": Part(_few_tokens, 2.7), "matmul": Part(_matmul, 2.9, serial_too=False),
-    "rows": Part(_rows, 1.4), "attention": Part(_attention, 3.4), "replay": Part(_replay, 7.4),
-    "decode": Part(_decode, 7.0), "stored": Part(_stored, 11.4), "delta_rule": Part(_delta_rule, 1.4),
-    "int8": Part(_int8, 6.1)}
+    "gemv": Part(_gemv, 2.1), "few_tokens": Part(_few_tokens, 2.7), "matmul": Part(_matmul, 2.4, serial_too=False),
+    "rows": Part(_rows, 1.4), "attention": Part(_attention, 3.4), "replay": Part(_replay, 5.7),
+    "decode": Part(_decode, 5.9, after="attention"), "stored": Part(_stored, 11.4),
+    "delta_rule": Part(_delta_rule, 1.4), "int8": Part(_int8, 6.1)}
 
 
 def parts_for(threads: int, kv_stored: bool = False, int8_activations: bool = False) -> list[str]:
@@ -282,13 +285,18 @@ def _compile(threads: int, parts: list[str]) -> None:
 
 
 def _balanced(parts: list[str], count: int) -> list[list[str]]:
-    """`parts` in `count` shares of about equal compile time, the largest share first."""
+    """`parts` in `count` shares of about equal compile time, the largest share first; a part
+    goes with the part it comes `after` when both are wanted."""
+    units = [[name] for name in parts if PARTS[name].after not in parts]
+    for name in parts:
+        if PARTS[name].after in parts:
+            next(unit for unit in units if PARTS[name].after in unit).append(name)
     shares: list[list[str]] = [[] for _ in range(count)]
     totals = [0.0] * count
-    for name in sorted(parts, key=lambda name: -PARTS[name].seconds):
+    for unit in sorted(units, key=lambda unit: -sum(PARTS[name].seconds for name in unit)):
         lightest = totals.index(min(totals))
-        shares[lightest].append(name)
-        totals[lightest] += PARTS[name].seconds
+        shares[lightest].extend(unit)
+        totals[lightest] += sum(PARTS[name].seconds for name in unit)
     order = list(PARTS)
     return [sorted(share, key=order.index) for _, share in sorted(zip(totals, shares), key=lambda pair: -pair[0])
             if share]
