@@ -10,13 +10,16 @@ The contract (names after MNN's Backend.hpp, snake_case):
   Backend         one session's memory and op creation: `alloc` (storage for a tensor),
                   `buffer_key` (which tensors may share storage; reuse is the core's
                   BufferPool), `on_plan_buffers` (a resize's BufferEvents before its first
-                  acquire: a pool may place buffers by lifetime), `upload`, `download`; `kv_meta`, the KV cache state of this step
+                  acquire: a pool may place buffers by lifetime), `upload`, `download`; `kv_meta`, the KV cache state of this step;
+                  `row_slab` (rows per slab of a long step's row-wise chains; 0: never)
   HostBackend     a Backend whose storage is numpy arrays
   Execution       one op: `on_resize`, `on_execute`, `on_clone` (share packed weights); the
                   replay hooks `replay_steps` (what a replay records), `fused_with` (several
                   ops as one step), `output_may_share` (an input whose storage an
-                  elementwise op's output may take), `before_run` (host work of every replayed run; True when
-                  buffers moved), `capturable` (may be captured into a device graph)
+                  elementwise op's output may take), `row_wise` (each output row from the
+                  same input row alone: may run in slabs of rows), `before_run` (host work
+                  of every replayed run; True when buffers moved), `capturable` (may be
+                  captured into a device graph)
   Replay          what `Backend.on_record(commands)` may return: the resized commands of a
                   pipeline wholly on the backend as one step, `run()` each token instead of the
                   per-op loop (runtime hint "replay": false turns it off); the walk is the

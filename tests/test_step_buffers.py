@@ -8,6 +8,9 @@ import mnnllm_core
 from mnnllm_backends.cpu import buffer_pool
 from mnnllm_backends.cpu.lifetime_plan import Lifetime, aligned, place
 from mnnllm_backends.cpu.ops.elementwise import MulSiluExecution
+from mnnllm_backends.cpu.ops.norm import LayerNormExecution
+from mnnllm_backends.cpu.ops.rope import RoPEExecution
+from mnnllm_backends.cpu.runtime import CPUBackend
 from mnnllm_core.backend_api import BufferEvent
 from mnnllm_core.errors import MnnllmError
 from paths import CONFIG
@@ -62,7 +65,7 @@ def test_the_pool_places_big_tensors_by_plan_an_output_over_its_input_and_pools_
 def test_a_graph_inputs_bytes_serve_a_tensor_acquired_after_its_last_reader():
     rows = buffer_pool.PLANNED_FROM // 4 // 64
     given, hidden, later = _Tensor((rows, 64)), _Tensor((rows, 64)), _Tensor((rows, 64))
-    events = [BufferEvent(True, given), BufferEvent(True, hidden), BufferEvent(False, given, rewritten=True),
+    events = [BufferEvent(True, given), BufferEvent(True, hidden), BufferEvent(False, given),
               BufferEvent(True, later)]
     pool = buffer_pool.SizedBufferPool()
     pool.plan(events)
@@ -81,6 +84,8 @@ def unplanned(monkeypatch):
     """The first-come pool alone, as before lifetimes were planned."""
     monkeypatch.setattr(buffer_pool, "PLANNED_FROM", 1 << 62)  # graph inputs kept, as pooled tensors are
     monkeypatch.setattr(MulSiluExecution, "output_may_share", None)
+    monkeypatch.setattr(RoPEExecution, "output_may_share", None)
+    monkeypatch.setattr(LayerNormExecution, "output_may_share", None)
 
 
 def step_buffer_bytes(llm, rows: int) -> int:
@@ -94,8 +99,10 @@ def step_buffer_bytes(llm, rows: int) -> int:
 
 
 def test_the_8192_row_step_holds_its_live_peak_not_a_buffer_per_shape(monkeypatch):
-    """The shared model, memory "low": 136 MiB planned (at the MLP's up projection the residual,
-    the norm's output, the gate and up live, and RoPE's tables), where the first-come pool held 260."""
+    """The shared model, memory "low", the MLP whole (its row slabs: test_row_slabs.py): 136 MiB
+    planned (at the MLP's up projection the residual, the norm's output, the gate and up live, and
+    RoPE's tables), where the first-come pool held 260."""
+    monkeypatch.setattr(CPUBackend, "row_slab", 0)
     held = step_buffer_bytes(load(), 8192)
     assert held <= 140 * MiB
     unplanned(monkeypatch)

@@ -6,7 +6,9 @@ A released buffer handed to the next tensor that fits it (`SizedBufferPool` alon
 bytes of a [rows, 1536] buffer serving a [rows, 576] tensor, the rest idle: the 8,192-row step of
 the shared model held 260 MiB of buffers where at most 184 were live at once. Placed by lifetime,
 the arena is the live peak (184 MiB there); with the MLP's MUL_SILU writing over its gate
-(`Execution.output_may_share`) 154, with the graph's input free after its last reader 136.
+(`Execution.output_may_share`) 154, with the graph's input free after its last reader 136; with
+the MLP run in slabs of rows (the core's row_slabs.py) and RoPE and the norms writing over their
+inputs, 70.
 """
 from __future__ import annotations
 

@@ -19,6 +19,11 @@ from .kv_memory import KVMemory
 from .kv_storage import StoredKinds
 from .ops import CREATORS
 
+# rows per slab of a long step's row-wise chains (the memory "low" MLP: gate, up, their product
+# and down), the core's row_slabs.py: slabs of 512 to 1,023 rows keep the GEMM's panels reused
+# over hundreds of rows and three [slab, intermediate] buffers where the step held [rows, ...]
+ROW_SLAB = 512
+
 log = logging.getLogger(__name__)
 
 
@@ -38,6 +43,7 @@ class CPUHints(RuntimeHints):
 
 class CPUBackend(HostBackend):
     name = "cpu"
+    row_slab = ROW_SLAB
 
     def __init__(self, runtime: "CPURuntime", config: BackendConfig):
         super().__init__(runtime, config)

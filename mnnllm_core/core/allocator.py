@@ -18,14 +18,13 @@ class BufferEvent:
     """One step of a resize's buffer order (`Pipeline._buffer_order`): `tensor` acquired (or
     released, `acquire` False); `shares`: an input of the acquiring command whose storage the
     tensor may take, that command being the input's last reader (an op that reads each element
-    before writing it: `Execution.output_may_share`); `rewritten`: a graph input's last reader
-    ran (the pipeline keeps inputs, but every run uploads each input before its first op, so a
-    pool that plans may give its bytes to a later tensor)."""
+    before writing it: `Execution.output_may_share`). A graph input is released after its last
+    reader too: the pipeline keeps its storage, but every run uploads each input before its
+    first op, so a pool that plans may give its bytes to a later tensor."""
 
     acquire: bool
     tensor: Any
     shares: Any = None
-    rewritten: bool = False
 
 
 class BufferPool:

@@ -78,6 +78,10 @@ class Execution:
     # reader and they have one byte size: the op reads each element of it before writing that
     # element of the output (an elementwise op). None: the output never shares an input's storage.
     output_may_share: int | None = None
+    # Whether each row (leading dimension) of every output comes from the same row of every
+    # input alone, computed the same way for any slab of at least the backend's `row_slab` rows:
+    # a long step may run a chain of such ops slab by slab (row_slabs.py).
+    row_wise = False
 
     def __init__(self, backend: "Backend"):
         self.backend = backend
@@ -145,9 +149,14 @@ class Backend:
     Memory: a backend says how to make storage for a tensor (`alloc`) and which tensors can
     share storage (`buffer_key`); reuse across a resize is the core's `BufferPool`. `upload`
     and `download` move values between the host and that storage.
+
+    `row_slab`: rows per slab when a long step runs a chain of row-wise ops slab by slab
+    (`Execution.row_wise`, row_slabs.py), this backend's storage then being sliced on its
+    leading axis (`storage[start:stop]`, a host array); 0: never.
     """
 
     name = "abstract"
+    row_slab = 0
 
     def __init__(self, runtime: "Runtime", config: BackendConfig):
         self.runtime = runtime

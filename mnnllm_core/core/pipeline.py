@@ -5,7 +5,8 @@ encode():   shape inference; shape-only ops (Shape, Rank) and everything computa
             regions (geometry); the rest stay ops.
 place():    one Execution per command on the session's backend, or on the backup cpu
             backend when on_create returns None; copies inserted between backends.
-allocate(): buffers acquired in execution order and released after their last use; then a
+allocate(): a long step's chains of row-wise ops grouped to run in slabs of rows (row_slabs.py);
+            buffers acquired in execution order and released after their last use; then a
             backend that can (`Backend.on_record`) turns the commands into one Replay.
 execute():  the Replay's run, else each command's on_execute in order.
 
@@ -28,6 +29,7 @@ from .geometry.transform import lower
 from .backend import Backend, Execution, Refused
 from .op import Op
 from .replay import Replay
+from .row_slabs import in_row_slabs
 from .schedule import ScheduleInfo
 from .size_computer import compute_size
 from .tensor import Tensor
@@ -59,6 +61,7 @@ class Command:
     node: int | None = None  # index of the graph op (None for core-made commands)
     backend: Backend | None = None
     execution: Execution | None = None
+    scratch: list[Tensor] = field(default_factory=list)  # buffers of its run alone (row slabs)
 
 
 @dataclass
@@ -273,13 +276,15 @@ class Pipeline:
         for backend in self.backends:
             backend.on_clear_buffer()
             backend.on_resize_begin()
+        whole = {id(self.tensors[i]) for i in (*self.info.input_indexes.values(), *self.info.output_indexes.values())}
+        self.commands = in_row_slabs(self.commands, whole, Command)
         inputs, uploaded, steps = self._buffer_order()
         events = [BufferEvent(True, t) for t in inputs + uploaded]
         last_reads = self._last_reads(inputs)
         for position, (acquired, released) in enumerate(steps):
             events += [BufferEvent(True, t, shares) for t, shares in acquired]
             events += [BufferEvent(False, t) for t in released]
-            events += [BufferEvent(False, t, rewritten=True) for t in last_reads.get(position, ())]
+            events += [BufferEvent(False, t) for t in last_reads.get(position, ())]
         for backend in self.backends:
             backend.on_plan_buffers([e for e in events if e.tensor.backend is backend])
         for tensor in inputs + uploaded:
@@ -308,7 +313,8 @@ class Pipeline:
         so each gets a buffer no computed tensor ever had (a pooled buffer of an earlier tensor
         would be overwritten when that one runs); then per command the outputs it acquires (each
         with the input whose storage it may take: `Execution.output_may_share`, when the command
-        is that input's last reader) and the inputs it releases after its on_resize."""
+        is that input's last reader) and its scratch, and the inputs it releases after its
+        on_resize, and its scratch."""
         inputs = [self.tensors[i] for i in self.info.input_indexes.values()]
         keep = {id(t) for t in inputs} | {id(self.tensors[i]) for i in self.info.output_indexes.values()}
         uploaded, last_use = {}, {}
@@ -323,7 +329,8 @@ class Pipeline:
             released = [t for t in {id(t): t for t in command.inputs}.values()  # Concat(x, x) reads x twice
                         if last_use[id(t)] == position and id(t) not in keep]
             shares = self._shared_input(command, released)
-            steps.append(([(t, shares if i == 0 else None) for i, t in enumerate(command.outputs)], released))
+            acquired = [(t, shares if i == 0 else None) for i, t in enumerate(command.outputs)]
+            steps.append((acquired + [(t, None) for t in command.scratch], released + command.scratch))
         return inputs, list(uploaded.values()), steps
 
     def _last_reads(self, inputs: list[Tensor]) -> dict[int, list[Tensor]]:

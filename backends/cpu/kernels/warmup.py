@@ -3,8 +3,9 @@ compiler's code pages back.
 
 numba compiles (or loads from its disk cache) a kernel on its first call, through LLVM:
 libllvmlite is ~180 MB, of which ~100 MB become resident. Once every kernel is loaded LLVM
-is not needed again, so its file-backed pages are paged out (madvise MADV_PAGEOUT, Linux):
-they stay in the page cache and fault back in should a new kernel ever be compiled.
+is not needed again, so its file-backed pages are paged out (madvise MADV_PAGEOUT, Linux) and,
+where another process maps them too, dropped from this process (MADV_DONTNEED): they stay in
+the page cache and fault back in should a new kernel ever be compiled.
 Loading here, with tiny arrays of the same types as the real calls, also keeps the one-off
 cost inside `load()` instead of the first token.
 
@@ -49,6 +50,7 @@ from .simd import GROUP_ROWS
 
 log = logging.getLogger(__name__)
 
+_MADV_DONTNEED = 4
 _MADV_PAGEOUT = 21
 _IC = 32
 
@@ -303,25 +305,43 @@ def _balanced(parts: list[str], count: int) -> list[list[str]]:
 
 
 def release_compiler_pages() -> int:
-    """Page out the read-only mappings of libllvmlite; the bytes released (0 where unsupported)."""
+    """Page out the read-only mappings of libllvmlite, then drop this process's mapping of the
+    pages of those that hold no private copy (`Anonymous:` 0 in smaps): MADV_PAGEOUT skips a page
+    another process maps too (any other numba process), and such a page stays resident here, but
+    an unwritten page of a file mapping can be dropped with MADV_DONTNEED and faults back in from
+    the file (a mapping with private copies, such as relocated read-only data, keeps them). The
+    bytes of the mappings released (0 where unsupported)."""
     if not sys.platform.startswith("linux"):
         return 0
     try:
         madvise = ctypes.CDLL(None, use_errno=True).madvise
         madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        with open("/proc/self/maps") as maps:
-            regions = [line.split() for line in maps]
+        mappings = _compiler_mappings()
     except (OSError, AttributeError):
         return 0
     released = 0
-    for fields in regions:
-        if len(fields) < 6 or "llvmlite" not in fields[5] or fields[1][1] == "w":
-            continue
-        start, end = (int(v, 16) for v in fields[0].split("-"))
-        if madvise(start, end - start, _MADV_PAGEOUT) == 0:
+    for start, end, clean in mappings:
+        paged_out = madvise(start, end - start, _MADV_PAGEOUT) == 0
+        dropped = clean and madvise(start, end - start, _MADV_DONTNEED) == 0
+        if paged_out or dropped:
             released += end - start
     log.debug("paged out %d MiB of JIT compiler mappings", released >> 20)
     return released
+
+
+def _compiler_mappings() -> list[tuple[int, int, bool]]:
+    """(start, end, whether it holds no private copy) of each read-only mapping of libllvmlite."""
+    mappings: list[list] = []
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if fields and not fields[0].endswith(":"):  # a mapping's header: range, perms, offset, dev, inode, path
+                wanted = len(fields) >= 6 and "llvmlite" in fields[5] and fields[1][1] != "w"
+                start, end = (int(v, 16) for v in fields[0].split("-"))
+                mappings.append([start, end, True] if wanted else None)
+            elif fields and fields[0] == "Anonymous:" and mappings and mappings[-1] is not None:
+                mappings[-1][2] = int(fields[1]) == 0
+    return [tuple(m) for m in mappings if m is not None]
 
 
 if __name__ == "__main__":  # one compile process of `_compile`: THREADS PART...

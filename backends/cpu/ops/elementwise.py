@@ -85,6 +85,7 @@ class MulSiluExecution(Execution):
     a long prefill holds one [rows, intermediate] buffer less)."""
 
     output_may_share = 0
+    row_wise = True
 
     def on_resize(self, inputs, outputs) -> None:
         from ..kernels.activation import mul_silu

@@ -26,6 +26,12 @@ def normalize(x: np.ndarray, gamma, beta, eps: float, rms: bool) -> np.ndarray:
 
 
 class LayerNormExecution(Execution):
+    """Each output row is written after the row's values it depends on were read (a + b element
+    by element, the norm after its row's statistics; the numpy path computes into new arrays),
+    so output 0 may take input 0's storage: a long step holds one [rows, hidden] buffer less."""
+
+    output_may_share = 0
+
     def __init__(self, backend, params: LayerNormParams, gamma, beta):
         super().__init__(backend)
         self.params = params

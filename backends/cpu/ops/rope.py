@@ -23,6 +23,11 @@ def rotate(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, rope_dim: int) -> np
 
 
 class RoPEExecution(Execution):
+    """q and k rotated (each head's pairs read before either is written; the numpy path rotates
+    a copy), so the rotated q may take q's storage: a long step holds one [rows, q] buffer less."""
+
+    output_may_share = 0
+
     def __init__(self, backend, params: RoPEParams):
         super().__init__(backend)
         self.params = params
