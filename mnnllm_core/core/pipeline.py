@@ -278,9 +278,8 @@ class Pipeline:
             backend.on_resize_begin()
         whole = {id(self.tensors[i]) for i in (*self.info.input_indexes.values(), *self.info.output_indexes.values())}
         self.commands = in_row_slabs(self.commands, whole, Command)
-        inputs, uploaded, steps = self._buffer_order()
+        inputs, uploaded, steps, last_reads = self._buffer_order()
         events = [BufferEvent(True, t) for t in inputs + uploaded]
-        last_reads = self._last_reads(inputs)
         for position, (acquired, released) in enumerate(steps):
             events += [BufferEvent(True, t, shares) for t, shares in acquired]
             events += [BufferEvent(False, t) for t in released]
@@ -307,14 +306,15 @@ class Pipeline:
             backend.on_resize_end()
         self.replay = self._record()
 
-    def _buffer_order(self) -> tuple[list[Tensor], list[Tensor], list["BufferStep"]]:
+    def _buffer_order(self) -> tuple[list[Tensor], list[Tensor], list["BufferStep"], dict[int, list[Tensor]]]:
         """The resize's buffer events in order, known before any is acquired (so a backend may
         place buffers by lifetime): the graph's inputs; the host-known values, uploaded once, here,
         so each gets a buffer no computed tensor ever had (a pooled buffer of an earlier tensor
         would be overwritten when that one runs); then per command the outputs it acquires (each
         with the input whose storage it may take: `Execution.output_may_share`, when the command
         is that input's last reader) and its scratch, and the inputs it releases after its
-        on_resize, and its scratch."""
+        on_resize, and its scratch; and command position -> the graph inputs it reads last (an
+        input no op reads: none)."""
         inputs = [self.tensors[i] for i in self.info.input_indexes.values()]
         keep = {id(t) for t in inputs} | {id(self.tensors[i]) for i in self.info.output_indexes.values()}
         uploaded, last_use = {}, {}
@@ -331,20 +331,11 @@ class Pipeline:
             shares = self._shared_input(command, released)
             acquired = [(t, shares if i == 0 else None) for i, t in enumerate(command.outputs)]
             steps.append((acquired + [(t, None) for t in command.scratch], released + command.scratch))
-        return inputs, list(uploaded.values()), steps
-
-    def _last_reads(self, inputs: list[Tensor]) -> dict[int, list[Tensor]]:
-        """command position -> the graph inputs it is the last reader of (an input no op reads: none)."""
-        wanted = {id(t) for t in inputs}
-        last = {}
-        for position, command in enumerate(self.commands):
-            for tensor in command.inputs:
-                if id(tensor) in wanted:
-                    last[id(tensor)] = (position, tensor)
-        reads = defaultdict(list)
-        for position, tensor in last.values():
-            reads[position].append(tensor)
-        return reads
+        last_reads = defaultdict(list)
+        for tensor in inputs:
+            if id(tensor) in last_use:
+                last_reads[last_use[id(tensor)]].append(tensor)
+        return inputs, list(uploaded.values()), steps, last_reads
 
     @staticmethod
     def _shared_input(command: Command, released: list[Tensor]) -> Tensor | None:

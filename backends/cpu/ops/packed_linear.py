@@ -53,6 +53,7 @@ class SharedInput:
 
 class PackedLinearExecution(Execution):
     row_wise = True  # past FEW_TOKENS rows every row is the GEMM's, blocked from the first row
+
     def __init__(self, backend, shared: SharedInput, member: int, bias: np.ndarray | None, activation: int):
         super().__init__(backend)
         self.shared, self.member = shared, member
