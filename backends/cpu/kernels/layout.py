@@ -27,7 +27,6 @@ import numpy as np
 
 from mnnllm_core.backend_api import QuantizedWeight
 
-from ..host_memory import mapped_zeros
 from . import jit
 from .simd import GROUP_ROWS
 
@@ -97,11 +96,8 @@ def pack(weight: QuantizedWeight, spread: Spread | None = None) -> PackedWeight:
     else:
         rows = _eight_bit_codes(weight)
     width, blocks = rows.shape[1], ic // block
-    # mappings of their own, not numpy's allocations, which ask for transparent huge pages from
-    # 4 MiB on: first written, huge pages cost up to 4 s per GiB on a VM (a whole 8B load, twice
-    # over) where small ones cost ~0.7 s, and the GEMV reads them no faster
-    codes = mapped_zeros(groups * GROUP_ROWS * width, np.uint8)
-    half = mapped_zeros(groups * GROUP_ROWS * blocks * 2, np.uint16)
+    codes = np.empty(groups * GROUP_ROWS * width, np.uint8)
+    half = np.empty(groups * GROUP_ROWS * blocks * 2, np.uint16)
     zero_bits, scale_bits = (_float_bits(a) for a in (weight.zero, weight.scale))
     exact = []  # per span: whether its alphas are all exactly fp16
 
