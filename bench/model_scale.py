@@ -18,8 +18,8 @@ three gated delta-net layers to one full-attention layer, vocab 248320); "qwen3-
 (28 layers, hidden 1024, 16 query / 8 KV heads of 128, q/k RMS norms, tied, rope_theta 1e6, vocab
 151936); "llama3.1-8b" is Llama-3.1-8B (32 layers, hidden 4096, 32 / 8 heads of 128, intermediate
 14336, untied, rope_theta 5e5 with Llama 3.1's `llama3` scaling, vocab 128256). Vocabularies beyond
-the tokenizer's 49152 tokens are rows no prompt reaches (the bench decodes greedily over the
-tokenizer's ids), as Qwen's own padding rows are.
+the tokenizer's 49152 tokens are zero rows (embedding and lm_head) that no prompt reaches and no
+greedy step picks, as Qwen's own padding rows are never used.
 
     python bench/model_scale.py [--shapes 135m,360m,1.7b] [--formats q4,q2,q3,q8,q4-sym]
                                 [--dir ~/.cache/mnnllm/bench-models] [-p 128 -n 32 -rep 3 -t 2]
@@ -81,6 +81,12 @@ SHAPES["llama3.1-8b"] = {
     "max_position_embeddings": 131072,
     "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
                         "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}
+# Rows of a vocabulary beyond the tokenizer's are zero, as a padded vocabulary's unused rows: no
+# prompt looks them up, and a zero lm_head row's logit (0) never wins a greedy step over the
+# tokenizer's 49152 random logits. Random rows there made greedy decoding pick ids the tokenizer
+# does not have: our runtime raises TokenizerError, MNN 3.6.1's decode crashed (SIGSEGV).
+TOKENIZER_VOCAB = 49152
+VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
 QK_NORM = ("qwen3", "qwen3_5_text")  # a per-head RMSNorm on q and k before the rotation
 
 
@@ -154,8 +160,12 @@ def _random_chunks(rng: np.random.Generator, name: str, shape: tuple[int, ...]):
         yield _bf16_bits(1 + 0.05 * rng.standard_normal(shape, np.float32))
         return
     width = int(np.prod(shape[1:]))
+    padded = name in VOCAB_ROWS
     for r0 in range(0, shape[0], 4096):
-        yield _random_matrix_bf16(rng, min(4096, shape[0] - r0), width)
+        rows = _random_matrix_bf16(rng, min(4096, shape[0] - r0), width)
+        if padded and r0 + rows.shape[0] > TOKENIZER_VOCAB:
+            rows[max(0, TOKENIZER_VOCAB - r0):] = 0  # drawn all the same: the other tensors keep their values
+        yield rows
 
 
 def write_safetensors(path: Path, config: dict, seed: int = 0) -> None:

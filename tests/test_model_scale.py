@@ -79,11 +79,16 @@ def test_a_shrunk_copy_exports_and_runs_as_in_mnns_runtime(shape, tmp_path, monk
     for prompt in ids:
         llm.reset()
         ours.append(llm.forward(prompt))
-    theirs = run_mnn(str(config.parent), config=settings, logits=ids)["logits"]
-    for mine, reference in zip(ours, theirs):
+    llm.reset()
+    greedy = llm.generate(ids[0], 24)  # no id beyond the tokenizer: its rows are zero (a TokenizerError before)
+    mnn = run_mnn(str(config.parent), config=settings, logits=ids, generate=[(ids[0], 24)])
+    for mine, reference in zip(ours, mnn["logits"]):
         reference = np.asarray(reference, np.float32)
         assert mine.shape == reference.shape == (ms.SHAPES[shape]["vocab_size"],)
         assert np.abs(mine - reference).max() <= 1e-5 * np.abs(reference).max()
+        assert not mine[49152:].any() and mine[:49152].max() > 0  # padded rows: logit 0, below the best token's
+    assert max(greedy) < 49152 and len(greedy) == 24
+    assert mnn["generate"][0] == greedy  # MNN decodes it too (it crashed on ids beyond the tokenizer)
 
 
 @pytest.mark.parametrize("shape", ["135m", *NEW_SHAPES])
