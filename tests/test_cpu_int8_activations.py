@@ -289,3 +289,25 @@ def test_one_linear_against_mnn_memory_low():
             assert np.array_equal(ours, np.concatenate(rows).reshape(ours.shape))
             assert np.abs(ours - fp32).max() <= 2 * np.abs(theirs - fp32).max()
 
+
+
+def test_code_sums_past_int16_are_read_unsigned():
+    """A per-channel weight of 4,368 inputs: code sums around 15 / 2 * 4,368 = 32,760, about half
+    the rows' past int16's range, which read as signed put those rows ~65,536 * scale * zp * ds
+    off; read unsigned, every row is within fp32 accumulation error of W @ x_hat (float64)."""
+    source = quantized(oc=64, ic=4368, bits=4, block=4368)
+    weight = int8_dot.pack(source)
+    assert (weight.code_sums.view(np.uint16) > np.iinfo(np.int16).max).sum() > 8
+    w = dequantize(pack(source)).astype(np.float64)
+    x = RNG.standard_normal((2, source.ic)).astype(np.float32) * 3 + 0.5
+    out, rows = run(weight, x, False)
+    x_hat = rows.ds[:, None].astype(np.float64) * (rows.xq.astype(np.float64) - rows.zp[:, None])
+    assert np.all(np.abs(out - x_hat @ w.T) <= 2e-6 * (np.abs(x_hat) @ np.abs(w).T))
+
+
+def test_blocks_whose_code_sums_pass_16_bits_stay_on_the_fp32_kernels():
+    """A (row, block)'s code sum is read as a 16-bit unsigned integer, at most 15 * MAX_BLOCK
+    (4,369 inputs): a longer block (a per-channel weight of 6,144 inputs) keeps fp32 activations."""
+    assert 15 * int8_dot.MAX_BLOCK <= np.iinfo(np.uint16).max < 15 * (int8_dot.MAX_BLOCK + 1)
+    assert int8_dot.takes(quantized(oc=16, ic=4368, bits=4, block=4368))
+    assert not int8_dot.takes(quantized(oc=16, ic=6144, bits=4, block=6144))

@@ -15,7 +15,8 @@ Layout (`Int8Weight`, packed at load from the weight's 4-bit codes by `pack`): 1
 a 64-byte chunk per 8 inputs, byte 4r + i = code[r, 8c + i] | code[r, 8c + 4 + i] << 4, so the
 low nibbles of a chunk are inputs 8c..8c+3 of the 16 rows and the high nibbles 8c+4..8c+7. The
 (zero, scale) pairs are laid out as `PackedWeight.alpha`; `code_sums` holds each (row, block)'s
-sum of codes.
+sum of codes, read as a 16-bit unsigned integer (blocks of at most MAX_BLOCK inputs: a longer one,
+a per-channel weight of 6,144 inputs, stays on the fp32 kernels).
 
 Arithmetic, for weight w = zero + scale * (c - 8) and input x ~ ds * (q - zp) (per token row, zp
 a float as MNN's): per block, E = sum (c - 8) q = isum - 8 * qsum exactly in int32, then
@@ -45,6 +46,7 @@ from .simd import GROUP_ROWS, PREFETCH_BYTES, prefetch
 ROWS = 16  # weight rows of one int32 vector
 CHUNK_INPUTS = 8  # inputs of one 64-byte chunk
 MAX_TOKENS = 8  # token rows one kernel call keeps in registers
+MAX_BLOCK = np.iinfo(np.uint16).max // 15  # inputs of a block whose code sums fit 16 bits unsigned
 LAYOUT_VERSION = f"{layout.LAYOUT_VERSION}+int8-{ROWS}-rows-1"  # change it with the layout (cached packs)
 
 _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (8, 16, 32, 64))
@@ -71,7 +73,7 @@ class Int8Weight:
     block: int
     rows: int  # oc padded to whole 32-row groups (what `alpha` covers)
     codes: np.ndarray  # uint8 [rows / 16][ic / 8][64]
-    code_sums: np.ndarray  # int16 [rows / 16][n_blocks][16]
+    code_sums: np.ndarray  # int16 [rows / 16][n_blocks][16], the bits of uint16 sums
     alpha: np.ndarray  # PackedWeight.alpha: [rows / 32][n_blocks][zero[32], scale[32]], fp16 bits or float32
 
     @property
@@ -94,8 +96,10 @@ class Int8Weight:
 
 
 def takes(weight: QuantizedWeight) -> bool:
-    """4-bit codes (`layout.four_bit`) in blocks of whole chunks (8-bit codes stay on the fp32 kernels)."""
-    return layout.four_bit(weight) and weight.block_size % CHUNK_INPUTS == 0 and weight.ic % weight.block_size == 0
+    """4-bit codes (`layout.four_bit`) in blocks of whole chunks, at most MAX_BLOCK inputs (8-bit
+    codes and longer blocks stay on the fp32 kernels)."""
+    block = weight.block_size
+    return layout.four_bit(weight) and block % CHUNK_INPUTS == 0 and block <= MAX_BLOCK and weight.ic % block == 0
 
 
 def pack(weight: QuantizedWeight, spread: layout.Spread | None = None) -> Int8Weight:
@@ -280,7 +284,7 @@ def int8_group_dot(typingctx, tokens, first, codes, c_start, code_sums, alpha, a
                 a_index = builder.add(a_start_v, builder.mul(b, _const(2 * GROUP_ROWS)))
                 zero = alphas(a_index)
                 scale = alphas(builder.add(a_index, _const(GROUP_ROWS)))
-                csum = builder.sext(load(sums_p, builder.add(s_start, builder.mul(b, _const(ROWS))), _VS, 2), _VI)
+                csum = builder.zext(load(sums_p, builder.add(s_start, builder.mul(b, _const(ROWS))), _VS, 2), _VI)
                 eight_block = splat(builder.trunc(builder.mul(block_v, _const(8)), _I32), _VI)
                 centred = builder.sitofp(builder.sub(csum, eight_block), _VF)  # sum of (c - 8), exact
                 for t in range(rows):
