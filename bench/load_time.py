@@ -2,7 +2,7 @@
 process, the engines taking turns round after round (medians of `-n` rounds), and the CPU time of
 loading its tokenizer alone (the tokenizer file of the config).
 
-    python bench/load_time.py [CONFIG] [-n 5] [--baseline PYTHON] [--mmap] [--threads 2]
+    python bench/load_time.py [CONFIG] [-n 5] [--baseline PYTHON] [--mmap] [--threads 2] [--set KEY=JSON]
 
 A load is `create()` + `load()` (as `mnnllm bench` times it), then one 1-token forward, timed
 apart: MNN's `load()` with `use_mmap` returns before it reads the weights, so the first token
@@ -10,6 +10,8 @@ shows where that work went. `--baseline PYTHON`: also our loader under another i
 `mnnllm_core` is the code before a change (e.g. the main checkout's venv), in the same rounds.
 `--mmap`: each engine also loads twice with `use_mmap` over an empty `tmp_path` of its own (the
 first load packs and writes its cache, the second maps it), removed at the end of the round.
+`--set KEY=JSON`: a config key of our loads and the baseline's, not MNN's (`--set
+'backend_hints={"cpu_int8_activations": true}'`: MNN's memory "low" quantizes its inputs anyway).
 The rounds are interleaved so that the page cache and the machine's load weigh on every engine
 alike; a warm-up round (untimed, `--warm-config`, the shared 135M model) first loads or
 compiles the kernels of every interpreter.
@@ -28,8 +30,8 @@ from shared_models import SHARED_MODEL  # beside this script
 OURS = """
 import json, resource, sys, time
 import mnnllm_core
-config, threads, tmp = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-settings = {"thread_num": threads, **({"use_mmap": True, "tmp_path": tmp} if tmp else {})}
+config, threads, tmp, keys = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4])
+settings = {"thread_num": threads, **keys, **({"use_mmap": True, "tmp_path": tmp} if tmp else {})}
 start = time.perf_counter()
 llm = mnnllm_core.create(config); llm.set_config(settings); llm.load()
 load_s = time.perf_counter() - start
@@ -67,9 +69,9 @@ print(time.process_time() - start)
 """
 
 
-def _run(python: str, script: str, config: str, threads: int, tmp: str, cwd: str) -> dict:
+def _run(python: str, script: str, config: str, threads: int, tmp: str, cwd: str, keys: str = "{}") -> dict:
     """One load in a fresh process; run from `cwd` (not a checkout) so `python` imports its own mnnllm_core."""
-    out = subprocess.run([python, "-c", script, config, str(threads), tmp], capture_output=True, text=True,
+    out = subprocess.run([python, "-c", script, config, str(threads), tmp, keys], capture_output=True, text=True,
                          cwd=cwd)
     if out.returncode:
         return {"failed": f"exit {out.returncode}: {out.stderr.strip().splitlines()[-1:] or ''}"}
@@ -85,7 +87,10 @@ def main() -> None:
     parser.add_argument("--mmap", action="store_true", help="also two use_mmap loads per engine and round")
     parser.add_argument("--tmp", default=tempfile.gettempdir(), help="where the use_mmap caches are made")
     parser.add_argument("--warm-config", default=str(SHARED_MODEL))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                        help="a config key of our loads (and the baseline's)")
     args = parser.parse_args()
+    keys = json.dumps({key: json.loads(raw) for key, _, raw in (item.partition("=") for item in args.set)})
     config = str(Path(args.config).resolve())
     engines = {"ours": (sys.executable, OURS)}
     if args.baseline:
@@ -95,7 +100,7 @@ def main() -> None:
     samples: dict[tuple[str, str], list[dict]] = {}
     try:
         for python, script in engines.values():
-            _run(python, script, str(Path(args.warm_config).resolve()), args.threads, "", work)
+            _run(python, script, str(Path(args.warm_config).resolve()), args.threads, "", work, keys)
         for round_ in range(args.n):
             for engine, (python, script) in engines.items():
                 runs = [("load", "")]
@@ -103,7 +108,7 @@ def main() -> None:
                     cache = tempfile.mkdtemp(prefix=f"{engine}-", dir=work)
                     runs += [("use_mmap first", cache), ("use_mmap second", cache)]
                 for kind, tmp in runs:
-                    result = _run(python, script, config, args.threads, tmp, work)
+                    result = _run(python, script, config, args.threads, tmp, work, keys)
                     samples.setdefault((engine, kind), []).append(result)
                     print(f"round {round_ + 1} {engine} {kind}: {json.dumps(result)}", file=sys.stderr, flush=True)
             for cache in Path(work).iterdir():

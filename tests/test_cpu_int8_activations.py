@@ -34,8 +34,7 @@ def run(weight, x: np.ndarray, symmetric: bool, threads: int = 1) -> tuple[np.nd
 
 def quantize(x: np.ndarray, block: int, symmetric: bool) -> int8_dot.BoundLinear:
     """x's quantized rows (a call on a weight of zero codes, 16 rows, for its buffers)."""
-    packed = pack(quantized(oc=16, ic=x.shape[1], bits=4, block=block))
-    return run(int8_dot.repack(packed), x, symmetric)[1]
+    return run(int8_dot.pack(quantized(oc=16, ic=x.shape[1], bits=4, block=block)), x, symmetric)[1]
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
@@ -46,9 +45,9 @@ def test_int8_linear_against_float64(case, tokens, symmetric):
     fp32 accumulation error, 2e-6 * |W| |x_hat|; against W @ x within the quantization error,
     sum_k |w_k| * step plus that fp32 margin, step = |x_k - x_hat_k|'s bound: ds / 2 symmetric, ds
     asymmetric (zp is rounded too, so an extreme value can be clamped by up to half a step more)."""
-    packed = pack(quantized(**SHAPES[case]))
-    assert int8_dot.can_repack(packed)
-    weight = int8_dot.repack(packed)
+    source = quantized(**SHAPES[case])
+    assert int8_dot.takes(source)
+    packed, weight = pack(source), int8_dot.pack(source)
     w = dequantize(packed).astype(np.float64)
     x = RNG.standard_normal((tokens, packed.ic)).astype(np.float32) * 3 + 0.5
     out, rows = run(weight, x, symmetric)
@@ -66,7 +65,7 @@ def test_int8_linear_against_float64(case, tokens, symmetric):
 def test_a_shared_call_gives_each_member_its_own_calls_bits(tokens, threads):
     """q/k/v-like members (oc 96, 32 and 48, the last padded) in one call, x quantized once:
     each member's rows are those of its own call."""
-    weights = [int8_dot.repack(pack(quantized(oc=oc, ic=192, bits=4, block=64))) for oc in (96, 32, 48)]
+    weights = [int8_dot.pack(quantized(oc=oc, ic=192, bits=4, block=64)) for oc in (96, 32, 48)]
     x = RNG.standard_normal((tokens, 192)).astype(np.float32)
     outs = [np.full(tokens * w.rows, np.nan, np.float32) for w in weights]
     scratch = np.empty(int8_dot.scratch_bytes(tokens, 192, weights[0].n_blocks), np.uint8)
@@ -82,7 +81,7 @@ def test_parts_quantizing_their_own_rows_give_the_calls_bits(tokens):
     int8 linear), each part quantizes into its own copy and computes its rows: the copies are
     equal, and the parts together give the bits of one `linear` call; a scratch of one copy keeps
     the part -1 protocol (rank 0 quantizes, the parts read its rows)."""
-    weights = [int8_dot.repack(pack(quantized(oc=oc, ic=192, bits=4, block=64))) for oc in (96, 48)]
+    weights = [int8_dot.pack(quantized(oc=oc, ic=192, bits=4, block=64)) for oc in (96, 48)]
     x = RNG.standard_normal((tokens, 192)).astype(np.float32)
     size = int8_dot.scratch_bytes(tokens, 192, weights[0].n_blocks)
 
@@ -113,8 +112,7 @@ def test_a_step_program_runs_the_shared_call_as_called(symmetric, exact_alpha, t
     """The call as an instruction of a compiled program (`step_program.py`, the replay's path)
     gives the bits of the call itself."""
     from mnnllm_backends.cpu.step_program import StepProgram
-    weights = [int8_dot.repack(pack(quantized(oc=oc, ic=128, bits=4, block=64, exact_alpha=exact_alpha)))
-               for oc in (64, 32)]
+    weights = [int8_dot.pack(quantized(oc=oc, ic=128, bits=4, block=64, exact_alpha=exact_alpha)) for oc in (64, 32)]
     x = RNG.standard_normal((3, 128)).astype(np.float32)
     results = []
     for programmed in (False, True):
@@ -134,9 +132,8 @@ def test_a_step_program_runs_the_shared_call_as_called(symmetric, exact_alpha, t
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_one_row_and_k_rows_are_bit_identical(symmetric):
     """Each row gives the same bits alone, among 2..8 rows, past 8 rows and on several threads."""
-    packed = pack(quantized(oc=96, ic=192, bits=4, block=64))
-    weight = int8_dot.repack(packed)
-    x = RNG.standard_normal((13, packed.ic)).astype(np.float32)
+    weight = int8_dot.pack(quantized(oc=96, ic=192, bits=4, block=64))
+    x = RNG.standard_normal((13, weight.ic)).astype(np.float32)
     alone = np.stack([run(weight, x[t:t + 1], symmetric)[0][0] for t in range(x.shape[0])])
     for count in (2, 5, 8, 13):
         together, _ = run(weight, x[:count], symmetric)
@@ -291,3 +288,26 @@ def test_one_linear_against_mnn_memory_low():
             rows = probe.run_ours(model, [x[t:t + 1] for t in range(x.shape[0])])
             assert np.array_equal(ours, np.concatenate(rows).reshape(ours.shape))
             assert np.abs(ours - fp32).max() <= 2 * np.abs(theirs - fp32).max()
+
+
+
+def test_code_sums_past_int16_are_read_unsigned():
+    """A per-channel weight of 4,368 inputs: code sums around 15 / 2 * 4,368 = 32,760, about half
+    the rows' past int16's range, which read as signed put those rows ~65,536 * scale * zp * ds
+    off; read unsigned, every row is within fp32 accumulation error of W @ x_hat (float64)."""
+    source = quantized(oc=64, ic=4368, bits=4, block=4368)
+    weight = int8_dot.pack(source)
+    assert (weight.code_sums.view(np.uint16) > np.iinfo(np.int16).max).sum() > 8
+    w = dequantize(pack(source)).astype(np.float64)
+    x = RNG.standard_normal((2, source.ic)).astype(np.float32) * 3 + 0.5
+    out, rows = run(weight, x, False)
+    x_hat = rows.ds[:, None].astype(np.float64) * (rows.xq.astype(np.float64) - rows.zp[:, None])
+    assert np.all(np.abs(out - x_hat @ w.T) <= 2e-6 * (np.abs(x_hat) @ np.abs(w).T))
+
+
+def test_blocks_whose_code_sums_pass_16_bits_stay_on_the_fp32_kernels():
+    """A (row, block)'s code sum is read as a 16-bit unsigned integer, at most 15 * MAX_BLOCK
+    (4,369 inputs): a longer block (a per-channel weight of 6,144 inputs) keeps fp32 activations."""
+    assert 15 * int8_dot.MAX_BLOCK <= np.iinfo(np.uint16).max < 15 * (int8_dot.MAX_BLOCK + 1)
+    assert int8_dot.takes(quantized(oc=16, ic=4368, bits=4, block=4368))
+    assert not int8_dot.takes(quantized(oc=16, ic=6144, bits=4, block=6144))

@@ -1,6 +1,8 @@
 """Packing a quantized weight into the cpu layout in spans on threads (`layout.pack` with a
 spread) gives the bytes of the whole-weight reference: the codes of one span, the alphas of
-numpy's exactness test and transpose (`layout._alpha`), for every weight kind the kernels take."""
+numpy's exactness test and transpose (`layout._alpha`), for every weight kind the kernels take;
+packing into the int8-activation layout (`int8_dot.pack`) gives the bytes of numpy's repack of
+the fp32 path's pack, which it replaced."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 pytest.importorskip("numba")
 
 from mnnllm_backends.cpu.host_threads import HostThreads  # noqa: E402
-from mnnllm_backends.cpu.kernels import layout  # noqa: E402
+from mnnllm_backends.cpu.kernels import int8_dot, layout  # noqa: E402
 from test_cpu_low_memory import WEIGHTS, quantized  # noqa: E402
 
 FINITE_HALVES = (lambda h: h[np.isfinite(h)].astype(np.float32))(np.arange(1 << 16, dtype=np.uint16).view(np.float16))
@@ -31,6 +33,40 @@ def test_packing_in_spans_on_two_threads_gives_the_reference_bytes(case, monkeyp
     reference = layout._alpha(weight.zero, weight.scale, whole.groups)
     assert same_bytes(whole.alpha, reference) and same_bytes(spread.alpha, reference)
     assert (spread.bits, spread.oc, spread.ic, spread.block) == (whole.bits, whole.oc, whole.ic, whole.block)
+
+
+def numpy_int8_repack(packed: layout.PackedWeight) -> int8_dot.Int8Weight:
+    """The int8 kernel's layout of a 4-bit `PackedWeight`, in numpy (the load's way before
+    `int8_dot.pack`: the codes expanded to a byte each, then nibbles and sums of full size)."""
+    rows, ic, block = packed.groups * 32, packed.ic, packed.block
+    raw = packed.codes.reshape(packed.groups, ic // 2, 32).transpose(0, 2, 1).reshape(rows, ic // 2)
+    codes = np.empty((rows, ic), np.uint8)
+    codes[:, 0::2], codes[:, 1::2] = raw >> 4, raw & 15
+    chunked = codes.reshape(rows // 16, 16, ic // 8, 2, 4)
+    nibbles = chunked[:, :, :, 0, :] | (chunked[:, :, :, 1, :] << 4)
+    sums = codes.reshape(rows // 16, 16, ic // block, block).sum(axis=3, dtype=np.int16)
+    return int8_dot.Int8Weight(packed.oc, ic, block, rows,
+                               np.ascontiguousarray(nibbles.transpose(0, 2, 1, 3)).reshape(-1),
+                               np.ascontiguousarray(sums.transpose(0, 2, 1)).reshape(-1), packed.alpha)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", [*WEIGHTS, "int4 4 int8 groups"])
+def test_packing_into_the_int8_layout_gives_the_numpy_repacks_bytes(case, threads, monkeypatch):
+    """Every 4-bit weight of whole 8-input chunks, the rest refused; in one span on one thread,
+    a span per 32-row group on two."""
+    weight = quantized(**WEIGHTS.get(case, dict(oc=64, ic=256, bits=4, block=128)))
+    packed = layout.pack(weight)
+    assert int8_dot.takes(weight) == (packed.bits == 4 and packed.block % 8 == 0 and packed.ic % packed.block == 0)
+    if not int8_dot.takes(weight):
+        return
+    if threads > 1:
+        monkeypatch.setattr(layout, "SPAN_BYTES", 1)
+    int8 = int8_dot.pack(weight, HostThreads(threads).run)
+    reference = numpy_int8_repack(packed)
+    for name in ("codes", "code_sums", "alpha"):
+        assert same_bytes(getattr(int8, name), getattr(reference, name)), name
+    assert (int8.oc, int8.ic, int8.block, int8.rows) == (reference.oc, reference.ic, reference.block, reference.rows)
 
 
 def test_every_finite_fp16_value_packs_to_numpys_fp16_bits():

@@ -123,3 +123,25 @@ def test_a_changed_model_never_maps_the_old_packs(tmp_path):
     os.utime(config.parent / "llm.mnn", ns=(0, 0))
     changed = load(config, **keys).runtime_manager.runtime.weight_cache
     assert (changed.hits, changed.misses) == (0, LINEARS)
+
+
+def test_int8_activations_map_their_own_layout_on_a_second_load(tmp_path):
+    """With `cpu_int8_activations` the cache keeps the int8 kernel's layout, in files of its own
+    beside the fp32 path's: the second load maps it and gives the logits of a load without use_mmap."""
+    pytest.importorskip("numba")
+    from mnnllm_backends.cpu.kernels import int8_dot
+    if not int8_dot.supported():
+        pytest.skip("no AVX512-VNNI on this cpu")
+    keys = {"memory": "low", "backend_hints": {"cpu_int8_activations": True}}
+    expected = load(**keys).forward(PROMPT["prompt_ids"]).copy()
+    first = load(use_mmap=True, tmp_path=str(tmp_path), **keys)
+    packs = first.runtime_manager.runtime.weight_cache
+    made = packs.misses
+    assert packs.hits == 0 and made > 0
+    assert np.array_equal(first.forward(PROMPT["prompt_ids"]), expected)
+    second = load(use_mmap=True, tmp_path=str(tmp_path), **keys)
+    packs = second.runtime_manager.runtime.weight_cache
+    assert (packs.hits, packs.misses) == (made, 0)
+    assert np.array_equal(second.forward(PROMPT["prompt_ids"]), expected)
+    fp32 = load(use_mmap=True, tmp_path=str(tmp_path), memory="low").runtime_manager.runtime.weight_cache
+    assert (fp32.hits, fp32.misses) == (LINEARS - made, made)  # the linears int8 does not take share files

@@ -11,10 +11,12 @@ fp32 `Gemv` on a loaded Zen4 (2026-12-04), was 2.4-3.9x faster at 1-8 rows (576-
 per-(block, row) float epilogue was plain numba (scalar code): the epilogue is vector IR beside the
 integer sums. `bench/int8_activation_bench.py` times this path against fp32 in the model.
 
-Layout (`Int8Weight`, repacked from `PackedWeight`'s 4-bit codes): 16 rows a group, a 64-byte
-chunk per 8 inputs, byte 4r + i = code[r, 8c + i] | code[r, 8c + 4 + i] << 4, so the low nibbles
-of a chunk are inputs 8c..8c+3 of the 16 rows and the high nibbles 8c+4..8c+7. The (zero, scale)
-pairs are `PackedWeight.alpha` as they are; `code_sums` holds each (row, block)'s sum of codes.
+Layout (`Int8Weight`, packed at load from the weight's 4-bit codes by `pack`): 16 rows a group,
+a 64-byte chunk per 8 inputs, byte 4r + i = code[r, 8c + i] | code[r, 8c + 4 + i] << 4, so the
+low nibbles of a chunk are inputs 8c..8c+3 of the 16 rows and the high nibbles 8c+4..8c+7. The
+(zero, scale) pairs are laid out as `PackedWeight.alpha`; `code_sums` holds each (row, block)'s
+sum of codes, read as a 16-bit unsigned integer (blocks of at most MAX_BLOCK inputs: a longer one,
+a per-channel weight of 6,144 inputs, stays on the fp32 kernels).
 
 Arithmetic, for weight w = zero + scale * (c - 8) and input x ~ ds * (q - zp) (per token row, zp
 a float as MNN's): per block, E = sum (c - 8) q = isum - 8 * qsum exactly in int32, then
@@ -35,14 +37,17 @@ from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import jit
-from .layout import PackedWeight
+from mnnllm_core.backend_api import QuantizedWeight
+
+from . import jit, layout
 from .linear import MEMBERS
 from .simd import GROUP_ROWS, PREFETCH_BYTES, prefetch
 
 ROWS = 16  # weight rows of one int32 vector
 CHUNK_INPUTS = 8  # inputs of one 64-byte chunk
 MAX_TOKENS = 8  # token rows one kernel call keeps in registers
+MAX_BLOCK = np.iinfo(np.uint16).max // 15  # inputs of a block whose code sums fit 16 bits unsigned
+LAYOUT_VERSION = f"{layout.LAYOUT_VERSION}+int8-{ROWS}-rows-1"  # change it with the layout (cached packs)
 
 _I8, _I16, _I32, _I64 = (ir.IntType(n) for n in (8, 16, 32, 64))
 _VI = ir.VectorType(_I32, ROWS)
@@ -68,7 +73,7 @@ class Int8Weight:
     block: int
     rows: int  # oc padded to whole 32-row groups (what `alpha` covers)
     codes: np.ndarray  # uint8 [rows / 16][ic / 8][64]
-    code_sums: np.ndarray  # int16 [rows / 16][n_blocks][16]
+    code_sums: np.ndarray  # int16 [rows / 16][n_blocks][16], the bits of uint16 sums
     alpha: np.ndarray  # PackedWeight.alpha: [rows / 32][n_blocks][zero[32], scale[32]], fp16 bits or float32
 
     @property
@@ -79,23 +84,73 @@ class Int8Weight:
     def nbytes(self) -> int:
         return self.codes.nbytes + self.code_sums.nbytes + self.alpha.nbytes
 
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The weight as plain arrays, what `runtime.weight_cache` keeps on disk."""
+        return {"codes": self.codes, "code_sums": self.code_sums, "alpha": self.alpha,
+                "shape": np.array([self.oc, self.ic, self.block, self.rows], np.int64)}
 
-def can_repack(packed: PackedWeight) -> bool:
-    """4-bit codes in blocks of whole chunks (8-bit codes stay on the fp32 kernels)."""
-    return packed.bits == 4 and packed.block % CHUNK_INPUTS == 0 and packed.ic % packed.block == 0
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray]) -> "Int8Weight":
+        oc, ic, block, rows = (int(x) for x in arrays["shape"])
+        return cls(oc, ic, block, rows, arrays["codes"], arrays["code_sums"], arrays["alpha"])
 
 
-def repack(packed: PackedWeight) -> Int8Weight:
-    """The int8 kernel's layout of a 4-bit `PackedWeight` (see the module docstring)."""
-    rows, ic, block = packed.groups * GROUP_ROWS, packed.ic, packed.block
-    raw = packed.codes.reshape(packed.groups, ic // 2, GROUP_ROWS).transpose(0, 2, 1).reshape(rows, ic // 2)
-    codes = np.empty((rows, ic), np.uint8)
-    codes[:, 0::2], codes[:, 1::2] = raw >> 4, raw & 15
-    chunked = codes.reshape(rows // ROWS, ROWS, ic // CHUNK_INPUTS, 2, 4)
-    nibbles = chunked[:, :, :, 0, :] | (chunked[:, :, :, 1, :] << 4)
-    sums = codes.reshape(rows // ROWS, ROWS, ic // block, block).sum(axis=3, dtype=np.int16)
-    return Int8Weight(packed.oc, ic, block, rows, np.ascontiguousarray(nibbles.transpose(0, 2, 1, 3)).reshape(-1),
-                      np.ascontiguousarray(sums.transpose(0, 2, 1)).reshape(-1), packed.alpha)
+def takes(weight: QuantizedWeight) -> bool:
+    """4-bit codes (`layout.four_bit`) in blocks of whole chunks, at most MAX_BLOCK inputs (8-bit
+    codes and longer blocks stay on the fp32 kernels)."""
+    block = weight.block_size
+    return layout.four_bit(weight) and block % CHUNK_INPUTS == 0 and block <= MAX_BLOCK and weight.ic % block == 0
+
+
+def pack(weight: QuantizedWeight, spread: layout.Spread | None = None) -> Int8Weight:
+    """This kernel's layout of a weight it `takes`, written from the weight's code bytes (the
+    weight file's, for 4 bits) a span of groups at a time, spread over the runtime's threads as
+    `layout.pack` does: no other layout made first and no full-size temporary, so the load's
+    peak is the fp32 path's plus the code sums."""
+    rows = layout.code_rows(weight)[0]
+    oc, ic, block = weight.oc, weight.ic, weight.block_size
+    padded, width, blocks = -(-oc // GROUP_ROWS) * GROUP_ROWS, ic // 2, ic // block
+    codes = np.empty(padded * width, np.uint8)
+    code_sums = np.empty(padded * blocks, np.int16)
+
+    def pack_codes(first: int, last: int) -> None:
+        interleave_nibbles(rows[first:last], block, codes[first * width:last * width],
+                           code_sums[first * blocks:last * blocks])
+
+    alpha = layout.pack_spans(weight, pack_codes, codes.nbytes, spread)
+    return Int8Weight(oc, ic, block, padded, codes, code_sums, alpha)
+
+
+@jit()
+def interleave_nibbles(rows, block, out, sums):
+    """rows uint8 [n, ic / 2], MNN's bytes (code 2j in byte j's high nibble, 2j + 1 in its low)
+    -> out uint8 [groups][ic / 8][64] (the chunks of the module docstring) and sums int16
+    [groups][ic / block][16] (each row's sum of codes per block), for groups of 16 rows; rows
+    past n are zero codes."""
+    n, width = rows.shape
+    chunks, blocks, per_block = width // 4, 2 * width // block, block // CHUNK_INPUTS
+    for row in range(n):
+        source = rows[row]
+        first = (row // ROWS) * chunks * 64 + 4 * (row % ROWS)  # the row's 4 bytes of chunk 0
+        sum_at = (row // ROWS) * blocks * ROWS + row % ROWS
+        for b in range(blocks):
+            total = 0
+            for c in range(b * per_block, (b + 1) * per_block):
+                b0, b1, b2, b3 = source[4 * c], source[4 * c + 1], source[4 * c + 2], source[4 * c + 3]
+                at = first + 64 * c
+                out[at] = (b0 >> 4) | (b2 & 0xF0)
+                out[at + 1] = (b0 & 15) | (b2 << 4)
+                out[at + 2] = (b1 >> 4) | (b3 & 0xF0)
+                out[at + 3] = (b1 & 15) | (b3 << 4)
+                total += ((b0 >> 4) + (b0 & 15) + (b1 >> 4) + (b1 & 15)
+                          + (b2 >> 4) + (b2 & 15) + (b3 >> 4) + (b3 & 15))
+            sums[sum_at + b * ROWS] = total
+    for row in range(n, out.shape[0] // width):
+        first = (row // ROWS) * chunks * 64 + 4 * (row % ROWS)
+        for c in range(chunks):
+            out[first + 64 * c:first + 64 * c + 4] = 0
+        for b in range(blocks):
+            sums[(row // ROWS) * blocks * ROWS + row % ROWS + b * ROWS] = 0
 
 
 @intrinsic
@@ -282,7 +337,7 @@ def int8_group_dot(typingctx, tokens, first, codes, c_start, code_sums, alpha, a
                 a_index = builder.add(a_start_v, builder.mul(b, _const(2 * GROUP_ROWS)))
                 zero = alphas(a_index)
                 scale = alphas(builder.add(a_index, _const(GROUP_ROWS)))
-                csum = builder.sext(load(sums_p, builder.add(s_start, builder.mul(b, _const(ROWS))), _VS, 2), _VI)
+                csum = builder.zext(load(sums_p, builder.add(s_start, builder.mul(b, _const(ROWS))), _VS, 2), _VI)
                 eight_block = splat(builder.trunc(builder.mul(block_v, _const(8)), _I32), _VI)
                 centred = builder.sitofp(builder.sub(csum, eight_block), _VF)  # sum of (c - 8), exact
                 for t in range(rows):

@@ -86,30 +86,50 @@ def pack(weight: QuantizedWeight, spread: Spread | None = None) -> PackedWeight:
     `spread(task, items)` runs task(item) for every item, on the runtime's threads
     (`HostThreads.run`): the weight's groups are packed a span at a time, the spans at once
     (the kernels release the GIL); None packs them in order on the calling thread."""
-    oc, ic, block = weight.oc, weight.ic, weight.block_size
-    four_bit = weight.bits in (2, 3, 4) and weight.is_linear and ic % 2 == 0 and block % 2 == 0
-    groups = -(-oc // GROUP_ROWS)
-    if four_bit and weight.bits == 4:
-        rows = np.asarray(weight.packed[:oc * ic // 2]).reshape(oc, ic // 2)
-    elif four_bit:
-        rows = _nibbles(weight.unpack() + np.uint8(8 - (1 << (weight.bits - 1))))
-    else:
-        rows = _eight_bit_codes(weight)
-    width, blocks = rows.shape[1], ic // block
-    codes = np.empty(groups * GROUP_ROWS * width, np.uint8)
+    rows, bits = code_rows(weight)
+    width = rows.shape[1]
+    codes = np.empty(-(-weight.oc // GROUP_ROWS) * GROUP_ROWS * width, np.uint8)
+
+    def pack_codes(first: int, last: int) -> None:
+        interleave_rows(rows[first:last], codes[first * width:last * width])
+
+    alpha = pack_spans(weight, pack_codes, codes.nbytes, spread)
+    return PackedWeight(bits, weight.oc, weight.ic, weight.block_size, codes, alpha)
+
+
+def four_bit(weight: QuantizedWeight) -> bool:
+    """Whether the weight packs as 4-bit codes (2, 3 or 4 bits, linear map, even ic and block)."""
+    return weight.bits in (2, 3, 4) and weight.is_linear and weight.ic % 2 == 0 and weight.block_size % 2 == 0
+
+
+def code_rows(weight: QuantizedWeight) -> tuple[np.ndarray, int]:
+    """The weight's code bytes uint8 [oc, ic * bits / 8] in MNN's row order and their width in
+    bits (4 or 8, see the module docstring): 4-bit codes are the weight file's bytes themselves."""
+    if not four_bit(weight):
+        return _eight_bit_codes(weight), 8
+    if weight.bits == 4:
+        return np.asarray(weight.packed[:weight.oc * weight.ic // 2]).reshape(weight.oc, weight.ic // 2), 4
+    return _nibbles(weight.unpack() + np.uint8(8 - (1 << (weight.bits - 1)))), 4
+
+
+def pack_spans(weight: QuantizedWeight, pack_codes: Callable[[int, int], None], code_bytes: int,
+               spread: Spread | None = None) -> np.ndarray:
+    """Run pack_codes(first row, last row) over the weight's groups a span at a time (`pack`'s
+    spans of `code_bytes` / SPAN_BYTES, spread over threads), the alphas of the same rows packed
+    beside; the alphas (`PackedWeight.alpha`)."""
+    groups, blocks = -(-weight.oc // GROUP_ROWS), weight.ic // weight.block_size
     half = np.empty(groups * GROUP_ROWS * blocks * 2, np.uint16)
     zero_bits, scale_bits = (_float_bits(a) for a in (weight.zero, weight.scale))
     exact = []  # per span: whether its alphas are all exactly fp16
 
     def pack_span(span: tuple[int, int]) -> None:
         first, last = (g * GROUP_ROWS for g in span)
-        interleave_rows(rows[first:last], codes[first * width:last * width])
+        pack_codes(first, last)
         exact.append(interleave_half_alpha(zero_bits[first:last], scale_bits[first:last],
                                            half[first * blocks * 2:last * blocks * 2]))
 
-    (spread or _in_order)(pack_span, _spans(groups, codes.nbytes))
-    alpha = half if all(exact) else _alpha(weight.zero, weight.scale, groups)
-    return PackedWeight(4 if four_bit else 8, oc, ic, block, codes, alpha)
+    (spread or _in_order)(pack_span, _spans(groups, code_bytes))
+    return half if all(exact) else _alpha(weight.zero, weight.scale, groups)
 
 
 def _in_order(task: Callable[[Any], None], items: Iterable[Any]) -> None:

@@ -165,9 +165,15 @@ def _delta_rule(threads: int) -> None:
 
 
 def _int8(threads: int) -> None:
-    """The int8-activation linear (`cpu_int8_activations`) for one token and a few, and for
-    threads its parallel kernel and a thread team's part of it."""
-    weight = int8_dot.repack(_weights()[0])
+    """Packing into the int8 layout (from the weight file's read-only rows too), the
+    int8-activation linear (`cpu_int8_activations`) for one token and a few, and for threads its
+    parallel kernel and a thread team's part of it."""
+    rows = np.zeros((1, _IC // 2), np.uint8)
+    codes, sums = np.zeros(GROUP_ROWS * _IC // 2, np.uint8), np.zeros(GROUP_ROWS, np.int16)
+    int8_dot.interleave_nibbles(rows, _IC, codes, sums)
+    rows.setflags(write=False)
+    int8_dot.interleave_nibbles(rows, _IC, codes, sums)
+    weight = int8_dot.Int8Weight(GROUP_ROWS, _IC, _IC, GROUP_ROWS, codes, sums, np.zeros(2 * GROUP_ROWS, np.uint16))
     for tokens in (1, 2):
         x, out = np.zeros((tokens, _IC), np.float32), np.zeros(tokens * GROUP_ROWS, np.float32)
         scratch = np.zeros(int8_dot.scratch_bytes(tokens, _IC, weight.n_blocks), np.uint8)

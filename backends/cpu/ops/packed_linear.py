@@ -100,23 +100,30 @@ class PackedLinearExecution(Execution):
 
 
 def create_packed_linear(backend, inputs, name: str, weight, bias, activation: int) -> Execution:
-    """Pack `weight` (a QuantizedWeight of op `name`; with use_mmap, map the pack an earlier load
-    kept) and join the linears already reading the same input; with the hint
-    `cpu_int8_activations` (on a cpu with AVX512-VNNI, 4-bit codes) the int8-activation linear."""
-    cache, spread = backend.runtime.weight_cache, backend.runtime.host_threads.run  # packed on thread_num threads
-    if cache is None:
-        packed = pack(weight, spread)
-    else:
-        packed = PackedWeight.from_arrays(cache.arrays(name, LAYOUT_VERSION, lambda: pack(weight, spread).arrays()))
-    key = inputs[0].index
-    if backend.runtime.hints.cpu_int8_activations:
+    """Pack `weight` (a QuantizedWeight of op `name`) and join the linears already reading the
+    same input; with the hint `cpu_int8_activations` (on a cpu with AVX512-VNNI, 4-bit codes)
+    the int8-activation linear, its weight packed straight into that kernel's layout."""
+    key, runtime = inputs[0].index, backend.runtime
+    if runtime.hints.cpu_int8_activations:
         from ..kernels import int8_dot
-        if int8_dot.supported() and int8_dot.can_repack(packed):
+        if int8_dot.supported() and int8_dot.takes(weight):
             from .int8_linear import create_int8_linear
-            return create_int8_linear(backend, key, int8_dot.repack(packed), bias, activation)
+            int8 = _packed(runtime, f"{name} int8", weight, int8_dot.pack, int8_dot.Int8Weight, int8_dot.LAYOUT_VERSION)
+            return create_int8_linear(backend, key, int8, bias, activation)
+    packed = _packed(runtime, name, weight, pack, PackedWeight, LAYOUT_VERSION)
     shared = backend.shared_inputs.get(key)
     member = shared.join(packed) if shared is not None else None
     if member is None:
         shared, member = SharedInput([packed]), 0
         backend.shared_inputs[key] = shared
     return PackedLinearExecution(backend, shared, member, bias, activation)
+
+
+def _packed(runtime, name: str, weight, pack_weight, layout_type, version: str):
+    """pack_weight(weight, spread) on the runtime's thread_num threads; with use_mmap, the
+    arrays (`layout_type.arrays`) of the file an earlier load kept, mapped (the first load packs
+    and keeps them), under op `name` and layout `version`."""
+    cache, spread = runtime.weight_cache, runtime.host_threads.run
+    if cache is None:
+        return pack_weight(weight, spread)
+    return layout_type.from_arrays(cache.arrays(name, version, lambda: pack_weight(weight, spread).arrays()))
