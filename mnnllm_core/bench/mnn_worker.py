@@ -79,6 +79,11 @@ def run(job: dict) -> dict:
 
 
 def _ctx(model) -> dict:
+    # pymnn 3.6.1 converts the context's generate_str (the decoded reply) to a Python str without a
+    # check: a reply whose bytes are not UTF-8 (byte tokens of a random-weight model) crashed the
+    # worker with SIGSEGV (the 8B shape's "decode crash"). The timings do not need it: cleared first.
+    if hasattr(model, "_c_obj") and hasattr(model._c_obj, "set_context"):
+        model._c_obj.set_context({"generate_str": ""})
     ctx = model.context
     if isinstance(ctx, dict):
         return ctx
