@@ -9,6 +9,8 @@ may guess a tree instead (`DraftTree`: Eagle with eagle_topk > 1): its nodes run
 under a tree mask, the path the model agrees with stays, its rows kept by the conversation's
 `keep_rows` (KV meta `reserve`: they are not contiguous).
 With the greedy sampler the output is exactly what token-by-token decoding gives.
+Whether a step drafts at all is a `DraftBudget`'s call (draft_budget.py): plain steps while
+drafting does not pay.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .draft_budget import DraftBudget
 from .reply import Reply
 from .strategy import Strategy
 from .target import Target
@@ -32,6 +35,7 @@ class SpeculativeGeneration(Strategy):
         self.accepted = 0  # of them, the ones the model agreed with
         self.verify_steps = 0
         self.constraint = None  # a ConstraintState (constraint.py): tokens are the best *allowed* ones
+        self.budget = DraftBudget(False)  # the last reply's (decode makes one per reply)
 
     def pick(self, row: np.ndarray) -> int:
         """The greedy token of a row of logits: the best one, or the best the constraint allows."""
@@ -91,12 +95,14 @@ class SpeculativeGeneration(Strategy):
         target, ctx = self.target, self.target.context
         cfg, conversation = target.config, target.conversation
         self.start(new_ids)
+        self.budget = budget = DraftBudget(cfg.draft_adaptive)
         token = self.pick(logits)
         self.take(token)
         while True:
             yield [token]
             start = time.perf_counter()
-            room = min(cfg.draft_predict_length, reply.left - 1, cfg.max_all_tokens - len(conversation) - 1)
+            room = budget.room(min(cfg.draft_predict_length, reply.left - 1,
+                                   cfg.max_all_tokens - len(conversation) - 1))
             draft = self.draft(token, room) if room > 0 else []
             if isinstance(draft, DraftTree):
                 tokens = [token] + draft.tokens
@@ -117,7 +123,9 @@ class SpeculativeGeneration(Strategy):
                 self.accepted += accepted
                 self.verify_steps += 1
             self.verified(tokens, accepted, kept)
-            ctx.decode_us += int((time.perf_counter() - start) * 1e6)
+            seconds = time.perf_counter() - start
+            budget.record(seconds, len(kept), drafted=len(tokens) > 1)
+            ctx.decode_us += int(seconds * 1e6)
             yield [tokens[row] for row in kept[1:]]
             token = following
             self.take(token)
