@@ -15,54 +15,58 @@ N = 32
 
 
 def run(budget, steps, verify_cost, accepted, most=3):
-    """`steps` steps: a plain one costs 1 s, a verify one `verify_cost` s and emits 1 + `accepted`
-    tokens. The rooms chosen."""
+    """`steps` steps: a plain one costs 1 s, a verify one of `most` guesses `verify_cost` s (of
+    fewer, proportionally less) and keeps up to `accepted` of them. The rooms chosen."""
     rooms = []
     for _ in range(steps):
         room = budget.room(most)
         rooms.append(room)
         if room:
-            budget.record(verify_cost, 1 + accepted, drafted=True)
+            budget.record(1 + (verify_cost - 1) * room / most, 1 + min(accepted, room), drafted=True)
         else:
             budget.record(1.0, 1, drafted=False)
     return rooms
 
 
-def test_weak_drafts_run_mostly_plain_with_probes_at_doubling_pauses():
+def plain_runs(rooms):
+    """The lengths of the runs of plain steps between verify steps."""
+    runs, length = [], 0
+    for room in rooms:
+        if room and length:
+            runs.append(length)
+        length = 0 if room else length + 1
+    return runs
+
+
+def test_weak_drafts_run_mostly_plain_with_one_guess_probes_at_doubling_pauses():
     budget = DraftBudget(max_pause=16)
     rooms = run(budget, 200, verify_cost=2.0, accepted=0)
-    assert rooms[:3] == [3, 3, 3] and rooms[3:6] == [0, 0, 0]  # draft first (as MNN), then measure plain
-    pauses, length = [], 0
-    for room in rooms[7:]:
-        if room:
-            if length:
-                pauses.append(length)
-            length = 0
-        else:
-            length += 1
-    assert pauses[:5] == [1, 2, 4, 8, 16] and set(pauses[5:]) == {16}
-    assert sum(1 for room in rooms if room) < 0.25 * len(rooms)
+    assert rooms[:2] == [3, 0]  # draft first (as MNN), then measure a plain step
+    assert plain_runs(rooms)[:6] == [1 + 2, 4, 8, 16, 16, 16]
+    assert set(rooms[2:]) == {0, 1}  # probes verify one guess
+    assert sum(1 for room in rooms if room) < 0.1 * len(rooms)
+    assert budget.probes_failed == sum(1 for room in rooms if room) - 1
 
 
 def test_good_drafts_keep_drafting():
     budget = DraftBudget()
     rooms = run(budget, 100, verify_cost=1.5, accepted=2)  # 2 tokens/s against 1
-    assert rooms[3:6] == [0, 0, 0] and all(rooms[6:])
+    assert rooms[:2] == [3, 0] and all(room == 3 for room in rooms[2:])
     assert budget.probes_failed == 0
 
 
-def test_a_paying_probe_resets_the_pause():
+def test_a_paying_probe_resumes_drafting_and_resets_the_pause():
     budget = DraftBudget(max_pause=64)
-    run(budget, 60, verify_cost=2.0, accepted=0)
-    assert budget.backoff > 4
-    while not budget.room(3):
-        budget.record(1.0, 1, drafted=False)
-    run(budget, 10, verify_cost=1.0, accepted=3)
-    assert budget.backoff == 1 and budget.room(3) == 3
+    run(budget, 100, verify_cost=2.0, accepted=0)
+    assert budget.backoff > 8
+    rooms = run(budget, 80, verify_cost=1.0, accepted=3)
+    first = next(i for i, room in enumerate(rooms) if room)
+    assert rooms[first] == 1 and all(room == 3 for room in rooms[first + 1:])
+    assert budget.backoff == budget.first_pause
 
 
 def test_off_always_drafts():
-    assert all(run(DraftBudget(adaptive=False), 50, verify_cost=5.0, accepted=0))
+    assert all(room == 3 for room in run(DraftBudget(adaptive=False), 50, verify_cost=5.0, accepted=0))
 
 
 def test_the_room_the_reply_allows_is_kept():
