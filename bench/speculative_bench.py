@@ -1,7 +1,7 @@
 """Speculative decoding against token-by-token decoding, side by side in one process (greedy, cpu):
 acceptance (guesses the model kept / guesses verified), tokens per verify step, decode speed
-(generated tokens after the first / wall time after the prefill; medians of -n runs, the
-strategies alternating) and its ratio to AR, and whether the tokens are AR's.
+(generated tokens after the first / wall time after the prefill; medians of -n runs after
+--warmup untimed ones, the strategies alternating) and its ratio to AR, and whether the tokens are AR's.
 
 Strategies: lookahead (MNN's n-gram cache, defaults), MTP and Eagle with drafts fitted by the
 exporter (mnnllm_core/export/draft.py) to the model's own greedy answers to FIT_QUESTIONS
@@ -84,11 +84,16 @@ def strategies(trees: list[str], depth: int, only: list[str], always: bool = Fal
     return found
 
 
-def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]] = STRATEGIES) -> list[dict]:
+def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]] = STRATEGIES,
+        settings: dict | None = None, warmup: int = 1) -> list[dict]:
+    """Every strategy of `chosen` (and AR) in an engine of its own, with `settings` (config keys,
+    e.g. backend_hints) on top of each; `warmup` untimed runs per engine and prompt first (a new
+    engine's first steps of each shape run op by op, record, and time its thread team)."""
     engines = {}
     for name, (kind, files) in chosen.items():
         llm = mnnllm_core.create(config)
-        llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": kind, **files})
+        llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": kind, **files,
+                        **(settings or {})})
         engines[name] = llm.load()
     first = engines["ar"]
     prompts = {p: first.tokenizer_encode(first.apply_chat_template([{"role": "user", "content": text}]))
@@ -96,6 +101,11 @@ def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]
     results = {(p, s): {"tok_s": [], "proposed": 0, "accepted": 0, "steps": 0, "tokens": None}
                for p in prompts for s in engines}
     names = list(engines)
+    for _ in range(warmup):
+        for ids in prompts.values():
+            for llm in engines.values():
+                llm.reset()
+                llm.generate(ids, tokens)
     for r in range(runs):
         order = names[r % len(names):] + names[:r % len(names)]
         for prompt, ids in prompts.items():
@@ -167,12 +177,14 @@ def main() -> None:
     parser.add_argument("--only", action="append", default=[], help="keep AR and this strategy (repeatable)")
     parser.add_argument("--always", action="store_true",
                         help="add each strategy with draft_adaptive off (drafting every step, as MNN)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per engine and prompt first")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mnnllm-spec-") as tmp:
         folder = Path(tmp)
         prepare(args.config.resolve(), folder)
-        table = run(folder / args.config.name, args.runs, args.tokens, strategies(args.tree, args.depth, args.only, args.always))
+        table = run(folder / args.config.name, args.runs, args.tokens,
+                    strategies(args.tree, args.depth, args.only, args.always), warmup=args.warmup)
     print(json.dumps({"forward": table[0], "rows": table[1:]}, indent=1) if args.json else markdown(table))
 
 

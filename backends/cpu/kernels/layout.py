@@ -19,7 +19,9 @@ weights are zero-point 0.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -73,8 +75,17 @@ class PackedWeight:
                                                                       other.alpha.dtype)
 
 
-def pack(weight: QuantizedWeight) -> PackedWeight:
-    """The kernels' layout of one quantized weight (a copy: the weight file's pages can go)."""
+# runs task(item) for each item, maybe on several threads (the cpu runtime's `HostThreads.run`)
+Spread = Callable[[Callable[[Any], None], Iterable[Any]], None]
+SPAN_BYTES = 2 << 20  # codes per packing task: a weight of a few MiB is shared by the threads too
+
+
+def pack(weight: QuantizedWeight, spread: Spread | None = None) -> PackedWeight:
+    """The kernels' layout of one quantized weight (a copy: the weight file's pages can go).
+
+    `spread(task, items)` runs task(item) for every item, on the runtime's threads
+    (`HostThreads.run`): the weight's groups are packed a span at a time, the spans at once
+    (the kernels release the GIL); None packs them in order on the calling thread."""
     oc, ic, block = weight.oc, weight.ic, weight.block_size
     four_bit = weight.bits in (2, 3, 4) and weight.is_linear and ic % 2 == 0 and block % 2 == 0
     groups = -(-oc // GROUP_ROWS)
@@ -84,9 +95,32 @@ def pack(weight: QuantizedWeight) -> PackedWeight:
         rows = _nibbles(weight.unpack() + np.uint8(8 - (1 << (weight.bits - 1))))
     else:
         rows = _eight_bit_codes(weight)
-    codes = np.empty(groups * GROUP_ROWS * rows.shape[1], np.uint8)
-    interleave_rows(rows, codes)
-    return PackedWeight(4 if four_bit else 8, oc, ic, block, codes, _alpha(weight.zero, weight.scale, groups))
+    width, blocks = rows.shape[1], ic // block
+    codes = np.empty(groups * GROUP_ROWS * width, np.uint8)
+    half = np.empty(groups * GROUP_ROWS * blocks * 2, np.uint16)
+    zero_bits, scale_bits = (_float_bits(a) for a in (weight.zero, weight.scale))
+    exact = []  # per span: whether its alphas are all exactly fp16
+
+    def pack_span(span: tuple[int, int]) -> None:
+        first, last = (g * GROUP_ROWS for g in span)
+        interleave_rows(rows[first:last], codes[first * width:last * width])
+        exact.append(interleave_half_alpha(zero_bits[first:last], scale_bits[first:last],
+                                           half[first * blocks * 2:last * blocks * 2]))
+
+    (spread or _in_order)(pack_span, _spans(groups, codes.nbytes))
+    alpha = half if all(exact) else _alpha(weight.zero, weight.scale, groups)
+    return PackedWeight(4 if four_bit else 8, oc, ic, block, codes, alpha)
+
+
+def _in_order(task: Callable[[Any], None], items: Iterable[Any]) -> None:
+    for item in items:
+        task(item)
+
+
+def _spans(groups: int, nbytes: int) -> list[tuple[int, int]]:
+    """[first, last) group ranges of about SPAN_BYTES of codes each."""
+    step = max(1, groups * SPAN_BYTES // max(nbytes, 1))
+    return [(start, min(start + step, groups)) for start in range(0, groups, step)]
 
 
 @jit()
@@ -106,6 +140,12 @@ def interleave_rows(rows, out):
                     block[j * GROUP_ROWS + r] = 0
 
 
+def _float_bits(values: np.ndarray) -> np.ndarray:
+    """The float32 bits (uint32) of a [rows, blocks] array, contiguous and writable as the kernel
+    was compiled for (a copy only when they are not already)."""
+    return np.require(values, np.float32, ["C", "W"]).view(np.uint32)
+
+
 def _nibbles(codes: np.ndarray) -> np.ndarray:
     """uint8 codes [oc, ic] (< 16, ic even) -> [oc, ic / 2] bytes, the even column in the high nibble."""
     return (codes[:, 0::2] << 4) | codes[:, 1::2]
@@ -120,7 +160,8 @@ def _eight_bit_codes(weight: QuantizedWeight) -> np.ndarray:
 
 
 def _alpha(zero: np.ndarray, scale: np.ndarray, groups: int) -> np.ndarray:
-    """[groups][blocks][zero[32], scale[32]]: fp16 bits when that is exact, else float32."""
+    """[groups][blocks][zero[32], scale[32]]: fp16 bits when that is exact, else float32 (the
+    reference `interleave_half_alpha` is tested against, and the float32 layout)."""
     oc, blocks = zero.shape
     as_half = all(np.array_equal(a.astype(np.float16).astype(np.float32), a, equal_nan=True) for a in (zero, scale))
     pairs = np.zeros((groups * GROUP_ROWS, blocks, 2), np.float16 if as_half else np.float32)
@@ -128,6 +169,48 @@ def _alpha(zero: np.ndarray, scale: np.ndarray, groups: int) -> np.ndarray:
     grouped = pairs.reshape(groups, GROUP_ROWS, blocks, 2).transpose(0, 2, 3, 1)
     flat = np.ascontiguousarray(grouped).reshape(-1)
     return flat.view(np.uint16) if as_half else flat
+
+
+@jit()
+def interleave_half_alpha(zero, scale, out):
+    """zero, scale: float32 bits (uint32) [rows, blocks] -> out uint16 [groups][blocks][zero[32],
+    scale[32]], fp16 bits, rows past `rows` zero. One pass where numpy's exactness test and
+    transpose took eight; False (out left unfinished) at the first value that is not exactly an
+    fp16 (or not finite): the caller then takes `_alpha`'s way."""
+    rows, blocks = zero.shape
+    for g in range(out.shape[0] // (blocks * 2 * GROUP_ROWS)):
+        for b in range(blocks):
+            at = (g * blocks + b) * 2 * GROUP_ROWS
+            for r in range(GROUP_ROWS):
+                row = g * GROUP_ROWS + r
+                if row < rows:
+                    z, s = _half_bits(zero[row, b]), _half_bits(scale[row, b])
+                    if z < 0 or s < 0:
+                        return False
+                    out[at + r], out[at + GROUP_ROWS + r] = z, s
+                else:
+                    out[at + r], out[at + GROUP_ROWS + r] = 0, 0
+    return True
+
+
+@jit()
+def _half_bits(bits):
+    """The fp16 bits of the float32 whose bits are `bits` when it is exactly an fp16, else -1
+    (also for an infinity or a NaN)."""
+    bits = np.int64(bits)
+    sign, exponent, mantissa = (bits >> 16) & 0x8000, (bits >> 23) & 0xFF, bits & 0x7FFFFF
+    if exponent == 0:  # zero; a float32 subnormal is below fp16's least subnormal (2^-24)
+        return sign if mantissa == 0 else -1
+    half_exponent = exponent - 112  # rebiased: 127 - 15
+    if exponent == 0xFF or half_exponent >= 31:
+        return -1
+    if half_exponent >= 1:  # normal: the 13 mantissa bits fp16 lacks must be zero
+        return sign | (half_exponent << 10) | (mantissa >> 13) if mantissa & 0x1FFF == 0 else -1
+    shift = 14 - half_exponent  # an fp16 subnormal m * 2^-24: m = significand >> shift, nothing lost
+    significand = mantissa | 0x800000
+    if shift > 23 or significand & ((1 << shift) - 1):
+        return -1
+    return sign | (significand >> shift)
 
 
 def dequantize(packed: PackedWeight) -> np.ndarray:

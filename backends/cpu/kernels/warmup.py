@@ -43,7 +43,7 @@ import numpy as np
 from mnnllm_core.backend_api import announce
 
 from . import SOURCE_DIGEST, activation, attention, decode_attention, delta_rule, int8_dot, linear, norm, rope, set_threads
-from .layout import PackedWeight, interleave_rows
+from .layout import PackedWeight, interleave_half_alpha, interleave_rows
 from .program import warm_up_replay
 from .team import warm_up_team
 from .simd import GROUP_ROWS
@@ -99,6 +99,8 @@ def _rows(threads: int) -> None:
     interleave_rows(rows, np.zeros(8 * GROUP_ROWS, np.uint8))
     rows.setflags(write=False)  # rows straight from the memory-mapped weight file
     interleave_rows(rows, np.zeros(8 * GROUP_ROWS, np.uint8))
+    alpha = np.zeros((1, 1), np.uint32)
+    interleave_half_alpha(alpha, alpha, np.zeros(2 * GROUP_ROWS, np.uint16))
     x = np.zeros(_IC, np.float32)
     gamma, empty = np.ones(_IC, np.float32), np.zeros(0, np.float32)
     norm.normalize_rows(x, _IC, gamma, empty, 1e-6, True, x.copy())

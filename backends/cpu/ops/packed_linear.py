@@ -103,11 +103,11 @@ def create_packed_linear(backend, inputs, name: str, weight, bias, activation: i
     """Pack `weight` (a QuantizedWeight of op `name`; with use_mmap, map the pack an earlier load
     kept) and join the linears already reading the same input; with the hint
     `cpu_int8_activations` (on a cpu with AVX512-VNNI, 4-bit codes) the int8-activation linear."""
-    cache = backend.runtime.weight_cache
+    cache, spread = backend.runtime.weight_cache, backend.runtime.host_threads.run  # packed on thread_num threads
     if cache is None:
-        packed = pack(weight)
+        packed = pack(weight, spread)
     else:
-        packed = PackedWeight.from_arrays(cache.arrays(name, LAYOUT_VERSION, lambda: pack(weight).arrays()))
+        packed = PackedWeight.from_arrays(cache.arrays(name, LAYOUT_VERSION, lambda: pack(weight, spread).arrays()))
     key = inputs[0].index
     if backend.runtime.hints.cpu_int8_activations:
         from ..kernels import int8_dot

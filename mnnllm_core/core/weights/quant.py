@@ -165,9 +165,10 @@ def _decode_alpha(alpha: np.ndarray, *, oc: int, ic: int, scale_storage: str | i
         raise FormatError(
             f"op {op_name!r}: {alpha.size} alpha bytes are not {oc} rows x n blocks x {per_block} "
             f"values of {width} bytes with n dividing ic={ic}", file=file, field="alpha")
-    values = alpha.view("<f2" if width == 2 else "<f4").astype(np.float32).reshape(oc, n_blocks, per_block)
-    scale = np.ascontiguousarray(values[:, :, -1])
-    zero = np.ascontiguousarray(values[:, :, 0]) if asymmetric else np.zeros_like(scale)
+    values = alpha.view("<f2" if width == 2 else "<f4").reshape(oc, n_blocks, per_block)
+    # each straight from the stored pairs to its own float32 array: one pass, no float32 copy of the pairs
+    scale = values[:, :, -1].astype(np.float32, order="C")
+    zero = values[:, :, 0].astype(np.float32, order="C") if asymmetric else np.zeros_like(scale)
     return zero, scale
 
 
