@@ -198,11 +198,12 @@ def test_a_second_architecture_decodes_exactly_with_an_attending_draft(tmp_path)
                                       **FITTED}])
 def test_plain_steps_between_verify_steps_keep_the_drafts_cache_exact(drafted, setting, monkeypatch) -> None:
     """With the draft budget on and verify steps 'costing' 5 plain ones, most steps run plain: the
-    draft catches up over the rows they kept, and the tokens stay MNN's."""
+    draft catches up over the rows they kept, and the tokens stay MNN's (the budget carried from
+    one reply to the next: each after the first starts plain and probes)."""
 
     class SlowVerify(DraftBudget):
-        def record(self, seconds, tokens, drafted):
-            super().record(5.0 if drafted else 1.0, tokens, drafted)
+        def record(self, seconds, tokens, drafted, guessed=False):
+            super().record(5.0 if drafted else 1.0, tokens, drafted, guessed)
     monkeypatch.setattr(speculative, "DraftBudget", SlowVerify)
     llm = model(drafted, draft_adaptive=True, **setting)
     strategy = llm.generation
