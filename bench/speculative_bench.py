@@ -8,7 +8,7 @@ exporter (mnnllm_core/export/draft.py) to the model's own greedy answers to FIT_
 (other questions than the benchmark's), and with random drafts. Prompts: a repetitive one
 (the answer quotes the code in the prompt) and a free one. `--tree K:NODES` adds the fitted
 Eagle with eagle_topk K verifying a token tree of NODES guesses (draft_predict_length), depth
-`--depth`; `--only` keeps AR and the named strategies.
+`--depth`; `--only` keeps AR and the named strategies; `--always` adds each with draft_adaptive off.
 
     python bench/speculative_bench.py [CONFIG] [-n 3] [-t 48] [--tree 2:6 --tree 4:8] [--only "eagle fitted"] [--json]
 """
@@ -67,8 +67,9 @@ def prepare(config: Path, folder: Path) -> None:
           f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
 
 
-def strategies(trees: list[str], depth: int, only: list[str]) -> dict[str, tuple[str, dict]]:
-    """STRATEGIES, with a fitted Eagle per `trees` entry "K:NODES", kept to AR and `only` (if given)."""
+def strategies(trees: list[str], depth: int, only: list[str], always: bool = False) -> dict[str, tuple[str, dict]]:
+    """STRATEGIES, with a fitted Eagle per `trees` entry "K:NODES", kept to AR and `only` (if given);
+    with `always`, each beside its "always" twin that drafts every step (draft_adaptive off, MNN's way)."""
     found = dict(STRATEGIES)
     for tree in trees:
         topk, nodes = (int(n) for n in tree.split(":"))
@@ -77,6 +78,9 @@ def strategies(trees: list[str], depth: int, only: list[str]) -> dict[str, tuple
     if only:
         found = {name: found[name] for name in found if name == "ar" or name in only or
                  any(name.startswith(o + " top") for o in only)}
+    if always:
+        found.update({f"{name} always": (kind, {**keys, "draft_adaptive": False})
+                      for name, (kind, keys) in list(found.items()) if kind})
     return found
 
 
@@ -171,14 +175,16 @@ def main() -> None:
                         help="add the fitted Eagle with eagle_topk K and a tree of NODES guesses")
     parser.add_argument("--depth", type=int, default=3, help="eagle_depth of the --tree rows")
     parser.add_argument("--only", action="append", default=[], help="keep AR and this strategy (repeatable)")
+    parser.add_argument("--always", action="store_true",
+                        help="add each strategy with draft_adaptive off (drafting every step, as MNN)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per engine and prompt first")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mnnllm-spec-") as tmp:
         folder = Path(tmp)
         prepare(args.config.resolve(), folder)
-        table = run(folder / args.config.name, args.runs, args.tokens, strategies(args.tree, args.depth, args.only),
-                    warmup=args.warmup)
+        table = run(folder / args.config.name, args.runs, args.tokens,
+                    strategies(args.tree, args.depth, args.only, args.always), warmup=args.warmup)
     print(json.dumps({"forward": table[0], "rows": table[1:]}, indent=1) if args.json else markdown(table))
 
 

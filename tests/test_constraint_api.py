@@ -158,7 +158,8 @@ def test_lookahead_under_a_constraint_verifies_guesses_and_equals_token_by_token
     prompt, schema = SCHEMAS[schema_index][1], SCHEMAS[schema_index][2]
     ids = llm.tokenizer_encode(llm.apply_chat_template(f"{prompt} Answer in JSON."))
     token_by_token = llm.generate(ids, 120, llm.guide(schema))
-    llm.set_config({"speculative_type": "lookahead", "ngram_update": True})  # guesses from the reply's n-grams
+    # guesses from the reply's n-grams, every step (MNN's way: guesses must have been kept)
+    llm.set_config({"speculative_type": "lookahead", "ngram_update": True, "draft_adaptive": False})
     try:
         generation = llm._generation_for(llm.guide(schema))
         assert isinstance(generation, ConstrainedSpeculation)
@@ -170,4 +171,4 @@ def test_lookahead_under_a_constraint_verifies_guesses_and_equals_token_by_token
         llm.response("Say hi.", max_new_tokens=4, logprobs=1)
         assert len(llm.last_guided.logprobs) == llm.context.gen_seq_len
     finally:
-        llm.set_config({"speculative_type": "", "ngram_update": False})
+        llm.set_config({"speculative_type": "", "ngram_update": False, "draft_adaptive": True})

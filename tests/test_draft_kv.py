@@ -13,7 +13,8 @@ import pytest
 
 import mnnllm_core
 from mnnllm_core.export.draft import fit_drafts, random_attention, random_eagle, random_mtp, write_eagle, write_mtp
-from mnnllm_core.llm.generation import EagleGeneration, MtpGeneration
+from mnnllm_core.llm.generation import EagleGeneration, MtpGeneration, speculative
+from mnnllm_core.llm.generation.draft_budget import DraftBudget
 from mnnllm_core.llm.generation.draft_kv import DraftKV
 from mnnllm_core.plugins.manager import registry
 from paths import MODEL_DIR, REFERENCE, SHARED
@@ -35,7 +36,9 @@ def linked(folder: Path, source: Path) -> Path:
 
 def model(config: Path, **settings):
     llm = mnnllm_core.create(config)
-    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "hidden_states": True, **settings})
+    # drafting every step (MNN's way): acceptance is asserted (the draft budget: test_draft_budget.py)
+    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "hidden_states": True, "draft_adaptive": False,
+                    **settings})
     return llm.load()
 
 
@@ -186,3 +189,27 @@ def test_a_second_architecture_decodes_exactly_with_an_attending_draft(tmp_path)
             llm.reset()
             assert llm.generate(ids, N) == expected, setting
     assert llm.generation.accepted > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", [{"speculative_type": "mtp", "mtp_model": "mtp.mnn"},
+                                     {"speculative_type": "eagle", "eagle_topk": 1, **FITTED},
+                                     {"speculative_type": "eagle", "eagle_topk": 3, "draft_predict_length": 6,
+                                      **FITTED}])
+def test_plain_steps_between_verify_steps_keep_the_drafts_cache_exact(drafted, setting, monkeypatch) -> None:
+    """With the draft budget on and verify steps 'costing' 5 plain ones, most steps run plain: the
+    draft catches up over the rows they kept, and the tokens stay MNN's (the budget carried from
+    one reply to the next: each after the first starts plain and probes)."""
+
+    class SlowVerify(DraftBudget):
+        def record(self, seconds, tokens, drafted, guessed=False):
+            super().record(5.0 if drafted else 1.0, tokens, drafted, guessed)
+    monkeypatch.setattr(speculative, "DraftBudget", SlowVerify)
+    llm = model(drafted, draft_adaptive=True, **setting)
+    strategy = llm.generation
+    for prompt in PROMPTS:
+        llm.reset()
+        assert llm.generate(prompt["prompt_ids"], N) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
+        assert strategy.budget.backoff > strategy.budget.first_pause  # drafting was judged not to pay
+        assert llm.kv_meta.previous - llm.kv_meta.remove == len(llm.context.history_tokens)
+        assert 0 < strategy.kv.meta.previous < llm.kv_meta.previous

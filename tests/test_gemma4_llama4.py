@@ -144,9 +144,10 @@ def test_a_second_turn_over_the_cached_conversation_gives_the_tokens_of_a_fresh_
 
 
 def test_lookahead_verification_gives_gemma4s_greedy_tokens() -> None:
-    """Speculative steps run several tokens at once through forward: each gets its own PLE row."""
+    """Speculative steps run several tokens at once through forward: each gets its own PLE row
+    (every step drafting, draft_adaptive off: the draft budget would run plain steps instead)."""
     folder = "tiny-gemma4-mnn-fp16"
-    llm = load(folder, speculative_type="lookahead", ngram_update=True)
+    llm = load(folder, speculative_type="lookahead", ngram_update=True, draft_adaptive=False)
     assert generate(llm, folder) == expected(folder)
 
 

@@ -34,14 +34,14 @@ def test_lookahead_gives_exactly_the_greedy_tokens(lookahead, index):
 def test_lookahead_accepts_guesses_on_repetitive_text(lookahead):
     """The answer repeats itself: with MNN's ngram_update its own n-grams become guesses
     (without it, as in MNN, only the history before the answer and lookup_file are searched)."""
-    lookahead.set_config({"ngram_update": True})
+    lookahead.set_config({"ngram_update": True, "draft_adaptive": False})  # every step drafts
     try:
         lookahead.reset()
         before = lookahead.generation.accepted
         lookahead.generate(PROMPTS[1]["prompt_ids"], 48)
         assert lookahead.generation.accepted > before
     finally:
-        lookahead.set_config({"ngram_update": False})
+        lookahead.set_config({"ngram_update": False, "draft_adaptive": True})
 
 
 def test_lookahead_respects_max_new_tokens_and_the_cache_stays_consistent(lookahead):

@@ -68,6 +68,7 @@ MNN_DEFAULTS: dict[str, Any] = {
     "lookup_file": B + "lookup_file.txt", "ngram_update": False, "draft_model": B,
     "mtp_model": B + "mtp.mnn", "eagle_model": B + "eagle.mnn", "eagle_fc": B + "eagle_fc.mnn",
     "eagle_d2t": B + "eagle_d2t.mnn", "eagle_depth": 3, "eagle_topk": 1,
+    "draft_adaptive": True,  # ours (draft_budget.py): MNN always drafts
 }
 
 _ORACLE = textwrap.dedent("""

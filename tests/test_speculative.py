@@ -72,7 +72,8 @@ def engines(folder):
     def get(kind, **extra):
         if kind not in made:
             llm = mnnllm_core.create(folder / "config.json")
-            llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": kind})
+            llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": kind,
+                            "draft_adaptive": False})  # every step drafts (MNN's way): acceptance is asserted
             made[kind] = llm.load()
         llm = made[kind]
         llm.set_config({"speculative_type": kind, **extra})
@@ -171,7 +172,8 @@ def test_lookahead_reads_guesses_from_the_lookup_file(folder, tmp_path):
     prompt = PROMPTS[2]
     model = linked(tmp_path / "m", folder).parent
     llm = mnnllm_core.create(model / "config.json")
-    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": "lookahead"})
+    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": "lookahead",
+                    "draft_adaptive": False})
     llm.load()
     plain = llm.generate(prompt["prompt_ids"], N)
     without = llm.generation.accepted

@@ -197,7 +197,9 @@ def available(name: str) -> bool:
 
 def model(config: Path, **settings):
     llm = mnnllm_core.create(config)
-    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "hidden_states": True, **settings})
+    # drafting every step (MNN's way): acceptance is asserted (the draft budget: test_draft_budget.py)
+    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "hidden_states": True, "draft_adaptive": False,
+                    **settings})
     return llm.load()
 
 

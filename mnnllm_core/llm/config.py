@@ -210,6 +210,7 @@ class LlmConfig:
     # < speculative decoding
     speculative_type = _Key(STR, "")
     draft_predict_length = _Key(INT, 3, minimum=1)
+    draft_adaptive = _Key(BOOL, True)  # ours, not MNN's: plain steps while drafting does not pay (draft_budget.py)
     draft_match_strictness = _Key(STR, "low", choices=("low", "medium", "high"))
     draft_selection_rule = _Key(STR, "freqxlen", choices=("freqxlen", "fcfs"))
     ngram_match_maxlen = _Key(INT, 4, minimum=1)

@@ -20,6 +20,8 @@ LOOKUP_LIMIT = 1 << 20  # bytes of lookup_file read (a prior text, not a corpus)
 
 
 class LookaheadGeneration(SpeculativeGeneration):
+    free_guesses = True  # an n-gram lookup: the draft budget may guess while it pauses
+
     def __init__(self, target: Target):
         super().__init__(target)
         cfg = target.config

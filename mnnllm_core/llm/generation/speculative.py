@@ -9,6 +9,8 @@ may guess a tree instead (`DraftTree`: Eagle with eagle_topk > 1): its nodes run
 under a tree mask, the path the model agrees with stays, its rows kept by the conversation's
 `keep_rows` (KV meta `reserve`: they are not contiguous).
 With the greedy sampler the output is exactly what token-by-token decoding gives.
+Whether a step drafts at all is a `DraftBudget`'s call (draft_budget.py): plain steps while
+drafting does not pay; the strategy keeps it across replies.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
+from .draft_budget import DraftBudget
 from .reply import Reply
 from .strategy import Strategy
 from .target import Target
@@ -24,7 +27,10 @@ from .token_tree import DraftTree
 
 
 class SpeculativeGeneration(Strategy):
-    """Subclasses say how to guess (`draft`) and what to remember of a verified step (`verified`)."""
+    """Subclasses say how to guess (`draft`) and what to remember of a verified step (`verified`);
+    `free_guesses`: a guess costs nothing to make (only verifying it does)."""
+
+    free_guesses = False
 
     def __init__(self, target: Target):
         super().__init__(target)
@@ -32,6 +38,7 @@ class SpeculativeGeneration(Strategy):
         self.accepted = 0  # of them, the ones the model agreed with
         self.verify_steps = 0
         self.constraint = None  # a ConstraintState (constraint.py): tokens are the best *allowed* ones
+        self.budget = DraftBudget(target.config.draft_adaptive, free_guesses=self.free_guesses)
 
     def pick(self, row: np.ndarray) -> int:
         """The greedy token of a row of logits: the best one, or the best the constraint allows."""
@@ -90,14 +97,18 @@ class SpeculativeGeneration(Strategy):
         (they ran and are in the history)."""
         target, ctx = self.target, self.target.context
         cfg, conversation = target.config, target.conversation
+        budget = self.budget
         self.start(new_ids)
+        budget.start_reply()
         token = self.pick(logits)
         self.take(token)
         while True:
             yield [token]
             start = time.perf_counter()
-            room = min(cfg.draft_predict_length, reply.left - 1, cfg.max_all_tokens - len(conversation) - 1)
+            most = min(cfg.draft_predict_length, reply.left - 1, cfg.max_all_tokens - len(conversation) - 1)
+            room = budget.room(most)
             draft = self.draft(token, room) if room > 0 else []
+            guess = self.draft(token, 1) if budget.guesses_while_paused(most) else None
             if isinstance(draft, DraftTree):
                 tokens = [token] + draft.tokens
                 rows = target.forward(tokens, all_logits=True, parents=draft.forward_parents())
@@ -117,7 +128,9 @@ class SpeculativeGeneration(Strategy):
                 self.accepted += accepted
                 self.verify_steps += 1
             self.verified(tokens, accepted, kept)
-            ctx.decode_us += int((time.perf_counter() - start) * 1e6)
+            seconds = time.perf_counter() - start
+            budget.record(seconds, len(kept), drafted=len(tokens) > 1, guessed=guess == [following])
+            ctx.decode_us += int(seconds * 1e6)
             yield [tokens[row] for row in kept[1:]]
             token = following
             self.take(token)

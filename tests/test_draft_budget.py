@@ -1,0 +1,209 @@
+"""The draft budget (draft_budget.py): on synthetic costs, weak drafts give mostly plain steps with
+probes at doubling pauses, good drafts keep drafting, the state carries across replies with the
+pause capped, a free guess confirmed during a pause ends it; end to end, the tokens stay greedy
+decoding's (MNN's reference) with the policy on and off, the budget outlives `reset` and not
+`set_config`."""
+import json
+
+import pytest
+
+import mnnllm_core
+from mnnllm_core.llm.generation import speculative
+from mnnllm_core.llm.generation.draft_budget import DraftBudget
+from paths import CONFIG, REFERENCE
+
+PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
+N = 32
+
+
+def run(budget, steps, verify_cost, accepted, most=3, hits=()):
+    """`steps` steps: a plain one costs 1 s, a verify one of `most` guesses `verify_cost` s (of
+    fewer, proportionally less) and keeps up to `accepted` of them; a paused step at an index in
+    `hits` has its free guess confirmed. The rooms chosen."""
+    rooms = []
+    for step in range(steps):
+        room = budget.room(most)
+        rooms.append(room)
+        if room:
+            budget.record(1 + (verify_cost - 1) * room / most, 1 + min(accepted, room), drafted=True)
+        else:
+            budget.record(1.0, 1, drafted=False, guessed=budget.guesses_while_paused(most) and step in hits)
+    return rooms
+
+
+def plain_runs(rooms):
+    """The lengths of the runs of plain steps between verify steps."""
+    runs, length = [], 0
+    for room in rooms:
+        if room and length:
+            runs.append(length)
+        length = 0 if room else length + 1
+    return runs
+
+
+def test_weak_drafts_run_mostly_plain_with_one_guess_probes_at_doubling_pauses():
+    budget = DraftBudget(max_pause=16)
+    rooms = run(budget, 200, verify_cost=2.0, accepted=0)
+    assert rooms[0] == 3  # draft first (as MNN): it keeps nothing, so it fails without a plain step to compare
+    assert plain_runs(rooms)[:6] == [2, 4, 8, 16, 16, 16]
+    assert set(rooms[1:]) == {0, 1}  # probes verify one guess
+    assert sum(1 for room in rooms if room) < 0.1 * len(rooms)
+    assert budget.probes_failed == sum(1 for room in rooms if room) - 1
+
+
+def test_a_first_step_keeping_guesses_is_judged_against_a_plain_step():
+    budget = DraftBudget()
+    rooms = run(budget, 12, verify_cost=4.0, accepted=1)  # 2 tokens in 4 s against 1 in 1 s
+    assert rooms[:4] == [3, 0, 0, 0] and rooms[4] == 1  # measured, then paused 2 steps, then a probe
+
+
+def test_good_drafts_keep_drafting():
+    budget = DraftBudget()
+    rooms = run(budget, 100, verify_cost=1.5, accepted=2)  # 2 tokens/s against 1
+    assert rooms[:2] == [3, 0] and all(room == 3 for room in rooms[2:])
+    assert budget.probes_failed == 0
+
+
+def test_a_paying_probe_resumes_drafting_and_resets_the_pause():
+    budget = DraftBudget(max_pause=64)
+    run(budget, 100, verify_cost=2.0, accepted=0)
+    assert budget.backoff > 8
+    rooms = run(budget, 80, verify_cost=1.0, accepted=3)
+    first = next(i for i, room in enumerate(rooms) if room)
+    assert rooms[first] == 1 and all(room == 3 for room in rooms[first + 1:])
+    assert budget.backoff == budget.first_pause
+
+
+def test_a_reply_after_weak_drafts_starts_plain_and_probes_within_the_carried_pause():
+    budget = DraftBudget(max_pause=64, carried_pause=8)
+    run(budget, 100, verify_cost=2.0, accepted=0)
+    failed, backoff = budget.probes_failed, budget.backoff
+    budget.start_reply()
+    assert budget.pause <= 8 and budget.backoff == backoff  # the speeds and the backoff carry over
+    rooms = run(budget, 64, verify_cost=2.0, accepted=0)
+    assert set(rooms) == {0, 1} and rooms.index(1) <= 8  # no full verify step: a probe within 8 steps
+    assert sum(rooms) == 1 and budget.probes_failed == failed + 1  # then a pause of 64
+
+
+def test_a_reply_suiting_the_draft_recovers_at_the_first_probe():
+    budget = DraftBudget(max_pause=64, carried_pause=8)
+    run(budget, 100, verify_cost=2.0, accepted=0)
+    budget.start_reply()
+    rooms = run(budget, 40, verify_cost=1.0, accepted=3)
+    first = rooms.index(1)
+    assert first <= 8 and all(room == 3 for room in rooms[first + 1:])
+
+
+def test_a_reply_after_good_drafts_drafts_from_its_first_step():
+    budget = DraftBudget()
+    run(budget, 20, verify_cost=1.5, accepted=2)
+    budget.start_reply()
+    assert run(budget, 5, verify_cost=1.5, accepted=2) == [3] * 5
+
+
+def test_a_confirmed_free_guess_ends_the_pause():
+    budget = DraftBudget(max_pause=64, free_guesses=True)
+    run(budget, 100, verify_cost=2.0, accepted=0)
+    assert budget.pause > 1 and budget.guesses_while_paused(3)
+    rooms = run(budget, 4, verify_cost=1.0, accepted=3, hits={0})
+    assert rooms[:3] == [0, 1, 3]  # the guess made plain was right: probed at once, then drafting in full
+    assert not DraftBudget(max_pause=64).guesses_while_paused(3)  # a draft model's guess costs a forward
+
+
+def test_off_always_drafts():
+    assert all(room == 3 for room in run(DraftBudget(adaptive=False), 50, verify_cost=5.0, accepted=0))
+
+
+def test_the_room_the_reply_allows_is_kept():
+    budget = DraftBudget()
+    assert budget.room(0) == 0 and budget.room(2) == 2
+
+
+class SlowVerify(DraftBudget):
+    """Every verify step 'costs' 5 plain ones: drafting never pays."""
+
+    def record(self, seconds, tokens, drafted, guessed=False):
+        super().record(5.0 if drafted else 1.0, tokens, drafted, guessed)
+
+
+@pytest.fixture(scope="module")
+def lookahead():
+    llm = mnnllm_core.create(CONFIG)
+    llm.set_config({"sampler_type": "greedy", "thread_num": 2, "speculative_type": "lookahead",
+                    "ngram_update": True})
+    return llm.load()
+
+
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_lookahead_gives_the_greedy_tokens_with_the_policy_on_and_off(lookahead, adaptive):
+    lookahead.set_config({"draft_adaptive": adaptive})
+    for prompt in PROMPTS[:2]:
+        lookahead.reset()
+        assert lookahead.generate(prompt["prompt_ids"], N) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
+        assert lookahead.generation.budget.adaptive == adaptive
+
+
+@pytest.fixture
+def slow_verify(lookahead, monkeypatch):
+    """The lookahead model with a SlowVerify budget (a strategy made afresh), the real one after."""
+    monkeypatch.setattr(speculative, "DraftBudget", SlowVerify)
+    lookahead.set_config({"draft_adaptive": True})
+    yield lookahead
+    monkeypatch.undo()
+    lookahead.set_config({"draft_adaptive": True})
+
+
+def spied(strategy, steps):
+    """Record in `steps` the length of each step (the pending token and the guesses verified)."""
+    verified = strategy.verified
+
+    def spy(tokens, accepted, rows):
+        steps.append(len(tokens))
+        verified(tokens, accepted, rows)
+    strategy.verified = spy
+
+
+def test_plain_steps_between_verify_steps_keep_the_tokens_and_the_cache(slow_verify):
+    steps = []
+    strategy = slow_verify.generation
+    spied(strategy, steps)
+    try:
+        prompt = PROMPTS[1]
+        slow_verify.reset()
+        assert slow_verify.generate(prompt["prompt_ids"], N) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
+    finally:
+        del strategy.verified
+    meta = slow_verify.kv_meta
+    assert meta.previous - meta.remove == len(slow_verify.context.history_tokens)
+    assert strategy.budget.probes_failed and steps.count(1) > len(steps) // 2
+
+
+def test_the_budget_outlives_reset_so_the_next_reply_only_probes(slow_verify):
+    strategy = slow_verify.generation
+    budget = strategy.budget
+    slow_verify.reset()
+    slow_verify.generate(PROMPTS[1]["prompt_ids"], N)
+    assert budget.probes_failed  # drafting was judged not to pay
+    steps = []
+    spied(strategy, steps)
+    try:
+        for prompt in PROMPTS[:2]:
+            slow_verify.reset()
+            assert slow_verify.generate(prompt["prompt_ids"], N) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
+    finally:
+        del strategy.verified
+    assert slow_verify.generation is strategy and strategy.budget is budget
+    assert set(steps) <= {1, 2}  # no reply starts with a full verify step again: one-guess probes only
+
+
+def test_set_config_starts_a_fresh_budget(lookahead):
+    lookahead.set_config({"draft_adaptive": True})
+    lookahead.reset()
+    lookahead.generate(PROMPTS[0]["prompt_ids"], 8)
+    used = lookahead.generation.budget
+    lookahead.set_config({"draft_predict_length": 2})
+    try:
+        fresh = lookahead.generation.budget
+        assert fresh is not used and not fresh.plain and not fresh.pause and fresh.backoff == fresh.first_pause
+    finally:
+        lookahead.set_config({"draft_predict_length": 3})
