@@ -84,6 +84,7 @@ class Tokenizer:
 class Config:
     max_all_tokens: int = 64
     draft_predict_length: int = 3
+    draft_adaptive: bool = False  # draft every step (MNN's way): the test counts what each verify step keeps
 
 
 class Greedy:
