@@ -124,6 +124,40 @@ def test_matmul_with_an_inner_dimension_over_one_depth_block():
     assert_product_close(out, reference(weight), x.astype(np.float64))
 
 
+def test_gemm_core_gives_the_same_bits_at_8_and_16_lanes():
+    """The GEMM core's lanes run over C's columns, so each element is one chain of FMAs over k at
+    any width: the 16-lane (zmm) core this machine may pick and the 8-lane one agree bit for bit,
+    the 6 x 32 block and 6 x 16 block alike, overwriting C and adding to it."""
+    from mnnllm_backends.cpu.kernels import jit
+    from mnnllm_backends.cpu.kernels.gemm import gemm_rows
+
+    cores = {(lanes, columns): gemm_rows(6, columns // lanes, lanes) for lanes in (8, 16) for columns in (16, 32)}
+
+    def runner(core, columns):
+        @jit()
+        def run(a, b, c, depth, accumulate):
+            for m0 in range(0, a.shape[0] // depth, 6):
+                for n0 in range(0, 64, columns):
+                    core(a, m0 * depth, depth, b, n0, 64, depth, c, m0 * 64 + n0, 64, accumulate)
+        return run
+
+    depth = 300
+    a = RNG.standard_normal(12 * depth).astype(np.float32)
+    b = RNG.standard_normal(depth * 64).astype(np.float32)
+    start = RNG.standard_normal(12 * 64).astype(np.float32)
+    expected = start.astype(np.float64).reshape(12, 64) + a.reshape(12, depth).astype(np.float64) @ b.reshape(depth, 64)
+    results = {}
+    for (lanes, columns), core in cores.items():
+        c = start.copy()
+        runner(core, columns)(a, b, c, depth, np.bool_(True))
+        results[lanes, columns] = c.view(np.uint32)
+        assert np.allclose(c.reshape(12, 64), expected, rtol=0, atol=1e-4)
+        runner(core, columns)(a, b, c, depth, np.bool_(False))
+        assert np.allclose(c.reshape(12, 64), expected - start.reshape(12, 64), rtol=0, atol=1e-4)
+    first = results[8, 16]
+    assert all(np.array_equal(first, bits) for bits in results.values())
+
+
 def attention_reference(q, keys, values, past, scale, sinks=None):
     """float64; a head's sink logit (when given) adds exp(sink) to its softmax denominator."""
     tokens, heads, dim = q.shape

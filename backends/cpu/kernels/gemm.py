@@ -1,4 +1,4 @@
-"""The register-blocked GEMM core (6 rows x 16 columns of C in 12 <8 x float> registers), an
+"""The register-blocked GEMM core (6 rows x 16 columns of C in accumulator registers), an
 LLVM-IR intrinsic like `simd.py`, used by the prefill linears and attention.
 
 Written here rather than taken from BLAS so that a low-memory run uses one thread pool
@@ -7,19 +7,27 @@ Written here rather than taken from BLAS so that a low-memory run uses one threa
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit
-from .simd import FAST, FEW_VECTORS_A_PASS, LANES, VF, array_data, fma, i64, load_vector, splat, store_vector, zero_slots
+from .simd import FAST, LANES, array_data, fma, host_has, i64, load_vector, splat, store_vector, zero_slots
+
+# The GEMM's vectors have the kernels' LANES: 16 (zmm) where the registers are 512 bits, else 8.
+# Each element of C is the same chain of FMAs over k whatever the width (the lanes run over
+# columns), so the bits do not depend on it. On a core with two 512-bit FMA units (Xeon, Sapphire
+# Rapids) the zmm core does twice the FLOPs a cycle: one thread, 480 x 576 @ 576 x 192, 91 -> 172
+# GFLOP/s (the same bits); on Zen 4 a zmm FMA takes the two 256-bit halves' slots.
 
 
-def _gemm_rows(rows: int, vectors: int = 2):
-    """C[rows, 8 * vectors] (+)= A[rows, k] @ B[k, 8 * vectors]: the register-blocked core of the
-    GEMMs (float32, flat arrays, row strides lda, ldb, ldc); accumulate adds to C instead of
-    overwriting it. Each element is the same chain of FMAs over k whatever `vectors` is.
+def gemm_rows(rows: int, vectors: int, lanes: int = LANES):
+    """C[rows, lanes * vectors] (+)= A[rows, k] @ B[k, lanes * vectors]: the register-blocked core of
+    the GEMMs (float32, flat arrays, row strides lda, ldb, ldc); accumulate adds to C instead of
+    overwriting it. Each element is the same chain of FMAs over k whatever `vectors` and `lanes` are.
     """
+    vector_type = ir.VectorType(ir.FloatType(), lanes)
 
     @intrinsic
     def gemm(typingctx, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate):
@@ -30,23 +38,24 @@ def _gemm_rows(rows: int, vectors: int = 2):
             a_p, b_p, c_p = (array_data(context, builder, tys[i], args[i]) for i in (0, 3, 7))
             a_start_v, lda_v, b_start_v, ldb_v, k_count, c_start_v, ldc_v, add = (args[i] for i in
                                                                                     (1, 2, 4, 5, 6, 8, 9, 10))
-            acc = zero_slots(builder, vectors * rows)
+            acc = zero_slots(builder, vectors * rows, lanes)
             with cgutils.for_range(builder, k_count) as k_loop:
                 k = k_loop.index
                 b_index = builder.add(b_start_v, builder.mul(k, ldb_v))
-                bs = [load_vector(builder, b_p, builder.add(b_index, i64(h * LANES)), VF, 4) for h in range(vectors)]
+                bs = [load_vector(builder, b_p, builder.add(b_index, i64(h * lanes)), vector_type, 4)
+                      for h in range(vectors)]
                 for i in range(rows):
                     a_index = builder.add(builder.add(a_start_v, builder.mul(i64(i), lda_v)), k)
-                    a_i = splat(builder, builder.load(builder.gep(a_p, [a_index])))
+                    a_i = splat(builder, builder.load(builder.gep(a_p, [a_index])), lanes)
                     for h in range(vectors):
                         slot = acc[vectors * i + h]
                         builder.store(fma(builder, a_i, bs[h], builder.load(slot)), slot)
             for i in range(rows):
                 row = builder.add(c_start_v, builder.mul(i64(i), ldc_v))
                 for h in range(vectors):
-                    index = builder.add(row, i64(h * LANES))
+                    index = builder.add(row, i64(h * lanes))
                     value = builder.load(acc[vectors * i + h])
-                    old = load_vector(builder, c_p, index, VF, 4)
+                    old = load_vector(builder, c_p, index, vector_type, 4)
                     total = builder.select(add, builder.fadd(old, value, flags=FAST), value)
                     store_vector(builder, total, c_p, index)
             return context.get_dummy_value()
@@ -56,12 +65,11 @@ def _gemm_rows(rows: int, vectors: int = 2):
     return gemm
 
 
-
 GEMM_ROWS = 6  # rows of A per register block: 12 accumulators + 2 B vectors + 1 broadcast
 # `accumulate` = False (C overwritten) as a numpy bool, not a literal: numba compiles a kernel once
 # more for each literal argument, and the linears pass a bool that varies
 OVERWRITE = np.bool_(False)
-_gemm_1, _gemm_2, _gemm_3, _gemm_4, _gemm_5, _gemm_6 = (_gemm_rows(r) for r in range(1, GEMM_ROWS + 1))
+_gemm_1, _gemm_2, _gemm_3, _gemm_4, _gemm_5, _gemm_6 = (gemm_rows(r, 16 // LANES) for r in range(1, GEMM_ROWS + 1))
 @jit()
 def gemm_block(rows, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate):
     """C[rows, 16] (+)= A[rows, depth] @ B[depth, 16] for 1 <= rows <= GEMM_ROWS."""
@@ -80,12 +88,13 @@ def gemm_block(rows, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, a
 
 
 # With 32 vector registers (AVX-512VL) a block of GEMM_ROWS rows takes 32 columns at once (24
-# accumulators, 4 B vectors, a broadcast): each broadcast of A feeds 4 FMAs instead of 2, and a
-# prefill linear reads its input once per group of 32 weight rows instead of twice. Zen4, one
-# thread, 512 tokens, CPU time on a loaded machine: 576 -> 1536 92 -> 93-101 GFLOP/s, 1536 -> 576
-# 97 -> 105; a 512-token attention layer (9/3 heads of 64) 5.05 -> 4.48 ms.
-WIDE_COLUMNS = 32 if FEW_VECTORS_A_PASS == 4 else 0
-_gemm_wide = _gemm_rows(GEMM_ROWS, 4)
+# accumulators of 8 lanes or 12 of 16, the B vectors, a broadcast): each broadcast of A feeds
+# twice the FMAs, and a prefill linear reads its input once per group of 32 weight rows instead
+# of twice. Zen4, one thread, 512 tokens, CPU time on a loaded machine (8 lanes): 576 -> 1536
+# 92 -> 93-101 GFLOP/s, 1536 -> 576 97 -> 105; a 512-token attention layer (9/3 heads of 64)
+# 5.05 -> 4.48 ms.
+WIDE_COLUMNS = 32 if host_has("avx512vl") else 0
+_gemm_wide = gemm_rows(GEMM_ROWS, 32 // LANES)
 
 
 @jit()

@@ -1,10 +1,12 @@
-"""Explicit 8-lane SIMD for the packed-weight kernels, written as numba intrinsics in LLVM IR.
+"""Explicit SIMD for the packed-weight kernels, written as numba intrinsics in LLVM IR.
 
 numba's auto-vectorizer turns a plain nibble loop into gathers or into latency-bound single
 accumulators; these intrinsics spell out the loop over one group of `GROUP_ROWS` interleaved
-rows (see `layout.py`) with eight independent `<8 x float>` accumulators, so LLVM emits
-`vpmovzxbd / vpsrld / vpand / vcvtdq2ps / vfmadd` per 8 bytes and `vcvtph2ps` for the fp16
-alphas on any x86-64 with AVX2+FMA+F16C (and the equivalent NEON on arm64).
+rows (see `layout.py`) with independent vector accumulators of LANES floats (`SIMD_LANES`: 16
+where the cores run 512-bit vectors at full rate, else 8), so LLVM emits `vpmovzxbd / vpand /
+vcvtdq2ps / vfmadd` per LANES bytes and `vcvtph2ps` for the fp16 alphas on any x86-64 with
+AVX2+FMA+F16C (and the equivalent NEON on arm64). The lanes run over rows, never across a sum:
+a row's value is the same at either width.
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-GROUP_ROWS = 32  # rows interleaved per group: 4 vectors of 8 lanes
-LANES = 8
+from . import SIMD_LANES
+
+GROUP_ROWS = 32  # rows interleaved per group: 4 vectors of 8 lanes, or 2 of 16
+LANES = SIMD_LANES
 
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
@@ -30,6 +34,14 @@ _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 _VECTORS = GROUP_ROWS // LANES
 
 
+def host_has(feature: str) -> bool:
+    """Whether numba's host target has this LLVM cpu feature (e.g. "avx512f")."""
+    try:
+        return bool(binding.get_host_cpu_features().get(feature))
+    except RuntimeError:  # no feature query on this platform
+        return False
+
+
 def i64(value: int) -> ir.Constant:
     return ir.Constant(_I64, value)
 
@@ -38,10 +50,11 @@ def array_data(context, builder, array_type, array):
     return context.make_array(array_type)(context, builder, array).data
 
 
-def splat(builder, value):
-    undef = ir.Constant(VF, ir.Undefined)
+def splat(builder, value, lanes: int = LANES):
+    vector_type = ir.VectorType(_F32, lanes)
+    undef = ir.Constant(vector_type, ir.Undefined)
     one = builder.insert_element(undef, value, ir.Constant(_I32, 0))
-    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    return builder.shuffle_vector(one, undef, ir.Constant(ir.VectorType(_I32, lanes), [0] * lanes))
 
 
 def load_vector(builder, pointer, index, vector_type, align):
@@ -50,7 +63,7 @@ def load_vector(builder, pointer, index, vector_type, align):
 
 
 def store_vector(builder, value, pointer, index):
-    builder.store(value, builder.bitcast(builder.gep(pointer, [index]), VF.as_pointer()), align=4)
+    builder.store(value, builder.bitcast(builder.gep(pointer, [index]), value.type.as_pointer()), align=4)
 
 
 def fma(builder, a, b, c):
@@ -58,14 +71,14 @@ def fma(builder, a, b, c):
 
 
 def _alphas(builder, pointer, index, half: bool):
-    """Eight consecutive alphas (fp16 bits or fp32) as <8 x float>."""
+    """LANES consecutive alphas (fp16 bits or fp32) as floats."""
     if half:
         return builder.fpext(load_vector(builder, pointer, index, _VH, 2), VF)
     return load_vector(builder, pointer, index, VF, 4)
 
 
-def zero_slots(builder, count: int):
-    zero = ir.Constant(VF, [0.0] * LANES)
+def zero_slots(builder, count: int, lanes: int = LANES):
+    zero = ir.Constant(ir.VectorType(_F32, lanes), [0.0] * lanes)
     return [cgutils.alloca_once_value(builder, zero) for _ in range(count)]
 
 
@@ -76,7 +89,7 @@ def reset_slots(builder, slots):
 
 
 def _codes(builder, codes, index):
-    """Eight unsigned code bytes as <8 x i32>."""
+    """LANES unsigned code bytes as 32-bit lanes."""
     return builder.zext(load_vector(builder, codes, index, _VB, 1), _VI)
 
 
@@ -91,7 +104,7 @@ def _wide_codes(builder, codes, index):
 
 
 def _values(builder, codes, index):
-    """Eight signed int8 values as <8 x float> (exact)."""
+    """LANES signed int8 values as floats (exact)."""
     return builder.sitofp(builder.sext(load_vector(builder, codes, index, _VB, 1), _VI), VF)
 
 
@@ -106,7 +119,7 @@ def _accumulate(builder, alpha, a_index, half, xs, mid, sums, acc):
 
 
 def _block_alphas(builder, alpha, a_index, half):
-    """(zeros, scales) of one block of the group, one <8 x float> per vector."""
+    """(zeros, scales) of one block of the group, one vector of LANES floats per vector of rows."""
     zeros = [_alphas(builder, alpha, builder.add(a_index, i64(v * LANES)), half) for v in range(_VECTORS)]
     scales = [_alphas(builder, alpha, builder.add(a_index, i64(GROUP_ROWS + v * LANES)), half)
               for v in range(_VECTORS)]
@@ -274,12 +287,12 @@ _MAGIC = 1 << 23  # a float32 with this exponent holds integers 0 .. 2^23 - 1 in
 
 
 def _exact_float(builder, value):
-    """Eight integers 0..255 as <8 x float> (a signed conversion: one instruction without AVX-512)."""
+    """LANES integers 0..255 as floats (a signed conversion: one instruction without AVX-512)."""
     return builder.sitofp(value, VF)
 
 
 def _small_to_float(builder, value):
-    """Eight integers 0..255 as <8 x float>, exactly as `uitofp` gives them, but as an integer OR
+    """LANES integers 0..255 as floats, exactly as `uitofp` gives them, but as an integer OR
     and a float subtract (2^23 + v - 2^23): the FMA ports, which a few-token pass of 3 or more rows
     keeps busy, are left to the FMAs (x86 runs `vcvtdq2ps` on them, the subtract on the add
     ports; 3 rows on: 11-12% faster on Zen4)."""
@@ -296,8 +309,10 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
     mask = ir.Constant(_VI, [15] * LANES)
     middle = ir.Constant(VF, [8.0 if bits == 4 else 0.0] * LANES)
     token_rows = [builder.add(first_token, i64(t)) for t in range(tokens)]
-    # two rows leave the FMA ports idle half the time (each sum's two FMAs a byte wait on each other)
-    nibble = _small_to_float if tokens > 2 else _exact_float
+    # two rows leave the FMA ports idle half the time (each sum's two FMAs a byte wait on each other);
+    # at 16 lanes (Intel's cores, whose zmm OR and subtract take the FMA ports too) the one
+    # conversion is cheaper: 4 rows 1.77x -> 1.50x a one-token step
+    nibble = _small_to_float if tokens > 2 and LANES == 8 else _exact_float
     acc = zero_slots(builder, tokens * per_pass)
     part = zero_slots(builder, tokens * per_pass)
     with cgutils.for_range(builder, i64(_VECTORS // per_pass)) as pass_loop:
@@ -346,15 +361,12 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
 
 
 def _vectors_a_pass() -> int:
-    """Vectors of 8 rows a few-token pass covers: its TOKENS_A_PASS * this partial sums, the
+    """Vectors of LANES rows a few-token pass covers: its TOKENS_A_PASS * this partial sums, the
     widened codes and the broadcasts must stay in registers. AVX-512VL gives numba's host target
-    32 vector registers (the whole group of 4 vectors: each hi/lo FMA chain has enough independent
-    neighbours to hide the FMA latency); 16 registers (AVX2, NEON's 128-bit pairs) hold 2."""
-    try:
-        wide = bool(binding.get_host_cpu_features().get("avx512vl"))
-    except RuntimeError:  # no feature query on this platform
-        wide = False
-    return _VECTORS if wide else 2
+    32 vector registers (the whole group, 4 vectors of 8 or 2 of 16: each hi/lo FMA chain has
+    enough independent neighbours to hide the FMA latency); 16 registers (AVX2, NEON's 128-bit
+    pairs) hold 2."""
+    return _VECTORS if host_has("avx512vl") else 2
 
 
 FEW_VECTORS_A_PASS = _vectors_a_pass()
