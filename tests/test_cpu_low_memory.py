@@ -124,6 +124,35 @@ def test_matmul_with_an_inner_dimension_over_one_depth_block():
     assert_product_close(out, reference(weight), x.astype(np.float64))
 
 
+def test_matmul_walking_rows_first_gives_the_depth_first_bits():
+    """From ROWS_FIRST_FROM inputs a group's product loops over rows outside the depth blocks: the
+    same partial sums added in the same order as the depth-first loop (written out here), so the
+    same bits, and within the float64 bound."""
+    from mnnllm_backends.cpu.kernels import jit
+    from mnnllm_backends.cpu.kernels.gemm import GEMM_ROWS, gemm_columns
+
+    @jit()
+    def depth_first(packed_codes, alpha, n_blocks, block, x, out, ic, groups):
+        panel = np.empty(ic * 32, np.float32)
+        flat_x, flat_out, stride = x.reshape(-1), out.reshape(-1), np.int64(32)
+        for g in range(groups):
+            linear._dequantize(4, packed_codes, alpha, n_blocks, block, g, g + 1, panel, g, 32)
+            for k0 in range(0, ic, linear.DEPTH):
+                for m0 in range(0, x.shape[0], GEMM_ROWS):
+                    gemm_columns(min(GEMM_ROWS, x.shape[0] - m0), flat_x, m0 * ic + k0, ic, panel, k0 * 32, stride,
+                                 min(linear.DEPTH, ic - k0), flat_out, m0 * out.shape[1] + g * 32, out.shape[1],
+                                 stride, k0 > 0)
+
+    weight = quantized(64, linear.ROWS_FIRST_FROM + 2 * 64, 4, 64)
+    packed = pack(weight)
+    x = RNG.standard_normal((13, weight.ic)).astype(np.float32)
+    out, expected = np.empty((13, 64), np.float32), np.empty((13, 64), np.float32)
+    linear.matmul(packed, x, out, 1)
+    depth_first(packed.codes, packed.alpha, packed.n_blocks, packed.block, x, expected, packed.ic, packed.groups)
+    assert np.array_equal(out.view(np.uint32), expected.view(np.uint32))
+    assert_product_close(out, reference(weight), x.astype(np.float64))
+
+
 def test_gemm_core_gives_the_same_bits_at_8_and_16_lanes():
     """The GEMM core's lanes run over C's columns, so each element is one chain of FMAs over k at
     any width: the 16-lane (zmm) core this machine may pick and the 8-lane one agree bit for bit,
