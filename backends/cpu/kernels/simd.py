@@ -310,8 +310,8 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
     middle = ir.Constant(VF, [8.0 if bits == 4 else 0.0] * LANES)
     token_rows = [builder.add(first_token, i64(t)) for t in range(tokens)]
     # two rows leave the FMA ports idle half the time (each sum's two FMAs a byte wait on each other);
-    # at 16 lanes (Intel's cores, whose zmm OR and subtract take the FMA ports too) the one
-    # conversion is cheaper: 4 rows 1.77x -> 1.50x a one-token step
+    # at 16 lanes (Intel's cores, where a zmm OR and subtract take the FMA ports as the conversion
+    # does) the one conversion is one micro-op where the trick is two
     nibble = _small_to_float if tokens > 2 and LANES == 8 else _exact_float
     acc = zero_slots(builder, tokens * per_pass)
     part = zero_slots(builder, tokens * per_pass)
