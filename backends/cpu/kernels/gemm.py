@@ -17,7 +17,7 @@ from .simd import FAST, LANES, array_data, fma, host_has, i64, load_vector, spla
 
 # The GEMM's vectors have the kernels' LANES: 16 (zmm) where the registers are 512 bits, else 8.
 # Each element of C is the same chain of FMAs over k whatever the width (the lanes run over
-# columns), so the bits do not depend on it. On a core with two 512-bit FMA units (Xeon, Sapphire
+# columns), so the bits do not depend on it. On a core with two 512-bit FMA units (a Xeon, Emerald
 # Rapids) the zmm core does twice the FLOPs a cycle: one thread, 480 x 576 @ 576 x 192, 91 -> 172
 # GFLOP/s (the same bits); on Zen 4 a zmm FMA takes the two 256-bit halves' slots.
 
@@ -65,7 +65,7 @@ def gemm_rows(rows: int, vectors: int, lanes: int = LANES):
     return gemm
 
 
-GEMM_ROWS = 6  # rows of A per register block: 12 accumulators + 2 B vectors + 1 broadcast
+GEMM_ROWS = 6  # rows of A per register block (16 columns at 8 lanes: 12 accumulators + 2 B vectors + 1 broadcast)
 # `accumulate` = False (C overwritten) as a numpy bool, not a literal: numba compiles a kernel once
 # more for each literal argument, and the linears pass a bool that varies
 OVERWRITE = np.bool_(False)
