@@ -137,14 +137,17 @@ def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]
 
 def forward_costs(llm, verify: int, runs: int) -> dict:
     """What one verify step costs against one decode step: the main model's forward of `verify`
-    tokens (all logits) and of one token, after a short prompt (medians)."""
+    tokens (all logits) and of one token, after a short prompt (medians of the replayed runs: a
+    shape's first two runs, op by op and recording, are not timed, as in generation they happen
+    once)."""
     llm.reset()
     llm.forward(llm.tokenizer_encode("Hello, how are you?"))
     costs = {}
-    for seq in (1, verify) * max(3, runs):
+    for index, seq in enumerate((1, verify) * (2 + max(3, runs))):
         start = time.perf_counter()
         llm.forward([llm.context.history_tokens[-1]] * seq, all_logits=seq > 1)
-        costs.setdefault(seq, []).append((time.perf_counter() - start) * 1e3)
+        if index >= 4:
+            costs.setdefault(seq, []).append((time.perf_counter() - start) * 1e3)
         del llm.context.history_tokens[-seq:]
     llm.reset()
     one, many = statistics.median(costs[1]), statistics.median(costs[verify])
