@@ -30,11 +30,7 @@ print(SIMD_LANES)
 
 
 def host_wide() -> bool:
-    from llvmlite import binding
-    try:
-        return bool(binding.get_host_cpu_features().get("avx512f"))
-    except RuntimeError:
-        return False
+    return kernels.host_has("avx512f")
 
 
 def logits_at(lanes: int, tmp_path) -> np.ndarray:

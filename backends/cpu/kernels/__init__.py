@@ -25,6 +25,16 @@ import numba  # noqa: E402
 HALF_RATE_512 = frozenset({"znver4"})
 
 
+def host_has(*features: str) -> bool:
+    """Whether numba's host target has all these LLVM cpu features (e.g. "avx512f")."""
+    from llvmlite import binding
+    try:
+        found = binding.get_host_cpu_features()
+    except RuntimeError:  # no feature query on this platform
+        return False
+    return all(found.get(feature) for feature in features)
+
+
 def _simd_lanes() -> int:
     """float32 lanes of the kernels' vectors: 16 where numba's host target has 512-bit registers
     (AVX-512F) at full rate, else 8. `MNNLLM_SIMD_LANES` (8, or 16 with AVX-512F) overrides it,
@@ -32,15 +42,11 @@ def _simd_lanes() -> int:
     columns, never over a sum).
     A Xeon (Emerald Rapids), one thread, shared model: prefill 300 -> 471 tok/s, decode 135 -> 191."""
     from llvmlite import binding
-    try:
-        wide = bool(binding.get_host_cpu_features().get("avx512f"))
-        name = binding.get_host_cpu_name()
-    except RuntimeError:  # no feature query on this platform
-        wide, name = False, ""
+    wide = host_has("avx512f")
     wanted = os.environ.get("MNNLLM_SIMD_LANES", "").strip()
     if wanted in ("8", "16"):  # 16 needs the 512-bit registers (the kernels' asm names one)
         return 16 if wanted == "16" and wide else 8
-    return 16 if wide and name not in HALF_RATE_512 else 8
+    return 16 if wide and binding.get_host_cpu_name() not in HALF_RATE_512 else 8
 
 
 SIMD_LANES = _simd_lanes()

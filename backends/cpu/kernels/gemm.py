@@ -12,8 +12,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import jit
-from .simd import FAST, LANES, array_data, fma, host_has, i64, load_vector, splat, store_vector, zero_slots
+from . import host_has, jit
+from .simd import FAST, LANES, array_data, fma, i64, load_vector, splat, store_vector, zero_slots
 
 # The GEMM's vectors have the kernels' LANES: 16 (zmm) where the registers are 512 bits, else 8.
 # Each element of C is the same chain of FMAs over k whatever the width (the lanes run over

@@ -32,14 +32,14 @@ import functools
 from dataclasses import dataclass
 
 import numpy as np
-from llvmlite import binding, ir
+from llvmlite import ir
 from numba import prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from mnnllm_core.backend_api import QuantizedWeight
 
-from . import jit, layout
+from . import host_has, jit, layout
 from .linear import MEMBERS
 from .simd import GROUP_ROWS, PREFETCH_BYTES, prefetch
 
@@ -59,11 +59,7 @@ _VH = ir.VectorType(ir.HalfType(), ROWS)
 
 def supported() -> bool:
     """Whether this cpu has the instruction the kernel is written with (AVX512-VNNI)."""
-    try:
-        features = binding.get_host_cpu_features()
-    except RuntimeError:
-        return False
-    return bool(features.get("avx512vnni")) and bool(features.get("avx512bw"))
+    return host_has("avx512vnni", "avx512bw")
 
 
 @dataclass(eq=False)

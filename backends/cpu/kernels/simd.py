@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import platform
 
-from llvmlite import binding, ir
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import SIMD_LANES
+from . import SIMD_LANES, host_has
 
 GROUP_ROWS = 32  # rows interleaved per group: 4 vectors of 8 lanes, or 2 of 16
 LANES = SIMD_LANES
@@ -32,14 +32,6 @@ _VH = ir.VectorType(ir.HalfType(), LANES)
 FAST = ("fast",)
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 _VECTORS = GROUP_ROWS // LANES
-
-
-def host_has(feature: str) -> bool:
-    """Whether numba's host target has this LLVM cpu feature (e.g. "avx512f")."""
-    try:
-        return bool(binding.get_host_cpu_features().get(feature))
-    except RuntimeError:  # no feature query on this platform
-        return False
 
 
 def i64(value: int) -> ir.Constant:
