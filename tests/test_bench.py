@@ -176,3 +176,53 @@ def test_an_unknown_llama_kv_type_is_refused_by_name():
     done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "--vs-llama",
                            "--llama-kv", "f16,q9"], capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "'q9'" in done.stderr and "--llama-kv" in done.stderr
+
+
+def test_the_roofline_line_gives_its_share_of_the_hosts_read_bandwidth():
+    ours, mnn = _fake_results()
+    ours["host_read_gbs"] = 26.0
+    text = render([ours, mnn], "md")
+    # 500 MiB x 31 tok/s = 16.25 GB/s, 62.5% of 26
+    assert "= 16.25 GB/s, 63% of the 26.00 GB/s this host's memory reads at 2 threads" in text
+    del ours["host_read_gbs"]
+    assert "this host's memory" not in render([ours], "md")
+
+
+def test_the_host_is_probed_once_per_thread_count_for_runs_that_read_host_memory(monkeypatch):
+    from mnnllm_core.bench import runner
+    calls = []
+
+    def fake_worker(module, job, timeout):
+        calls.append((module, job["threads"]))
+        return {"read_gbs": {str(t): 10.0 * t for t in job["threads"]}, "bytes": 1}
+
+    monkeypatch.setattr(runner, "call_worker", fake_worker)
+    ours, _ = _fake_results()
+    host = [{**ours, "threads": t, "reads_host_memory": True} for t in (1, 2, 2)]
+    device = {**ours, "threads": 4, "reads_host_memory": False}
+    prefill_only = {**ours, "threads": 8, "reads_host_memory": True, "rows": ours["rows"][:1]}
+    runner.attach_host_bandwidth(host + [device, prefill_only], 60)
+    assert calls == [("mnnllm_core.bench.memory_probe", [1, 2])]
+    assert [r["host_read_gbs"] for r in host] == [10.0, 20.0, 20.0]
+    assert "host_read_gbs" not in device and "host_read_gbs" not in prefill_only
+    calls.clear()
+    runner.attach_host_bandwidth([device], 60)
+    assert calls == []
+
+
+def test_the_memory_probe_reads_a_buffer_bigger_than_the_cache_and_reports_gb_per_second(monkeypatch):
+    from mnnllm_core.bench import memory_probe
+    monkeypatch.setattr(memory_probe.os, "sysconf", lambda name: 1 << 40 if name == "SC_AVPHYS_PAGES" else 4096)
+    for cache, size in ((300 << 20, 1200 << 20), (8 << 20, memory_probe.MIN_BYTES), (1 << 30, memory_probe.MAX_BYTES)):
+        monkeypatch.setattr(memory_probe, "last_level_cache_bytes", lambda cache=cache: cache)
+        assert memory_probe.buffer_bytes() == size
+    monkeypatch.setattr(memory_probe.os, "sysconf", lambda name: 100_000 if name == "SC_AVPHYS_PAGES" else 4096)
+    assert memory_probe.buffer_bytes() == 100_000 * 4096 // 4  # a quarter of the free memory at most
+    monkeypatch.undo()
+    assert memory_probe.last_level_cache_bytes() >= 0
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.bench.memory_probe"],
+                          input=json.dumps({"threads": [1, 2]}), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout.split("@@BENCH@@", 1)[1])
+    assert set(reply["read_gbs"]) == {"1", "2"} and all(0.1 < v < 10_000 for v in reply["read_gbs"].values())
+    assert 16 << 20 <= reply["bytes"] <= memory_probe.MAX_BYTES

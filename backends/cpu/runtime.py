@@ -77,6 +77,7 @@ class CPUBackend(HostBackend):
 class CPURuntime(Runtime):
     name = "cpu"
     hints_type = CPUHints
+    reads_host_memory = True
 
     def __init__(self, config: ScheduleConfig, hints: dict[str, Any] | None = None):
         super().__init__(config, hints)

@@ -134,6 +134,7 @@ def run(job: dict) -> dict:
         "honours": sorted(honours), "load_s": load_s,
         "device": llm.runtime_manager.runtime.device_name(), "placement": llm.placement(),
         "decode_weight_bytes": _packed_bytes(llm),
+        "reads_host_memory": llm.runtime_manager.runtime.reads_host_memory,
         "versions": {"mnnllm": __version__, "numpy": np.__version__, "python": platform.python_version(),
                      "backend": registry().version_of(job["backend"])},
         "rows": rows,

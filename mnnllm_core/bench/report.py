@@ -91,8 +91,13 @@ def _roofline(results: list[dict]) -> list[str]:
                     key=lambda row: row.get("n_depth", 0))  # the shallowest: weights, not the KV cache
         if weight and tg:
             speed = tg[0]["avg_ts"]
-            lines.append(f"\ndecode roofline ({result['backend']}, t{result['threads']}): {weight / 2**20:.1f} MiB "
-                         f"of weights per token x {speed:.1f} tok/s = {weight * speed / 1e9:.2f} GB/s")
+            line = (f"\ndecode roofline ({result['backend']}, t{result['threads']}): {weight / 2**20:.1f} MiB "
+                    f"of weights per token x {speed:.1f} tok/s = {weight * speed / 1e9:.2f} GB/s")
+            if result.get("host_read_gbs"):
+                share = weight * speed / 1e9 / result["host_read_gbs"]
+                line += (f", {100 * share:.0f}% of the {result['host_read_gbs']:.2f} GB/s this host's memory reads "
+                         f"at {result['threads']} thread{'s' if result['threads'] > 1 else ''}")
+            lines.append(line)
     return lines
 
 

@@ -65,6 +65,23 @@ def run_bench(models: list[str], backends: list[str], threads: list[int], tests:
     return results, references
 
 
+def attach_host_bandwidth(results: list[dict], timeout: float) -> None:
+    """The host's read bandwidth at each result's thread count (`host_read_gbs`), measured once per
+    thread count in a worker of its own, for the results whose weights are read from host memory
+    and that decoded (the roofline line compares the two)."""
+    wanted = [r for r in results if r.get("reads_host_memory") and r.get("decode_weight_bytes")
+              and any(row["n_prompt"] == 0 and row["n_gen"] for row in r["rows"])]
+    if not wanted:
+        return
+    threads = sorted({r["threads"] for r in wanted})
+    print(f"[memory] read bandwidth of this host, {', '.join(map(str, threads))} threads", file=sys.stderr,
+          flush=True)
+    probe = call_worker("mnnllm_core.bench.memory_probe", {"config": "-", "backend": "memory probe",
+                                                          "threads": threads}, timeout)
+    for result in wanted:
+        result["host_read_gbs"] = probe["read_gbs"][str(result["threads"])]
+
+
 def _run_all(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,
              timeout, memory, vs_llama, settings, llama_kv) -> None:
     combos = list(product(models, backends, memory or [None], threads))
@@ -74,6 +91,7 @@ def _run_all(results: list, references: list, models, backends, threads, tests, 
         job = {"config": model, "backend": backend, "threads": thread, "tests": tests, "reps": reps,
                "precision": precision, "profile": profile, "memory": mode, "settings": settings}
         results.append(call_worker("mnnllm_core.bench.mnnllm_worker", job, timeout))
+    attach_host_bandwidth(results, timeout)
     if vs_mnn:
         for model, thread in product(models, threads):
             print(f"[MNN] {model}, {thread} threads", file=sys.stderr, flush=True)

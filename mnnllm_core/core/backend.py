@@ -258,6 +258,9 @@ class Runtime:
 
     name = "abstract"
     hints_type: type[RuntimeHints] = RuntimeHints
+    # Whether the weights a run reads live in the host's memory (the cpu backend): `mnnllm bench`
+    # then judges the decode roofline against the host's measured read bandwidth (memory_probe.py).
+    reads_host_memory = False
 
     def __init__(self, config: ScheduleConfig, hints: RuntimeHints | Mapping[str, Any] | None = None):
         self.config = config
