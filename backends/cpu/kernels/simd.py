@@ -167,7 +167,6 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
         c_start_v, a_start_v, blocks, per_block, o_start_v = args[1], args[3], args[7], args[8], args[10]
         acc = zero_slots(builder, _VECTORS)
         part = zero_slots(builder, _VECTORS)
-        mask = ir.Constant(_VI, [15] * LANES)
         with cgutils.for_range(builder, blocks) as block_loop:
             b = block_loop.index
             reset_slots(builder, part)
@@ -181,7 +180,7 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
                 for v in range(_VECTORS):
                     w = _wide_codes(builder, code_p, builder.add(row0, i64(v * LANES)))
                     whole = builder.sitofp(w, VF)
-                    low = builder.sitofp(builder.and_(w, mask), VF)
+                    low = _low_nibble_float(builder, w)
                     total = fma(builder, low, low_x, fma(builder, whole, whole_x, builder.load(part[v])))
                     builder.store(total, part[v])
             sums = [builder.load(part[v]) for v in range(_VECTORS)]
@@ -283,6 +282,21 @@ def _exact_float(builder, value):
     return builder.sitofp(value, VF)
 
 
+_NIBBLE_LOOKUP = _X86 and LANES == 16  # vpermps reads 4 bits of each index at 16 lanes, 3 at 8
+
+
+def _low_nibble_float(builder, value):
+    """The low nibbles of LANES code bytes (in 32-bit lanes) as floats 0..15. At 16 lanes on x86
+    one `vpermps` from a table of the 16 floats (it reads the low 4 bits of each lane, so no mask):
+    one micro-op where the mask and the conversion are two on the ports the FMAs need, the same
+    bits (every table entry is the conversion's value)."""
+    if not _NIBBLE_LOOKUP:
+        return _exact_float(builder, builder.and_(value, ir.Constant(_VI, [15] * LANES)))
+    function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(VF, [VF, _VI]),
+                                              "llvm.x86.avx512.permvar.sf.512")
+    return builder.call(function, [ir.Constant(VF, [float(n) for n in range(16)]), value])
+
+
 def _small_to_float(builder, value):
     """LANES integers 0..255 as floats, exactly as `uitofp` gives them, but as an integer OR
     and a float subtract (2^23 + v - 2^23): the FMA ports, which a few-token pass of 3 or more rows
@@ -322,7 +336,9 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
                     index = builder.add(row0, i64(u * LANES))
                     if bits == 4:  # the byte and its low nibble, as `q4_group_dot`
                         w = _wide_codes(builder, code_p, index)
-                        weights.append((nibble(builder, w), nibble(builder, builder.and_(w, mask))))
+                        low = (_low_nibble_float(builder, w) if nibble is _exact_float
+                               else nibble(builder, builder.and_(w, mask)))
+                        weights.append((nibble(builder, w), low))
                     else:
                         weights.append((_values(builder, code_p, index),))
                 for t in range(tokens):
