@@ -210,6 +210,22 @@ def test_the_host_is_probed_once_per_thread_count_for_runs_that_read_host_memory
     assert calls == []
 
 
+def test_a_failing_memory_probe_costs_the_roofline_its_share_not_the_runs(monkeypatch, capsys):
+    from mnnllm_core.bench import runner
+    from mnnllm_core.bench.worker_protocol import WorkerError
+
+    def failing(module, job, timeout):
+        raise WorkerError("MemoryError: cannot allocate")
+
+    monkeypatch.setattr(runner, "call_worker", failing)
+    ours, _ = _fake_results()
+    host = {**ours, "reads_host_memory": True}
+    runner.attach_host_bandwidth([host], 60)
+    assert "host_read_gbs" not in host
+    assert "[memory] no read bandwidth: MemoryError: cannot allocate" in capsys.readouterr().err
+    assert "= 16.25 GB/s\n" in render([host], "md") + "\n"
+
+
 def test_the_memory_probe_reads_a_buffer_bigger_than_the_cache_and_reports_gb_per_second(monkeypatch):
     from mnnllm_core.bench import memory_probe
     monkeypatch.setattr(memory_probe.os, "sysconf", lambda name: 1 << 40 if name == "SC_AVPHYS_PAGES" else 4096)

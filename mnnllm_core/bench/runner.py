@@ -68,7 +68,8 @@ def run_bench(models: list[str], backends: list[str], threads: list[int], tests:
 def attach_host_bandwidth(results: list[dict], timeout: float) -> None:
     """The host's read bandwidth at each result's thread count (`host_read_gbs`), measured once per
     thread count in a worker of its own, for the results whose weights are read from host memory
-    and that decoded (the roofline line compares the two)."""
+    and that decoded (the roofline line compares the two). A probe that fails costs the lines their
+    share, not the runs: it is said on stderr."""
     wanted = [r for r in results if r.get("reads_host_memory") and r.get("decode_weight_bytes")
               and any(row["n_prompt"] == 0 and row["n_gen"] for row in r["rows"])]
     if not wanted:
@@ -76,8 +77,12 @@ def attach_host_bandwidth(results: list[dict], timeout: float) -> None:
     threads = sorted({r["threads"] for r in wanted})
     print(f"[memory] read bandwidth of this host, {', '.join(map(str, threads))} threads", file=sys.stderr,
           flush=True)
-    probe = call_worker("mnnllm_core.bench.memory_probe", {"config": "-", "backend": "memory probe",
-                                                          "threads": threads}, timeout)
+    try:
+        probe = call_worker("mnnllm_core.bench.memory_probe", {"config": "-", "backend": "memory probe",
+                                                              "threads": threads}, timeout)
+    except MnnllmError as err:
+        print(f"[memory] no read bandwidth: {err}", file=sys.stderr, flush=True)
+        return
     for result in wanted:
         result["host_read_gbs"] = probe["read_gbs"][str(result["threads"])]
 
