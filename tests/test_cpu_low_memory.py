@@ -94,6 +94,37 @@ def test_gemv_matches_float64(case, threads):
     assert_product_close(result[:weight.oc], reference(weight), x.astype(np.float64))
 
 
+@pytest.mark.parametrize("half", [True, False])
+def test_two_groups_at_once_give_each_groups_bits(half):
+    """`q4_group_pair_dot` (what the GEMV runs at 16 lanes) against `q4_group_dot` group by group."""
+    from numba import njit
+
+    from mnnllm_backends.cpu.kernels.simd import GROUP_ROWS, q4_group_dot, q4_group_pair_dot
+
+    @njit
+    def run(codes, alpha, xe, xo, xs, out, n_blocks, block, groups, paired):
+        group_bytes = xe.shape[0] * GROUP_ROWS
+        for g in range(0, groups, 2 if paired else 1):
+            if paired:
+                q4_group_pair_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, xe, xo, xs, n_blocks,
+                                  block // 2, out, g * GROUP_ROWS)
+            else:
+                q4_group_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, xe, xo, xs, n_blocks,
+                             block // 2, out, g * GROUP_ROWS)
+
+    oc, ic, block = 192, 256, 64
+    n_blocks = ic // block
+    codes = RNG.integers(0, 256, oc * ic // 2, dtype=np.uint8)
+    alpha = RNG.standard_normal(oc // GROUP_ROWS * n_blocks * 2 * GROUP_ROWS).astype(np.float32)
+    alpha = alpha.astype(np.float16).view(np.uint16) if half else alpha
+    xe, xo = (RNG.standard_normal(ic // 2).astype(np.float32) for _ in range(2))
+    xs = RNG.standard_normal(n_blocks).astype(np.float32)
+    one, two = np.zeros(oc, np.float32), np.zeros(oc, np.float32)
+    run(codes, alpha, xe, xo, xs, one, n_blocks, block, oc // GROUP_ROWS, False)
+    run(codes, alpha, xe, xo, xs, two, n_blocks, block, oc // GROUP_ROWS, True)
+    assert np.any(one != 0) and np.array_equal(one.view(np.int32), two.view(np.int32))
+
+
 def test_one_gemv_over_three_members_equals_each_alone():
     weights = [pack(quantized(oc, 96, 4, 32)) for oc in (45, 20, 33)]
     x = RNG.standard_normal(96).astype(np.float32)

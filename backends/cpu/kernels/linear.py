@@ -15,7 +15,8 @@ from numba import prange
 from . import jit
 from .layout import PackedWeight
 from .gemm import GEMM_ROWS, gemm_block, gemm_columns
-from .simd import (FEW_TOKENS_MAX, GROUP_ROWS, q4_few_dot, q4_group_dequantize, q4_group_dot, q8_few_dot,
+from .simd import (FEW_TOKENS_MAX, GROUP_ROWS, PAIRED_GROUPS, q4_few_dot, q4_group_dequantize, q4_group_dot,
+                   q4_group_pair_dot, q8_few_dot,
                    q8_group_dequantize, q8_group_dot)
 
 FEW_TOKENS = FEW_TOKENS_MAX  # 2 up to this many rows run the few-token GEMV (each weight byte read once)
@@ -87,7 +88,13 @@ MEMBERS = 3  # weights one GEMV call computes together (q, k, v); unused places 
 @jit()
 def _q4_rows(codes, alpha, x_even, x_odd, x_sum, out, n_blocks, block, g0, g1):
     group_bytes = x_even.shape[0] * GROUP_ROWS
-    for g in range(g0, g1):
+    g = g0
+    if PAIRED_GROUPS:
+        while g + 1 < g1:
+            q4_group_pair_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, x_even, x_odd, x_sum,
+                              n_blocks, block // 2, out, g * GROUP_ROWS)
+            g += 2
+    for g in range(g, g1):
         q4_group_dot(codes, g * group_bytes, alpha, g * n_blocks * 2 * GROUP_ROWS, x_even, x_odd, x_sum,
                      n_blocks, block // 2, out, g * GROUP_ROWS)
 

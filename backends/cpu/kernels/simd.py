@@ -147,10 +147,61 @@ def prefetch(builder, pointer, index):
     builder.call(function, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
-@intrinsic
-def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes,
-                 out, o_start):
-    """One group of 32 rows of an int4 GEMV: out[o_start:o_start+32] = W_group @ x.
+def _q4_dot(groups: int):
+    """The intrinsic of `groups` consecutive groups of 32 rows of an int4 GEMV (see `q4_group_dot`):
+    each row's sum is the same chain of FMAs whatever the count, so the bits are the same; more
+    groups give the loop more independent chains (`q4_group_pair_dot`)."""
+
+    @intrinsic
+    def dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes, out, o_start):
+        sig = types.void(codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes, out, o_start)
+        half = alpha.dtype == types.uint16
+
+        def codegen(context, builder, signature, args):
+            tys = signature.args
+            code_p, alpha_p = array_data(context, builder, tys[0], args[0]), array_data(context, builder, tys[2], args[2])
+            xe_p, xo_p = array_data(context, builder, tys[4], args[4]), array_data(context, builder, tys[5], args[5])
+            xs_p, out_p = array_data(context, builder, tys[6], args[6]), array_data(context, builder, tys[9], args[9])
+            c_start_v, a_start_v, blocks, per_block, o_start_v = args[1], args[3], args[7], args[8], args[10]
+            group_bytes = builder.mul(builder.mul(blocks, per_block), i64(GROUP_ROWS))
+            code_starts = [builder.add(c_start_v, builder.mul(group_bytes, i64(k))) for k in range(groups)]
+            alpha_starts = [builder.add(a_start_v, builder.mul(blocks, i64(2 * GROUP_ROWS * k))) for k in range(groups)]
+            acc = [zero_slots(builder, _VECTORS) for _ in range(groups)]
+            part = [zero_slots(builder, _VECTORS) for _ in range(groups)]
+            with cgutils.for_range(builder, blocks) as block_loop:
+                b = block_loop.index
+                for k in range(groups):
+                    reset_slots(builder, part[k])
+                first = builder.mul(b, per_block)
+                with cgutils.for_range(builder, per_block) as byte_loop:
+                    j = builder.add(first, byte_loop.index)
+                    whole_x = splat(builder, builder.load(builder.gep(xe_p, [j])))
+                    low_x = splat(builder, builder.load(builder.gep(xo_p, [j])))
+                    for k in range(groups):
+                        row0 = builder.add(code_starts[k], builder.mul(j, i64(GROUP_ROWS)))
+                        prefetch(builder, code_p, builder.add(row0, i64(PREFETCH_BYTES)))
+                        for v in range(_VECTORS):
+                            w = _wide_codes(builder, code_p, builder.add(row0, i64(v * LANES)))
+                            whole = builder.sitofp(w, VF)
+                            low = _low_nibble_float(builder, w)
+                            total = fma(builder, low, low_x, fma(builder, whole, whole_x, builder.load(part[k][v])))
+                            builder.store(total, part[k][v])
+                xs = splat(builder, builder.load(builder.gep(xs_p, [b])))
+                for k in range(groups):
+                    sums = [builder.load(part[k][v]) for v in range(_VECTORS)]
+                    a_index = builder.add(alpha_starts[k], builder.mul(b, i64(2 * GROUP_ROWS)))
+                    _accumulate(builder, alpha_p, a_index, half, xs, 8, sums, acc[k])
+            for k in range(groups):
+                _finish(builder, out_p, builder.add(o_start_v, i64(k * GROUP_ROWS)), acc[k])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return dot
+
+
+q4_group_dot = _q4_dot(1)
+q4_group_dot.__doc__ = """One group of 32 rows of an int4 GEMV: out[o_start:o_start+32] = W_group @ x.
 
     codes uint8 [ic/2][32] from c_start (byte j of row r at j*32 + r: high nibble is
     weight 2j, low nibble weight 2j+1); alpha [n_blocks][zero[32], scale[32]] from a_start
@@ -160,41 +211,11 @@ def q4_group_dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum
     one sum a vector, in order, as the few-token kernel adds them (its rows must equal this bit
     for bit).
     """
-    sig = types.void(codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes, out, o_start)
-    half = alpha.dtype == types.uint16
-
-    def codegen(context, builder, signature, args):
-        tys = signature.args
-        code_p, alpha_p = array_data(context, builder, tys[0], args[0]), array_data(context, builder, tys[2], args[2])
-        xe_p, xo_p = array_data(context, builder, tys[4], args[4]), array_data(context, builder, tys[5], args[5])
-        xs_p, out_p = array_data(context, builder, tys[6], args[6]), array_data(context, builder, tys[9], args[9])
-        c_start_v, a_start_v, blocks, per_block, o_start_v = args[1], args[3], args[7], args[8], args[10]
-        acc = zero_slots(builder, _VECTORS)
-        part = zero_slots(builder, _VECTORS)
-        with cgutils.for_range(builder, blocks) as block_loop:
-            b = block_loop.index
-            reset_slots(builder, part)
-            first = builder.mul(b, per_block)
-            with cgutils.for_range(builder, per_block) as byte_loop:
-                j = builder.add(first, byte_loop.index)
-                whole_x = splat(builder, builder.load(builder.gep(xe_p, [j])))
-                low_x = splat(builder, builder.load(builder.gep(xo_p, [j])))
-                row0 = builder.add(c_start_v, builder.mul(j, i64(GROUP_ROWS)))
-                prefetch(builder, code_p, builder.add(row0, i64(PREFETCH_BYTES)))
-                for v in range(_VECTORS):
-                    w = _wide_codes(builder, code_p, builder.add(row0, i64(v * LANES)))
-                    whole = builder.sitofp(w, VF)
-                    low = _low_nibble_float(builder, w)
-                    total = fma(builder, low, low_x, fma(builder, whole, whole_x, builder.load(part[v])))
-                    builder.store(total, part[v])
-            sums = [builder.load(part[v]) for v in range(_VECTORS)]
-            xs = splat(builder, builder.load(builder.gep(xs_p, [b])))
-            a_index = builder.add(a_start_v, builder.mul(b, i64(2 * GROUP_ROWS)))
-            _accumulate(builder, alpha_p, a_index, half, xs, 8, sums, acc)
-        _finish(builder, out_p, o_start_v, acc)
-        return context.get_dummy_value()
-
-    return sig, codegen
+# two groups at once, the second's codes, alphas and outputs right after the first's: at 16 lanes
+# a group is two vectors, two chains of two dependent FMAs a byte, so one group at a time waits on
+# the FMAs' latency (8 cycles a byte) where two keep four chains in flight
+q4_group_pair_dot = _q4_dot(2)
+PAIRED_GROUPS = _VECTORS < 4  # at 8 lanes a group already runs four chains (and AVX2 has 16 registers)
 
 
 @intrinsic
