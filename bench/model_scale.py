@@ -265,6 +265,7 @@ def main() -> None:
     parser.add_argument("-n", default="32")
     parser.add_argument("-rep", default="3")
     parser.add_argument("-t", default="2")
+    parser.add_argument("--rounds", default="1", help="mnnllm bench --rounds: the engines in turn this many times")
     parser.add_argument("--build-only", action="store_true", help="build the models, run no benchmark")
     parser.add_argument("--vs-llama", action="store_true",
                         help="also run llama.cpp, on a Q4_1 GGUF of each shape with the same weights (bench/shape_gguf.py, "
@@ -288,7 +289,7 @@ def main() -> None:
     if args.vs_llama:
         ggufs = [str(build_gguf(shape, root)) for shape in shapes for _ in formats]
         bench += ["--vs-llama", ",".join(ggufs)]
-    done = subprocess.run([*bench, "-p", args.p, "-n", args.n, "-rep", args.rep])  # prints its rows and error
+    done = subprocess.run([*bench, "-p", args.p, "-n", args.n, "-rep", args.rep, "--rounds", args.rounds])  # prints its rows and error
     if args.mmap_loads:
         mmap_loads(bench, args.p, root)
     sys.exit(done.returncode)

@@ -440,7 +440,7 @@ def cmd_bench(args) -> int:
     try:
         results, references = run_bench(models, backends, args.t, tests, args.rep, args.c, args.profile,
                                         args.vs_mnn, memory=memory, vs_llama=gguf, settings=settings,
-                                        llama_kv=llama_kv)
+                                        llama_kv=llama_kv, rounds=args.rounds)
     except BenchStopped as stopped:  # the rows that finished, then the error
         print(render(stopped.results + stopped.references, args.o, extra=args.extra), flush=True)
         raise stopped.error from None
@@ -597,6 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="KV depths, e.g. 0,1024: each test runs after that many tokens prefilled untimed "
                             "(llama-bench's -d; rows read tg128 @ d1024)")
     bench.add_argument("-rep", type=_count(1), default=5, help="repetitions (after one warm-up run)")
+    bench.add_argument("--rounds", type=_count(1), default=1,
+                       help="run every engine this many times, in turn, each time a fresh process with -rep "
+                            "repetitions: the engines share the host's changing load, so ratios hold on a busy machine")
     bench.add_argument("-c", type=int, choices=(0, 1, 2), default=2, help="precision: 0 normal, 1 high, 2 low")
     bench.add_argument("-o", choices=("md", "json", "jsonl", "csv"), default="md", help="output format")
     bench.add_argument("--profile", action="store_true", help="time per op type for one prefill and one decode")

@@ -242,3 +242,66 @@ def test_the_memory_probe_reads_a_buffer_bigger_than_the_cache_and_reports_gb_pe
     reply = json.loads(done.stdout.split("@@BENCH@@", 1)[1])
     assert set(reply["read_gbs"]) == {"1", "2"} and all(0.1 < v < 10_000 for v in reply["read_gbs"].values())
     assert 16 << 20 <= reply["bytes"] <= memory_probe.MAX_BYTES
+
+
+def _round_result(backend: str, samples: list[float], load_s: float, peak: float, cold: float) -> dict:
+    ours, _ = _fake_results()
+    row = {**ours["rows"][0], "samples_ts": samples, "avg_ts": sum(samples) / len(samples), "cold_ts": cold}
+    return {**ours, "backend": backend, "load_s": load_s, "peak_rss_mb": peak, "rows": [row]}
+
+
+def test_rounds_join_their_samples_and_take_the_median_load_and_the_highest_peak():
+    from mnnllm_core.bench.rounds import merge_rounds
+    rounds = [[_round_result("cpu", [100.0, 110.0], 1.0, 600, 90.0)],
+              [_round_result("cpu", [60.0, 70.0], 3.0, 650, 50.0)],
+              [_round_result("cpu", [80.0, 80.0], 2.0, 620, 70.0)]]
+    [merged] = merge_rounds(rounds)
+    row = merged["rows"][0]
+    assert row["samples_ts"] == [100.0, 110.0, 60.0, 70.0, 80.0, 80.0]
+    assert row["avg_ts"] == 500 / 6 and abs(row["stddev_ts"] - 18.619) < 1e-3 and row["cold_ts"] == 70.0
+    assert merged["load_s"] == 2.0 and merged["peak_rss_mb"] == 650 and merged["rounds"] == 3
+    assert merge_rounds(rounds[:1]) == rounds[0] and "rounds" not in rounds[0][0]
+
+
+def test_in_rounds_every_engine_runs_in_turn_and_a_failed_round_keeps_the_finished_ones(monkeypatch):
+    from mnnllm_core.bench import runner
+    from mnnllm_core.bench.worker_protocol import WorkerError
+    calls = []
+
+    def fake_worker(module, job, timeout):
+        engine = module.rsplit(".", 1)[1]
+        calls.append(engine)
+        if engine == "memory_probe":
+            return {"read_gbs": {"2": 20.0}, "bytes": 1}
+        if len(calls) > 4:
+            raise WorkerError("the third round failed")
+        speed = 100.0 * len(calls)
+        return _round_result("mnn-cpu(low)" if engine == "mnn_worker" else "cpu", [speed] * job["reps"], 1.0, 600, speed)
+
+    monkeypatch.setattr(runner, "call_worker", fake_worker)
+    ours, mnn = runner.run_bench([str(CONFIG)], ["cpu"], [2], [(8, 0)], 2, 2, False, True, rounds=2)
+    assert calls == ["mnnllm_worker", "mnn_worker", "mnnllm_worker", "mnn_worker"]  # in turn, not one after the other
+    assert ours[0]["rows"][0]["samples_ts"] == [100.0, 100.0, 300.0, 300.0]
+    assert mnn[0]["rows"][0]["samples_ts"] == [200.0, 200.0, 400.0, 400.0]
+    calls.clear()
+    try:
+        runner.run_bench([str(CONFIG)], ["cpu"], [2], [(8, 0)], 1, 2, False, True, rounds=3)
+    except runner.BenchStopped as stopped:
+        assert str(stopped.error) == "the third round failed"
+        assert stopped.results[0]["rows"][0]["samples_ts"] == [100.0, 300.0] and stopped.results[0]["rounds"] == 2
+        assert stopped.references[0]["rows"][0]["samples_ts"] == [200.0, 400.0]
+    else:
+        raise AssertionError("the failed round was not reported")
+
+
+def test_rounds_run_the_real_workers_in_turn():
+    rows, stderr = _bench_json(CONFIG, "-p", "16", "-n", "0", "-rep", "1", "--rounds", "2")
+    [row] = rows
+    assert len(row["samples_ts"]) == 2 and row["rounds"] == 2
+    assert "[round 1/2]" in stderr and "[round 2/2]" in stderr
+
+
+def test_rounds_below_one_are_refused():
+    done = subprocess.run([sys.executable, "-m", "mnnllm_core.cli", "bench", "-m", str(CONFIG), "--rounds", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--rounds: must be >= 1, got 0" in done.stderr

@@ -29,6 +29,7 @@ def flatten(results: list[dict]) -> list[dict]:
                 **({"cold_ts": row["cold_ts"]} if "cold_ts" in row else {}),
                 **({"mp_s": row["mp_s"]} if "mp_s" in row else {}),
                 **({"n_kv": row["n_kv"]} if "n_kv" in row else {}),
+                **({"rounds": result["rounds"]} if "rounds" in result else {}),
             })
     return rows
 

@@ -8,6 +8,7 @@ from ..errors import ConfigError, MnnllmError
 from ..llm.config import LlmConfig
 from . import llama_worker
 from .bench_tests import BenchTest, label
+from .rounds import merge_rounds
 from .worker_protocol import call_worker
 
 
@@ -46,18 +47,29 @@ def llama_pairs(models: list[str], vs_llama: str | None) -> list[tuple[str, str]
 def run_bench(models: list[str], backends: list[str], threads: list[int], tests: list[tuple[int, int, int]],
               reps: int, precision: int, profile: bool, vs_mnn: bool, timeout: float = 3600,
               memory: list[str | None] | None = None, vs_llama: str | None = None,
-              settings: dict | None = None, llama_kv: list[str] | None = None) -> tuple[list, list]:
+              settings: dict | None = None, llama_kv: list[str] | None = None,
+              rounds: int = 1) -> tuple[list, list]:
     """Our rows, then the reference rows: MNN's (vs_mnn) and llama.cpp's on the GGUF `vs_llama`.
-    `tests` holds (prompt, gen, depth) each.
+    `tests` holds (prompt, gen, depth) each; every engine runs `rounds` times, in turn (rounds.py).
     `memory` lists the memory modes to run (None: the model's own setting); `settings` are config
     keys set in every run of ours and MNN's (`--set`); `llama_kv` the KV cache types llama.cpp runs
     with (f16 by default). A run that fails after others finished raises
-    BenchStopped with their rows."""
+    BenchStopped with their rows (those of the rounds that finished, or of the first round's
+    runs that did)."""
     results, references = [], []
     llama_pairs(models, vs_llama)  # a mismatch is an error before any run
     try:
-        _run_all(results, references, models, backends, threads, tests, reps, precision, profile, vs_mnn, timeout,
-                 memory, vs_llama, settings or {}, llama_kv or ["f16"])
+        rounds_run = []
+        for number in range(rounds):
+            ours, theirs = ([], []) if number else (results, references)
+            if rounds > 1:
+                print(f"[round {number + 1}/{rounds}]", file=sys.stderr, flush=True)
+            _run_round(ours, theirs, models, backends, threads, tests, reps, precision, profile, vs_mnn, timeout,
+                       memory, vs_llama, settings or {}, llama_kv or ["f16"])
+            rounds_run.append((list(ours), list(theirs)))
+            results[:] = merge_rounds([o for o, _ in rounds_run])
+            references[:] = merge_rounds([t for _, t in rounds_run])
+        attach_host_bandwidth(results, timeout)
     except MnnllmError as err:
         if results or references:
             raise BenchStopped(err, results, references) from err
@@ -87,8 +99,8 @@ def attach_host_bandwidth(results: list[dict], timeout: float) -> None:
         result["host_read_gbs"] = probe["read_gbs"][str(result["threads"])]
 
 
-def _run_all(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,
-             timeout, memory, vs_llama, settings, llama_kv) -> None:
+def _run_round(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,
+               timeout, memory, vs_llama, settings, llama_kv) -> None:
     combos = list(product(models, backends, memory or [None], threads))
     for i, (model, backend, mode, thread) in enumerate(combos, 1):
         print(f"[{i}/{len(combos)}] {model} on {backend}{f' (memory {mode})' if mode else ''}, {thread} threads",
@@ -96,7 +108,6 @@ def _run_all(results: list, references: list, models, backends, threads, tests, 
         job = {"config": model, "backend": backend, "threads": thread, "tests": tests, "reps": reps,
                "precision": precision, "profile": profile, "memory": mode, "settings": settings}
         results.append(call_worker("mnnllm_core.bench.mnnllm_worker", job, timeout))
-    attach_host_bandwidth(results, timeout)
     if vs_mnn:
         for model, thread in product(models, threads):
             print(f"[MNN] {model}, {thread} threads", file=sys.stderr, flush=True)
