@@ -22,7 +22,7 @@ the tokenizer's 49152 tokens are zero rows (embedding and lm_head) that no promp
 greedy step picks, as Qwen's own padding rows are never used.
 
     python bench/model_scale.py [--shapes 135m,360m,1.7b] [--formats q4,q2,q3,q8,q4-sym]
-                                [--dir ~/.cache/mnnllm/bench-models] [-p 128 -n 32 -rep 3 -t 2]
+                                [--dir ~/.cache/mnnllm/bench-models] [-p 128 -n 32 -rep 3 -t 2 --rounds 1]
                                 [--build-only] [--mmap-loads]
     python bench/model_scale.py --shapes qwen3-0.6b,llama3.1-8b -p 128 -n 32 -rep 2 --mmap-loads
     python bench/model_scale.py --shapes 1.7b,qwen3-0.6b --vs-llama   # llama.cpp beside MNN and us
@@ -289,7 +289,8 @@ def main() -> None:
     if args.vs_llama:
         ggufs = [str(build_gguf(shape, root)) for shape in shapes for _ in formats]
         bench += ["--vs-llama", ",".join(ggufs)]
-    done = subprocess.run([*bench, "-p", args.p, "-n", args.n, "-rep", args.rep, "--rounds", args.rounds])  # prints its rows and error
+    # prints its rows and error
+    done = subprocess.run([*bench, "-p", args.p, "-n", args.n, "-rep", args.rep, "--rounds", args.rounds])
     if args.mmap_loads:
         mmap_loads(bench, args.p, root)
     sys.exit(done.returncode)

@@ -276,7 +276,8 @@ def test_in_rounds_every_engine_runs_in_turn_and_a_failed_round_keeps_the_finish
         if len(calls) > 4:
             raise WorkerError("the third round failed")
         speed = 100.0 * len(calls)
-        return _round_result("mnn-cpu(low)" if engine == "mnn_worker" else "cpu", [speed] * job["reps"], 1.0, 600, speed)
+        backend = "mnn-cpu(low)" if engine == "mnn_worker" else "cpu"
+        return _round_result(backend, [speed] * job["reps"], 1.0, 600, speed)
 
     monkeypatch.setattr(runner, "call_worker", fake_worker)
     ours, mnn = runner.run_bench([str(CONFIG)], ["cpu"], [2], [(8, 0)], 2, 2, False, True, rounds=2)

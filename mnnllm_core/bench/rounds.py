@@ -21,10 +21,9 @@ def merge_rounds(rounds: list[list[dict]]) -> list[dict]:
 
 
 def _merge_result(runs: list[dict]) -> dict:
-    result = {**runs[0], "rounds": len(runs), "load_s": statistics.median(r["load_s"] for r in runs),
-              "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
-              "rows": [_merge_row(list(rows)) for rows in zip(*(r["rows"] for r in runs), strict=True)]}
-    return result
+    return {**runs[0], "rounds": len(runs), "load_s": statistics.median(r["load_s"] for r in runs),
+            "peak_rss_mb": max(r["peak_rss_mb"] for r in runs),
+            "rows": [_merge_row(list(rows)) for rows in zip(*(r["rows"] for r in runs), strict=True)]}
 
 
 def _merge_row(rows: list[dict]) -> dict:
