@@ -148,9 +148,17 @@ def prefetch(builder, pointer, index):
 
 
 def _q4_dot(groups: int):
-    """The intrinsic of `groups` consecutive groups of 32 rows of an int4 GEMV (see `q4_group_dot`):
-    each row's sum is the same chain of FMAs whatever the count, so the bits are the same; more
-    groups give the loop more independent chains (`q4_group_pair_dot`)."""
+    """The intrinsic of `groups` consecutive groups of 32 rows of an int4 GEMV: per group,
+    out[o_start:o_start+32] = W_group @ x, the next group's codes, alphas and outputs right after.
+
+    codes uint8 [ic/2][32] from c_start (byte j of row r at j*32 + r: high nibble is
+    weight 2j, low nibble weight 2j+1); alpha [n_blocks][zero[32], scale[32]] from a_start
+    (fp16 bits as uint16, or float32); w = zero + scale * (code - 8). x_even, x_odd: x's element
+    pairs as a code byte and its low nibble weigh them (`linear.byte_weights`: the byte and its
+    low nibble are converted, no shift); x_sum: x's block sums. Each byte's two products go into
+    one sum a vector, in order, as the few-token kernel adds them (its rows must equal this bit
+    for bit). Each row's sum is the same chain of FMAs whatever the group count, so the bits are
+    the same; more groups give the loop more independent chains (`q4_group_pair_dot`)."""
 
     @intrinsic
     def dot(typingctx, codes, c_start, alpha, a_start, x_even, x_odd, x_sum, n_blocks, block_bytes, out, o_start):
@@ -200,17 +208,7 @@ def _q4_dot(groups: int):
     return dot
 
 
-q4_group_dot = _q4_dot(1)
-q4_group_dot.__doc__ = """One group of 32 rows of an int4 GEMV: out[o_start:o_start+32] = W_group @ x.
-
-    codes uint8 [ic/2][32] from c_start (byte j of row r at j*32 + r: high nibble is
-    weight 2j, low nibble weight 2j+1); alpha [n_blocks][zero[32], scale[32]] from a_start
-    (fp16 bits as uint16, or float32); w = zero + scale * (code - 8). x_even, x_odd: x's element
-    pairs as a code byte and its low nibble weigh them (`linear.byte_weights`: the byte and its
-    low nibble are converted, no shift); x_sum: x's block sums. Each byte's two products go into
-    one sum a vector, in order, as the few-token kernel adds them (its rows must equal this bit
-    for bit).
-    """
+q4_group_dot = _q4_dot(1)  # one group of 32 rows (the layout: `_q4_dot`)
 # two groups at once, the second's codes, alphas and outputs right after the first's: at 16 lanes
 # a group is two vectors, two chains of two dependent FMAs a byte, so one group at a time waits on
 # the FMAs' latency (8 cycles a byte) where two keep four chains in flight
