@@ -1,15 +1,17 @@
 """The draft budget (draft_budget.py): on synthetic costs, weak drafts give mostly plain steps with
 probes at doubling pauses, good drafts keep drafting, the state carries across replies with the
-pause capped, a free guess confirmed during a pause ends it; end to end, the tokens stay greedy
-decoding's (MNN's reference) with the policy on and off, the budget outlives `reset` and not
-`set_config`."""
+pause capped, a free guess confirmed during a pause ends it; a guess source's odds (GuessOdds)
+follow its recent guesses; end to end, the tokens stay greedy decoding's (MNN's reference) with
+the policy on and off, the budget outlives `reset` and not `set_config`, lookahead judges every
+step's first guess (verified or not) and verifies only those from keys with good odds."""
 import json
 
 import pytest
 
 import mnnllm_core
 from mnnllm_core.llm.generation import speculative
-from mnnllm_core.llm.generation.draft_budget import DraftBudget
+from mnnllm_core.llm.generation.draft_budget import DraftBudget, GuessOdds
+from mnnllm_core.llm.generation.ngram import NgramCache
 from paths import CONFIG, REFERENCE
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
@@ -110,6 +112,21 @@ def test_a_confirmed_free_guess_ends_the_pause():
     assert not DraftBudget(max_pause=64).guesses_while_paused(3)  # a draft model's guess costs a forward
 
 
+def test_guess_odds_start_even_fall_with_misses_and_recover_with_hits():
+    odds = GuessOdds(least=0.4, memory=8)
+    assert odds.rate(1) == 0.5 and odds.worth(1)
+    odds.record(1, False)
+    assert odds.rate(1) < 0.4 and not odds.worth(1) and odds.worth(2)  # each source on its own
+    for _ in range(40):
+        odds.record(1, False)
+    assert odds.rate(1) < 0.01
+    hits = 0
+    while not odds.worth(1):
+        odds.record(1, True)
+        hits += 1
+    assert hits <= 8  # the misses long past weigh little: a few hits in a row bring it back
+
+
 def test_off_always_drafts():
     assert all(room == 3 for room in run(DraftBudget(adaptive=False), 50, verify_cost=5.0, accepted=0))
 
@@ -207,3 +224,80 @@ def test_set_config_starts_a_fresh_budget(lookahead):
         assert fresh is not used and not fresh.plain and not fresh.pause and fresh.backoff == fresh.first_pause
     finally:
         lookahead.set_config({"draft_predict_length": 3})
+
+
+def spied_guesses(monkeypatch):
+    """Every first guess lookahead makes (the history it was made at, the guess, its key length)."""
+    made = []
+    guess = NgramCache.guess
+
+    def spy(self, tokens, strictness="low"):
+        found = guess(self, tokens, strictness)
+        if found is not None:
+            made.append((found[0], found[1]))
+        return found
+    monkeypatch.setattr(NgramCache, "guess", spy)
+    return made
+
+
+@pytest.mark.parametrize("least", [0.0, 1.01])
+def test_lookahead_judges_every_first_guess_verified_or_not(lookahead, monkeypatch, least):
+    """least 1.01: no guess is worth verifying, every step runs plain and the odds still learn
+    from each; 0: every guess is verified (MNN's way). Either way each first guess but the last
+    is judged against the token that came at its place, and the tokens are greedy decoding's."""
+    lookahead.set_config({"draft_adaptive": True})
+    strategy = lookahead.generation
+    strategy.odds = GuessOdds(least=least, memory=float("inf"))  # no decay: plain counts
+    places = []
+    draft = strategy.draft
+
+    def spy(token, room):
+        out = draft(token, room)
+        places.append(strategy._open)
+        return out
+    strategy.draft = spy
+    steps = []
+    spied(strategy, steps)
+    made = spied_guesses(monkeypatch)
+    try:
+        prompt = PROMPTS[1]
+        lookahead.reset()
+        out = lookahead.generate(prompt["prompt_ids"], N)
+    finally:
+        del strategy.draft, strategy.verified
+    assert out == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
+    text = list(prompt["prompt_ids"]) + out
+    opened = [o for o in places if o is not None]
+    assert [(g, k) for _, g, k in opened] == made and len(made) >= N // 4
+    want: dict[int, list[int]] = {}
+    for place, guess, key in opened[:-1]:  # the last one is never judged
+        right, seen = want.get(key, [1, 2])
+        want[key] = [right + (text[place] == guess), seen + 1]
+    assert {k: list(v) for k, v in strategy.odds.counts.items()} == want
+    if least > 1:
+        assert set(steps) == {1}
+    else:
+        assert max(steps) > 1
+
+
+def test_lookahead_verifies_no_guess_from_a_key_whose_odds_are_low(lookahead):
+    """The shared model's one-token-key guesses on this prompt are mostly wrong: once their odds
+    fall, no verify step starts from one (each verify step's first guess had odds worth it)."""
+    lookahead.set_config({"draft_adaptive": True})
+    strategy = lookahead.generation
+    judged = []
+    draft = strategy.draft
+
+    def spy(token, room):
+        out = draft(token, room)
+        if out:
+            judged.append(strategy.odds.worth(strategy._open[2]))
+        return out
+    strategy.draft = spy
+    try:
+        for prompt in PROMPTS[:2]:
+            lookahead.reset()
+            assert lookahead.generate(prompt["prompt_ids"], N) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
+    finally:
+        del strategy.draft
+    assert all(judged) and strategy.odds.counts and not strategy.odds.worth(1)

@@ -240,6 +240,21 @@ def test_strictness_refuses_an_uncertain_first_guess():
     assert build_cache(tokens, 1, "freqxlen").draft(tokens, 1, "high") == []  # < 90 %
 
 
+def test_a_guess_names_the_length_of_the_key_it_follows():
+    tokens = [5, 1, 2, 3, 7, 9, 2]
+    for rule in ("freqxlen", "fcfs"):
+        cache = build_cache(tokens, 4, rule)
+        assert cache.guess([7, 1, 2]) == (3, 2)  # "1 2" -> 3
+        assert cache.guess([8, 9, 2]) == (3, 1)  # "9 2" was never followed: "2" -> 3
+        assert cache.guess([4, 4]) is None
+        assert cache.guess([6, 3, 7]) == (9, 2)
+    tokens = [1, 2, 4, 3, 2, 5, 6, 2, 5, 7, 2, 5, 1, 2]  # after "1 2": 4 once (score 2); after "2": 5 three times
+    assert build_cache(tokens, 2, "freqxlen").guess(tokens) == (5, 1) == (build_cache(tokens, 2, "freqxlen")
+                                                                           .draft(tokens, 1)[0], 1)
+    assert build_cache(tokens, 2, "fcfs").guess(tokens) == (4, 2)  # the longest key's first follower
+    assert build_cache([1, 5, 1, 6, 1, 5, 1], 1, "freqxlen").guess([1], "high") is None  # as `draft`
+
+
 def test_ngram_update_counts_only_the_new_tokens():
     cache = NgramCache(2, "freqxlen")
     cache.update([1, 2, 3])

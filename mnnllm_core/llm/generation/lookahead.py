@@ -3,6 +3,9 @@
 Guesses come from the n-gram cache (ngram.py) of the history at the start of the generation
 and of `lookup_file` (a text the user expects the answer to quote); with `ngram_update` the
 accepted tokens join the cache. Up to `draft_predict_length` guesses are verified per step.
+With `draft_adaptive` a step drafts only when its first guess comes from a key length whose
+guesses have been right often enough (`GuessOdds`): a one-token key's guess is rarely the
+model's next token, and a failed verify step costs more than a plain one.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import logging
 import os
 
 from ...errors import ConfigError
+from .draft_budget import GuessOdds
 from .ngram import CONFUSING, MAX_KEY, NgramCache, build_cache
 from .speculative import SpeculativeGeneration
 from .target import Target
@@ -33,6 +37,8 @@ class LookaheadGeneration(SpeculativeGeneration):
         self.update = cfg.ngram_update
         self.cache = NgramCache(cfg.ngram_match_maxlen, cfg.draft_selection_rule)
         self._lookup: list[int] | None = None
+        self.odds = GuessOdds()  # by the length of the key a first guess follows
+        self._open: tuple[int, int, int] | None = None  # (its place in the history, guess, key length): unjudged
 
     def _lookup_ids(self) -> list[int]:
         """lookup_file's tokens (read once; a missing file means none, as in MNN)."""
@@ -50,10 +56,33 @@ class LookaheadGeneration(SpeculativeGeneration):
         cfg = self.target.config
         self.cache = build_cache(self.target.conversation.history, cfg.ngram_match_maxlen, cfg.draft_selection_rule,
                                  self._lookup_ids())
+        self._open = None
 
     def draft(self, token: int, room: int) -> list[int]:
+        """Called on every step that may draft (a paused one guesses too: `free_guesses`), so the
+        last step's first guess is judged here against the token that came."""
+        history = self.target.conversation.history
+        self._judge_open(history, token)
+        context = [*history[-MAX_KEY:], token]
         strictness = "high" if self.target.tokenizer.decode_id(token) in CONFUSING else self.strictness
-        return self.cache.draft([*self.target.conversation.history, token], room, strictness)
+        first = self.cache.guess(context, strictness)
+        if first is None:
+            return []
+        self._open = (len(history) + 1, *first)
+        if self.budget.adaptive and not self.odds.worth(first[1]):
+            return []
+        return self.cache.draft(context, room, strictness)
+
+    def _judge_open(self, history, token: int) -> None:
+        """The open guess was for place p of the history (+ the pending token): right or not."""
+        if self._open is None:
+            return
+        place, guess, key = self._open
+        self._open = None
+        if place < len(history):
+            self.odds.record(key, history[place] == guess)
+        elif place == len(history):
+            self.odds.record(key, token == guess)
 
     def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
         if self.update:

@@ -45,33 +45,40 @@ class NgramCache:
                 self.latest[(key, token)] = self._seen
 
     def draft(self, tokens: Sequence[int], length: int, strictness: str = "low") -> list[int]:
-        """Up to `length` guessed tokens after `tokens`."""
+        """Up to `length` guessed tokens after `tokens` (only the last `max_key` of them matter)."""
         out: list[int] = []
-        context = list(tokens)
+        context = list(tokens[-self.max_key:])
         while len(out) < length:
-            token = self._next(context, strictness if not out else "low")
-            if token is None:
+            found = self._next(context, strictness if not out else "low")
+            if found is None:
                 break
-            out.append(token)
-            context.append(token)
+            out.append(found[0])
+            context.append(found[0])
         return out
 
-    def _next(self, context: list[int], strictness: str) -> int | None:
-        best, best_score = None, 0
+    def guess(self, tokens: Sequence[int], strictness: str = "low") -> tuple[int, int] | None:
+        """The first token `draft` guesses after `tokens`, and the length of the key it follows
+        (how much of the text repeats; None: no guess)."""
+        return self._next(list(tokens[-self.max_key:]), strictness)
+
+    def _next(self, context: list[int], strictness: str) -> tuple[int, int] | None:
+        """The guess after `context` and the length of its key."""
+        best, best_score, best_key = None, 0, 0
         for n in range(min(self.max_key, len(context)), 0, -1):
             key = tuple(context[len(context) - n:])
             counts = self.followers.get(key)
             if not counts:
                 continue
             if self.rule == "fcfs":
-                return next(iter(counts))
+                return next(iter(counts)), n
             token = max(counts, key=lambda t: (counts[t] * n, self.latest[(key, t)]))
             if counts[token] * n <= best_score:
                 continue
             best_score = counts[token] * n
             sure = strictness == "low" or 100.0 * counts[token] / sum(counts.values()) >= _MIN_SHARE[strictness][n - 1]
             best = token if sure else None  # as MNN: an unsure best still sets the score to beat
-        return best
+            best_key = n
+        return None if best is None else (best, best_key)
 
 
 def build_cache(history: Iterable[int], max_key: int, rule: str, extra: Sequence[int] = ()) -> NgramCache:
