@@ -1,5 +1,6 @@
 """Speculative decoding against token-by-token decoding, side by side in one process (greedy, cpu):
-acceptance (guesses the model kept / guesses verified), tokens per verify step, decode speed
+verify steps a reply (those that kept no guess: their work lost), acceptance (guesses the model
+kept / guesses verified), tokens per verify step, decode speed
 (generated tokens after the first / wall time after the prefill; medians of -n runs after
 --warmup untimed ones, the strategies alternating) and its ratio to AR, and whether the tokens are AR's.
 
@@ -98,7 +99,7 @@ def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]
     first = engines["ar"]
     prompts = {p: first.tokenizer_encode(first.apply_chat_template([{"role": "user", "content": text}]))
                for p, text in PROMPTS.items()}
-    results = {(p, s): {"tok_s": [], "proposed": 0, "accepted": 0, "steps": 0, "tokens": None}
+    results = {(p, s): {"tok_s": [], "proposed": 0, "accepted": 0, "steps": 0, "empty": 0, "tokens": None}
                for p in prompts for s in engines}
     names = list(engines)
     for _ in range(warmup):
@@ -113,7 +114,7 @@ def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]
                 llm, row = engines[name], results[(prompt, name)]
                 strategy = llm.generation
                 before = (getattr(strategy, "proposed", 0), getattr(strategy, "accepted", 0),
-                          getattr(strategy, "verify_steps", 0))
+                          getattr(strategy, "verify_steps", 0), getattr(strategy, "empty_steps", 0))
                 llm.reset()
                 start = time.perf_counter()
                 out = llm.generate(ids, tokens)
@@ -122,6 +123,7 @@ def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]
                 row["proposed"] += getattr(strategy, "proposed", 0) - before[0]
                 row["accepted"] += getattr(strategy, "accepted", 0) - before[1]
                 row["steps"] += getattr(strategy, "verify_steps", 0) - before[2]
+                row["empty"] += getattr(strategy, "empty_steps", 0) - before[3]
                 row["tokens"] = out
     table = [forward_costs(first, first.config.draft_predict_length + 1, runs)]
     for (prompt, name), row in results.items():
@@ -130,6 +132,7 @@ def run(config: Path, runs: int, tokens: int, chosen: dict[str, tuple[str, dict]
         table.append({"prompt": prompt, "strategy": name, "generated": len(row["tokens"]),
                       "acceptance": row["accepted"] / row["proposed"] if row["proposed"] else None,
                       "accepted_per_step": row["accepted"] / row["steps"] if row["steps"] else None,
+                      "verify_steps": row["steps"] / runs, "empty_steps": row["empty"] / runs,
                       "decode_tok_s": median, "speedup": median / statistics.median(ar["tok_s"]),
                       "same_as_ar": row["tokens"] == ar["tokens"], "runs": row["tok_s"]})
     return table
@@ -155,13 +158,15 @@ def forward_costs(llm, verify: int, runs: int) -> dict:
 
 
 def markdown(table: list[dict]) -> str:
-    lines = ["| prompt | strategy | tokens | acceptance | accepted / step | decode tok/s (median) | vs AR | = AR |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| prompt | strategy | tokens | verify steps (none kept) a reply | acceptance | accepted / step | "
+             "decode tok/s (median) | vs AR | = AR |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     costs, table = table[0], table[1:]
     for row in table:
         acc = "-" if row["acceptance"] is None else f"{100 * row['acceptance']:.0f} %"
         per = "-" if row["accepted_per_step"] is None else f"{row['accepted_per_step']:.2f}"
-        lines.append(f"| {row['prompt']} | {row['strategy']} | {row['generated']} | {acc} | {per} | "
+        steps = f"{row['verify_steps']:.1f} ({row['empty_steps']:.1f})" if row["verify_steps"] else "-"
+        lines.append(f"| {row['prompt']} | {row['strategy']} | {row['generated']} | {steps} | {acc} | {per} | "
                      f"{row['decode_tok_s']:.1f} | {row['speedup']:.2f}x | {'yes' if row['same_as_ar'] else 'NO'} |")
     (one, verify), (one_ms, verify_ms) = costs["forward_ms"].keys(), costs["forward_ms"].values()
     lines.append(f"\nmain model forward: {one} token {one_ms:.1f} ms, {verify} tokens (a verify step) {verify_ms:.1f} ms "

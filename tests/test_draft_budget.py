@@ -87,6 +87,25 @@ def test_a_reply_after_weak_drafts_starts_plain_and_probes_within_the_carried_pa
     assert sum(rooms) == 1 and budget.probes_failed == failed + 1  # then a pause of 64
 
 
+def test_each_weak_reply_in_a_row_doubles_the_carried_pause_and_a_paying_one_resets_it():
+    budget = DraftBudget(max_pause=64, carried_pause=8)
+    run(budget, 100, verify_cost=2.0, accepted=0)  # a first reply: drafting never paid
+    firsts = []
+    for _ in range(5):
+        budget.start_reply()
+        rooms = run(budget, 40, verify_cost=2.0, accepted=0)
+        firsts.append(rooms.index(1) if 1 in rooms else None)
+    # probes at 8, 16, 32; then a pause of 64 runs on across replies: 57 steps left, 40 of them in
+    # the fourth reply (which judges nothing: the streak holds), the probe at 17 in the fifth
+    assert firsts == [8, 16, 32, None, 17] and budget.weak_replies == 4
+    budget.start_reply()
+    assert budget.weak_replies == 5 and budget.pause <= 64
+    rooms = run(budget, 100, verify_cost=1.0, accepted=3)  # this reply suits the draft
+    assert rooms.index(1) <= 64 and rooms[-1] == 3
+    budget.start_reply()
+    assert budget.weak_replies == 0 and budget.pause == 0
+
+
 def test_a_reply_suiting_the_draft_recovers_at_the_first_probe():
     budget = DraftBudget(max_pause=64, carried_pause=8)
     run(budget, 100, verify_cost=2.0, accepted=0)
@@ -256,15 +275,23 @@ def test_lookahead_judges_every_first_guess_verified_or_not(lookahead, monkeypat
         places.append(strategy._open)
         return out
     strategy.draft = spy
-    steps = []
-    spied(strategy, steps)
+    steps, kept = [], []
+    verified = strategy.verified
+
+    def spy_verified(tokens, accepted, rows):
+        steps.append(len(tokens))
+        kept.append(accepted)
+        verified(tokens, accepted, rows)
+    strategy.verified = spy_verified
     made = spied_guesses(monkeypatch)
+    empty = strategy.empty_steps
     try:
         prompt = PROMPTS[1]
         lookahead.reset()
         out = lookahead.generate(prompt["prompt_ids"], N)
     finally:
         del strategy.draft, strategy.verified
+    assert strategy.empty_steps - empty == sum(1 for n, k in zip(steps, kept) if n > 1 and k == 0)
     assert out == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
     text = list(prompt["prompt_ids"]) + out
     opened = [o for o in places if o is not None]

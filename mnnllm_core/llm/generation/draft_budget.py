@@ -5,8 +5,9 @@ guesses badly makes speculative decoding slower than plain decoding. MNN always 
 policy compares the speed (tokens per second, medians of the last few steps) of verify steps
 with that of plain (one-token) steps. The first step drafts (as MNN does); while drafting does
 not pay, steps run plain, and drafting is probed again after a pause that doubles on each failed
-probe (up to `max_pause` steps). A probe verifies one guess (a two-token forward costs little
-more than one token) and, if it pays, drafting resumes in full; the pause falls back to
+probe (up to `max_pause` steps: after its first ~500 steps a draft that never pays costs one
+failed probe, 2-3 plain steps, per 256). A probe verifies one guess (a two-token forward costs
+little more than one token) and, if it pays, drafting resumes in full; the pause falls back to
 `first_pause` once a window of full verify steps pays. A verify step judged on its own (the
 first, or a probe) that kept no guess fails at once: it emitted one token for more than a plain
 step's work, whatever the clock says, so no plain step is needed to measure it against.
@@ -18,7 +19,10 @@ one's and how often the draft guesses right, belongs to the model, the draft and
 more than to one conversation, and a server resetting between requests is the case that needs
 it carried: a new reply where drafting did not pay starts plain instead of paying a full verify
 step again. What the text changes is bounded: at a reply's start a carried pause is cut to
-`carried_pause` steps (a probe comes early), and a strategy whose guesses cost nothing to make
+`carried_pause` steps (a probe comes early), doubled (up to `max_pause`) for each reply in a row
+before it where drafting was judged and never paid (a draft that suits no reply costs one failed
+probe a reply at first, then fewer: a probe of a draft model costs its forward and a two-token
+verify, 2-3 plain steps), and a strategy whose guesses cost nothing to make
 (lookahead's n-gram lookup: only verifying them costs) guesses during the pause too, unverified:
 a guess the step's token confirms ends the pause (`record(..., guessed=True)`), so repetitive
 text is probed as soon as it repeats. A per-request sampler or a guided reply has a strategy of
@@ -36,7 +40,7 @@ class DraftBudget:
     told when a reply starts (`start_reply`). `free_guesses`: the strategy's guesses cost nothing
     to make, so a paused step may guess unverified (`guesses_while_paused`)."""
 
-    def __init__(self, adaptive: bool = True, window: int = 3, first_pause: int = 2, max_pause: int = 64,
+    def __init__(self, adaptive: bool = True, window: int = 3, first_pause: int = 2, max_pause: int = 256,
                  carried_pause: int = 8, free_guesses: bool = False):
         self.adaptive = adaptive
         self.first_pause, self.max_pause, self.carried_pause = first_pause, max_pause, carried_pause
@@ -48,10 +52,19 @@ class DraftBudget:
         self.probing = False  # the next verify step is a probe after a pause
         self.measuring = False  # the pause measures plain steps, judged at its end
         self.probes_failed = 0
+        self.reply_failed = self.reply_paid = False  # this reply's judgements: one failed, one paid
+        self.weak_replies = 0  # replies in a row whose judgements all failed
 
     def start_reply(self) -> None:
-        """A reply starts: what was measured stays, a pause carried over is cut to `carried_pause`."""
-        self.pause = min(self.pause, self.carried_pause)
+        """A reply starts: what was measured stays, a pause carried over is cut to `carried_pause`,
+        doubled for each weak reply in a row before this one."""
+        if self.reply_paid:
+            self.weak_replies = 0
+        elif self.reply_failed:
+            self.weak_replies += 1
+        self.reply_failed = self.reply_paid = False
+        cut = self.carried_pause << max(self.weak_replies - 1, 0)
+        self.pause = min(self.pause, cut, self.max_pause)
 
     def room(self, most: int) -> int:
         """How many guesses this step verifies, of the `most` the context and the reply allow."""
@@ -93,6 +106,7 @@ class DraftBudget:
         if median(self.verify) < median(self.plain):
             self._stop_drafting()
             return
+        self.reply_paid = True
         if not self.probing and len(self.verify) == self.verify.maxlen:
             self.backoff = self.first_pause  # drafting pays over a whole window
         self.probing = False
@@ -100,6 +114,7 @@ class DraftBudget:
     def _stop_drafting(self) -> None:
         """Plain steps for a pause, then a probe judged on its own; the next pause is twice as long."""
         self.probes_failed += self.probing
+        self.reply_failed = True
         self.pause, self.probing = self.backoff, True
         self.backoff = min(2 * self.backoff, self.max_pause)
         self.verify.clear()

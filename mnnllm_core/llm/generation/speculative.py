@@ -37,6 +37,7 @@ class SpeculativeGeneration(Strategy):
         self.proposed = 0  # guessed tokens verified so far
         self.accepted = 0  # of them, the ones the model agreed with
         self.verify_steps = 0
+        self.empty_steps = 0  # of them, the ones that kept no guess (their work was lost)
         self.constraint = None  # a ConstraintState (constraint.py): tokens are the best *allowed* ones
         self.budget = DraftBudget(target.config.draft_adaptive, free_guesses=self.free_guesses)
 
@@ -127,6 +128,7 @@ class SpeculativeGeneration(Strategy):
                 self.proposed += len(tokens) - 1
                 self.accepted += accepted
                 self.verify_steps += 1
+                self.empty_steps += accepted == 0
             self.verified(tokens, accepted, kept)
             seconds = time.perf_counter() - start
             budget.record(seconds, len(kept), drafted=len(tokens) > 1, guessed=guess == [following])
