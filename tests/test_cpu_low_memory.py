@@ -263,6 +263,13 @@ def test_norm_kernels_match_the_reference(rms, with_beta):
     norm.add_normalize_rows(a, b, n, gamma, beta, 1e-5, rms, total, out)
     assert np.array_equal(total, a + b)
     np.testing.assert_allclose(out.reshape(rows, n), expected, rtol=2e-5, atol=2e-5)
+    # the buffers a step shares (output 0 in input 0's storage) take loops of their own: the same bits
+    shared, shared_out = a.copy(), np.empty_like(a)
+    norm.add_normalize_rows(shared, b, n, gamma, beta, 1e-5, rms, shared, shared_out)
+    assert np.array_equal(shared.view(np.int32), total.view(np.int32))
+    assert np.array_equal(shared_out.view(np.int32), out.view(np.int32))
+    norm.normalize_rows(shared, n, gamma, beta, 1e-5, rms, shared)
+    assert np.array_equal(shared.view(np.int32), out.view(np.int32))
 
 
 @pytest.mark.parametrize("with_norm", [False, True])

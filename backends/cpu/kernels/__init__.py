@@ -70,11 +70,13 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
 
 
-def jit(parallel: bool = False, fastmath: bool = True):
+def jit(parallel: bool = False, fastmath: bool = True, inline: bool = False):
     """numba.njit as every kernel here uses it: cached, GIL released, no bounds checks, and
-    numpy's error model (x / 0 is inf, not a ZeroDivisionError branch that stops vectorization)."""
+    numpy's error model (x / 0 is inf, not a ZeroDivisionError branch that stops vectorization).
+    `inline`: numba copies the function into its callers (a helper of a loop body, which LLVM
+    vectorizes only once it sees the body whole)."""
     return numba.njit(cache=True, nogil=True, parallel=parallel, boundscheck=False, error_model="numpy",
-                      fastmath=FASTMATH if fastmath else False)
+                      fastmath=FASTMATH if fastmath else False, inline="always" if inline else "never")
 
 
 def set_threads(count: int) -> int:
