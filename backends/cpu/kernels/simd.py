@@ -341,7 +341,8 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
     # two rows leave the FMA ports idle half the time (each sum's two FMAs a byte wait on each other);
     # at 16 lanes (Intel's cores, where a zmm OR and subtract take the FMA ports as the conversion
     # does) the one conversion is one micro-op where the trick is two
-    nibble = _small_to_float if tokens > 2 and LANES == 8 else _exact_float
+    small_ints = tokens > 2 and LANES == 8
+    nibble = _small_to_float if small_ints else _exact_float
     acc = zero_slots(builder, tokens * per_pass)
     part = zero_slots(builder, tokens * per_pass)
     with cgutils.for_range(builder, i64(_VECTORS // per_pass)) as pass_loop:
@@ -359,8 +360,8 @@ def _few_tokens_rows(builder, bits, first_token, tokens, half, pointers, values)
                     index = builder.add(row0, i64(u * LANES))
                     if bits == 4:  # the byte and its low nibble, as `q4_group_dot`
                         w = _wide_codes(builder, code_p, index)
-                        low = (_low_nibble_float(builder, w) if nibble is _exact_float
-                               else nibble(builder, builder.and_(w, mask)))
+                        low = (nibble(builder, builder.and_(w, mask)) if small_ints
+                               else _low_nibble_float(builder, w))
                         weights.append((nibble(builder, w), low))
                     else:
                         weights.append((_values(builder, code_p, index),))
