@@ -291,6 +291,11 @@ def test_rope_kernel_matches_the_reference(with_norm):
                  True, with_norm, g, empty, 1e-6, True, q_out.reshape(-1), k_out.reshape(-1))
     np.testing.assert_allclose(q_out, expected(q), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(k_out, expected(k), rtol=1e-5, atol=1e-5)
+    q_in, k_in = q.copy(), k.copy()  # in place (a step may give the output the input's buffer): the same bits
+    rope.rope_qk(q_in.reshape(-1), k_in.reshape(-1), heads, kv_heads, dim, rope_dim, cos, sin, with_norm, g, empty,
+                 1e-6, True, with_norm, g, empty, 1e-6, True, q_in.reshape(-1), k_in.reshape(-1))
+    assert np.array_equal(q_in.view(np.int32), q_out.view(np.int32))
+    assert np.array_equal(k_in.view(np.int32), k_out.view(np.int32))
 
 
 def test_mul_silu_and_exp_match_float64():

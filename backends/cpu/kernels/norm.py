@@ -33,34 +33,29 @@ def _scale_row_in_place(x, mean, inv, gamma, beta):
 
 
 @jit()
-def _normalize_row(x, gamma, beta, eps, rms, out):
-    """One row into out, which may be x: that case has a loop of its own, since LLVM vectorizes
-    a loop only after a run-time check that the array it writes does not overlap those it reads,
-    and a shared buffer fails it (the scalar loop: 1.04 against 0.33 ms for 512 rows of 2048,
-    as `activation.mul_silu` found)."""
-    n = x.shape[0]
-    mean = np.float32(0.0)
-    if not rms:
-        for j in range(n):
-            mean += x[j]
-        mean /= n
-    square = np.float32(0.0)
-    for j in range(n):
-        d = x[j] - mean
-        square += d * d
-    inv = np.float32(1.0) / np.sqrt(square / n + eps)
-    if out.ctypes.data == x.ctypes.data:
-        _scale_row_in_place(x, mean, inv, gamma, beta)
-    else:
-        _scale_row(x, mean, inv, gamma, beta, out)
-
-
-@jit()
 def normalize_rows(x, n, gamma, beta, eps, rms, out):
-    """Each row of n values of the flat float32 x into out (which may be x:
-    `LayerNormExecution.output_may_share`); gamma/beta empty when absent."""
+    """Each row of n values of the flat float32 x into out; gamma/beta empty when absent. `out`
+    may be `x` (`LayerNormExecution.output_may_share`, a RoPE head normalized in place): that case
+    has a loop of its own, since LLVM vectorizes a loop only after a run-time check that the array
+    it writes does not overlap those it reads, and a shared buffer fails it (the scalar loop: 1.04
+    against 0.33 ms for 512 rows of 2048, as `activation.mul_silu` found)."""
+    in_place = out.ctypes.data == x.ctypes.data
     for r in range(x.shape[0] // n):
-        _normalize_row(x[r * n:(r + 1) * n], gamma, beta, eps, rms, out[r * n:(r + 1) * n])
+        row = x[r * n:(r + 1) * n]
+        mean = np.float32(0.0)
+        if not rms:
+            for j in range(n):
+                mean += row[j]
+            mean /= n
+        square = np.float32(0.0)
+        for j in range(n):
+            d = row[j] - mean
+            square += d * d
+        inv = np.float32(1.0) / np.sqrt(square / n + eps)
+        if in_place:
+            _scale_row_in_place(row, mean, inv, gamma, beta)
+        else:
+            _scale_row(row, mean, inv, gamma, beta, out[r * n:(r + 1) * n])
 
 
 @jit()

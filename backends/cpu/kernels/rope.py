@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import jit
-from .norm import _normalize_row
+from .norm import normalize_rows
 
 
 @jit()
@@ -19,7 +19,7 @@ def _rope_heads(x, heads, head_dim, rope_dim, cos, sin, gamma, beta, eps, rms, n
             start = (t * heads + h) * head_dim
             head = out[start:start + head_dim]
             if norm:
-                _normalize_row(x[start:start + head_dim], gamma, beta, eps, rms, head)
+                normalize_rows(x[start:start + head_dim], head_dim, gamma, beta, eps, rms, head)
             else:  # a loop, not a slice assignment: that compiles numba's shape-error formatting (seconds)
                 for i in range(head_dim):
                     head[i] = x[start + i]
