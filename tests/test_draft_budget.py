@@ -189,12 +189,15 @@ def slow_verify(lookahead, monkeypatch):
     lookahead.set_config({"draft_adaptive": True})
 
 
-def spied(strategy, steps):
-    """Record in `steps` the length of each step (the pending token and the guesses verified)."""
+def spied(strategy, steps, kept=None):
+    """Record in `steps` the length of each step (the pending token and the guesses verified),
+    and in `kept` (if given) how many guesses it kept."""
     verified = strategy.verified
 
     def spy(tokens, accepted, rows):
         steps.append(len(tokens))
+        if kept is not None:
+            kept.append(accepted)
         verified(tokens, accepted, rows)
     strategy.verified = spy
 
@@ -276,13 +279,7 @@ def test_lookahead_judges_every_first_guess_verified_or_not(lookahead, monkeypat
         return out
     strategy.draft = spy
     steps, kept = [], []
-    verified = strategy.verified
-
-    def spy_verified(tokens, accepted, rows):
-        steps.append(len(tokens))
-        kept.append(accepted)
-        verified(tokens, accepted, rows)
-    strategy.verified = spy_verified
+    spied(strategy, steps, kept)
     made = spied_guesses(monkeypatch)
     empty = strategy.empty_steps
     try:

@@ -71,7 +71,8 @@ class LookaheadGeneration(SpeculativeGeneration):
         self._open = (len(history) + 1, *first)
         if self.budget.adaptive and not self.odds.worth(first[1]):
             return []
-        return self.cache.draft(context, room, strictness)
+        # the rest of the chain after the first guess (`draft` judges only its first by strictness)
+        return [first[0], *self.cache.draft([*context, first[0]], room - 1)]
 
     def _judge_open(self, history, token: int) -> None:
         """The open guess was for place p of the history (+ the pending token): right or not."""
