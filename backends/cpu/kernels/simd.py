@@ -147,6 +147,20 @@ def prefetch(builder, pointer, index):
     builder.call(function, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
 
 
+def _ahead(builder, j, group_bytes, groups: int):
+    """Where, from its group's first code byte, a group's stream asks for the byte PREFETCH_BYTES
+    past byte row j: in the group itself, then past its end in the same group of the next call
+    (`groups` further on). Groups read side by side each read their own span, so the bytes
+    right past one group's end are the next group's, already read; this prefetches the next
+    call's instead, which were otherwise read cold (two groups at once, one thread, 0.9 GB of
+    the 1.7B shape's weights: 12.6-12.9 -> 13.3-13.5 GB/s)."""
+    ahead = builder.add(builder.mul(j, i64(GROUP_ROWS)), i64(PREFETCH_BYTES))
+    if groups == 1:
+        return ahead
+    past = builder.icmp_signed(">=", ahead, group_bytes)
+    return builder.select(past, builder.add(ahead, builder.mul(group_bytes, i64(groups - 1))), ahead)
+
+
 def _q4_dot(groups: int):
     """The intrinsic of `groups` consecutive groups of 32 rows of an int4 GEMV: per group,
     out[o_start:o_start+32] = W_group @ x, the next group's codes, alphas and outputs right after.
@@ -187,7 +201,7 @@ def _q4_dot(groups: int):
                     low_x = splat(builder, builder.load(builder.gep(xo_p, [j])))
                     for k in range(groups):
                         row0 = builder.add(code_starts[k], builder.mul(j, i64(GROUP_ROWS)))
-                        prefetch(builder, code_p, builder.add(row0, i64(PREFETCH_BYTES)))
+                        prefetch(builder, code_p, builder.add(code_starts[k], _ahead(builder, j, group_bytes, groups)))
                         for v in range(_VECTORS):
                             w = _wide_codes(builder, code_p, builder.add(row0, i64(v * LANES)))
                             whole = builder.sitofp(w, VF)
