@@ -263,7 +263,7 @@ def test_the_way_warms_the_team_before_timing_and_alternates() -> None:
 
 
 def test_the_team_is_kept_unless_one_thread_is_clearly_faster() -> None:
-    from mnnllm_backends.cpu.kernels.team import KEEP, MARGIN, _Way
+    from mnnllm_backends.cpu.kernels.team import KEEP, MARGIN, SOLO_KEEP, _Way
 
     way = _Way()
     _trial(way, 1.0, 1.0 - MARGIN / 2)  # one thread a little faster: within the noise
@@ -271,13 +271,16 @@ def test_the_team_is_kept_unless_one_thread_is_clearly_faster() -> None:
     way = _Way()
     _trial(way, 1.0, 1.5, slow_first=3)  # the team's first runs slow (wake-up, page faults): the median holds
     assert way.together
+    way = _Way()
+    _trial(way, 1.0, 0.5, slow_first=2)  # ... and one thread never wins before the whole trial ran
+    assert not way.together and way.keep == SOLO_KEEP
 
 
 def test_a_busy_core_keeps_one_thread_and_tries_the_team_again_sooner() -> None:
     """Where the other core is taken the team's runs wait for time slices: one thread wins, is
     kept SOLO_KEEP runs, then twice as long at each win in a row, up to KEEP; the team, once it
     wins again, is kept KEEP runs."""
-    from mnnllm_backends.cpu.kernels.team import KEEP, SOLO_KEEP, TRIAL, WARM, _Way
+    from mnnllm_backends.cpu.kernels.team import EARLY, KEEP, SOLO_KEEP, TRIAL, WARM, _Way
 
     way = _Way()
     keep = SOLO_KEEP
@@ -288,9 +291,10 @@ def test_a_busy_core_keeps_one_thread_and_tries_the_team_again_sooner() -> None:
         if keep == KEEP:
             break
         keep = min(2 * keep, KEEP)
-    ways = _trial(way, 1.0, 1.6)  # the core is free again
-    assert ways[:WARM] == [True] * WARM and ways[WARM:] == [True, False] * TRIAL
-    assert way.together and way.keep == KEEP and _kept(way, KEEP) == [True] * KEEP
+    ways = _trial(way, 1.0, 1.6)  # the core is free again: the team clearly faster, the trial cut short
+    assert ways == [True] * WARM + [True, False] * EARLY + [True] * (2 * TRIAL - 2 * EARLY)
+    assert way.together and way.keep == KEEP and _kept(way, KEEP - 2 * TRIAL + 2 * EARLY) == [True] * (
+        KEEP - 2 * TRIAL + 2 * EARLY)
     _trial(way, 2.0, 1.0)  # taken again: the doubling starts over
     assert not way.together and way.keep == SOLO_KEEP
 

@@ -295,16 +295,23 @@ WARM = 2  # untimed runs on the team before a trial's timed ones (the workers wa
 KEEP = 1000  # runs on the team, once it won a trial, before the next trial
 SOLO_KEEP = 64  # runs on rank 0 alone after its first win; doubled at each win in a row, up to KEEP
 MARGIN = 0.1  # rank 0 alone wins only with a median this fraction below the team's
+# the team wins at once where its first EARLY timed runs each way leave no doubt: every run on
+# one thread CLEAR slower than every run on the team (a verify step's program, which runs a few
+# times a reply, spent its first 16 runs half on one thread: the shared model's 3-token step
+# 5.4 ms on the team, 8.3 alone). One thread never wins early: the team's first runs are the
+# ones slowed by the workers' wake-up and first touches
+EARLY, CLEAR = 2, 0.2
 
 
 class _Way:
     """A program's way (on the team, or on rank 0 alone) and its trials: WARM untimed runs on
-    the team, then TRIAL timed runs each way, alternating. The team is kept unless one thread
-    was clearly faster (MARGIN): a trial whose team runs were slowed by something passing (the
-    workers' first wake-up, page faults, a burst of other work) kept one thread for KEEP runs,
-    a whole bench run at the one-thread rate. One thread, once chosen, is kept SOLO_KEEP runs,
-    doubled while it keeps winning, so a core taken for a while costs few trials and a passing
-    loss is soon tried again."""
+    the team, then TRIAL timed runs each way, alternating (cut short where the team is clearly
+    faster: EARLY, CLEAR). The team is kept unless one thread was clearly faster (MARGIN): a
+    trial whose team runs were slowed by something passing (the workers' first wake-up, page
+    faults, a burst of other work) kept one thread for KEEP runs, a whole bench run at the
+    one-thread rate. One thread, once chosen, is kept SOLO_KEEP runs, doubled while it keeps
+    winning, so a core taken for a while costs few trials and a passing loss is soon tried
+    again."""
 
     __slots__ = ("runs", "trial", "together", "keep", "times")
 
@@ -327,9 +334,12 @@ class _Way:
         """A trial run's time; after the last, the way kept (see the class)."""
         solo, team = self.times
         self.times[together].append(seconds)
-        if len(solo) == len(team) == TRIAL:
+        clear = min(len(solo), len(team)) >= EARLY and min(solo) >= (1.0 + CLEAR) * max(team)
+        if clear:
+            self.trial = self.runs - (WARM + 2 * TRIAL)  # the trial ends here, as if run whole
+        if clear or len(solo) == len(team) == TRIAL:
             was_solo = not self.together
-            self.together = float(np.median(solo)) >= (1.0 - MARGIN) * float(np.median(team))
+            self.together = clear or float(np.median(solo)) >= (1.0 - MARGIN) * float(np.median(team))
             self.keep = KEEP if self.together else min(KEEP, 2 * self.keep if was_solo else SOLO_KEEP)
             _log.debug("team way: %s (median %.1f us on the team, %.1f us on one thread), for %d runs",
                        "team" if self.together else "one thread", 1e6 * float(np.median(team)),
