@@ -3,14 +3,15 @@ probes at doubling pauses, good drafts keep drafting, the state carries across r
 pause capped, a free guess confirmed during a pause ends it; a guess source's odds (GuessOdds)
 follow its recent guesses; end to end, the tokens stay greedy decoding's (MNN's reference) with
 the policy on and off, the budget outlives `reset` and not `set_config`, lookahead judges every
-step's first guess (verified or not) and verifies only those from keys with good odds."""
+step's first guess (verified or not) and verifies as many guesses as their odds pay for at the
+measured cost of each width."""
 import json
 
 import pytest
 
 import mnnllm_core
 from mnnllm_core.llm.generation import speculative
-from mnnllm_core.llm.generation.draft_budget import DraftBudget, GuessOdds
+from mnnllm_core.llm.generation.draft_budget import COST_SLOPE, DraftBudget, GuessOdds
 from mnnllm_core.llm.generation.ngram import NgramCache
 from paths import CONFIG, REFERENCE
 
@@ -27,9 +28,9 @@ def run(budget, steps, verify_cost, accepted, most=3, hits=()):
         room = budget.room(most)
         rooms.append(room)
         if room:
-            budget.record(1 + (verify_cost - 1) * room / most, 1 + min(accepted, room), drafted=True)
+            budget.record(1 + (verify_cost - 1) * room / most, 1 + min(accepted, room), 1 + room)
         else:
-            budget.record(1.0, 1, drafted=False, guessed=budget.guesses_while_paused(most) and step in hits)
+            budget.record(1.0, 1, 1, guessed=budget.guesses_while_paused(most) and step in hits)
     return rooms
 
 
@@ -132,18 +133,60 @@ def test_a_confirmed_free_guess_ends_the_pause():
 
 
 def test_guess_odds_start_even_fall_with_misses_and_recover_with_hits():
-    odds = GuessOdds(least=0.4, memory=8)
-    assert odds.rate(1) == 0.5 and odds.worth(1)
+    odds = GuessOdds(memory=8)
+    assert odds.rate(1) == 0.5 and odds.rate(GuessOdds.place(2)) == 0.75
     odds.record(1, False)
-    assert odds.rate(1) < 0.4 and not odds.worth(1) and odds.worth(2)  # each source on its own
+    assert odds.rate(1) < 0.4 and odds.rate(2) == 0.5  # each source on its own
     for _ in range(40):
         odds.record(1, False)
     assert odds.rate(1) < 0.01
     hits = 0
-    while not odds.worth(1):
+    while odds.rate(1) < 0.5:
         odds.record(1, True)
         hits += 1
     assert hits <= 8  # the misses long past weigh little: a few hits in a row bring it back
+
+
+def test_guess_odds_verify_the_guesses_that_pay_for_their_step():
+    """A step verifying g guesses gives 1 + p1 + p1 p2 + ... tokens on average: the count with the
+    most tokens for its step's cost is verified, none where a plain step gives more."""
+    odds = GuessOdds()
+    linear = lambda slope: (lambda width: 1 + slope * (width - 1))  # noqa: E731
+    # even odds, then 3 in 4: 1.5, 1.875, 2.156 tokens for 1, 2, 3 guesses
+    assert odds.worth(1, 3, linear(0.35)) == 1  # 1.5 / 1.35 beats 1.875 / 1.7 and 2.156 / 2.05
+    assert odds.worth(1, 3, linear(0.1)) == 3  # a model read from memory: wide steps cost little
+    assert odds.worth(1, 3, linear(0.6)) == 0  # 1.5 / 1.6: a plain step gives more
+    assert odds.worth(1, 3, lambda width: 1.0) == 3 and odds.worth(1, 2, lambda width: 1.0) == 2
+    for _ in range(20):
+        odds.record(1, False)
+    assert odds.worth(1, 3, linear(0.1)) == 0  # a one-token key's guesses: rarely right
+    for _ in range(20):
+        odds.record(3, True)
+    assert odds.worth(3, 3, linear(0.35)) == 2  # a long key's: right; the third guess not yet worth it
+    for _ in range(20):
+        odds.verified(3, 3)
+    assert odds.worth(3, 3, linear(0.35)) == 3  # and the chains after it right too
+
+
+def test_guess_odds_judge_each_later_guess_a_verify_step_reached():
+    odds = GuessOdds(memory=float("inf"))
+    odds.verified(3, 1)  # the second guess was judged (wrong), the third never reached
+    odds.verified(3, 3)  # both right
+    odds.verified(1, 1)  # no later guess
+    assert odds.counts == {GuessOdds.place(2): (4.0, 6.0), GuessOdds.place(3): (4.0, 5.0)}
+
+
+def test_the_budget_prices_a_width_at_its_fastest_steps_once_three_ran():
+    budget = DraftBudget()
+    assert budget.cost(1) == 1.0 and budget.cost(4) == pytest.approx(1 + 3 * 0.35)  # nothing measured
+    for seconds in (1.2, 1.0, 1.1):
+        budget.record(seconds, 1, 1)
+    budget.record(9.0, 1, 4)  # the first steps of a width run op by op, then record the replay
+    budget.record(5.0, 1, 4)
+    assert budget.cost(4) == pytest.approx(1 + 3 * 0.35)
+    budget.record(2.2, 1, 4)
+    assert budget.cost(4) == pytest.approx(2.2) and budget.cost(3) == pytest.approx(1.7)
+    assert DraftBudget(adaptive=False).cost(2) == pytest.approx(1.35)
 
 
 def test_off_always_drafts():
@@ -158,8 +201,8 @@ def test_the_room_the_reply_allows_is_kept():
 class SlowVerify(DraftBudget):
     """Every verify step 'costs' 5 plain ones: drafting never pays."""
 
-    def record(self, seconds, tokens, drafted, guessed=False):
-        super().record(5.0 if drafted else 1.0, tokens, drafted, guessed)
+    def record(self, seconds, tokens, width, guessed=False):
+        super().record(5.0 if width > 1 else 1.0, tokens, width, guessed)
 
 
 @pytest.fixture(scope="module")
@@ -262,14 +305,16 @@ def spied_guesses(monkeypatch):
     return made
 
 
-@pytest.mark.parametrize("least", [0.0, 1.01])
-def test_lookahead_judges_every_first_guess_verified_or_not(lookahead, monkeypatch, least):
-    """least 1.01: no guess is worth verifying, every step runs plain and the odds still learn
-    from each; 0: every guess is verified (MNN's way). Either way each first guess but the last
-    is judged against the token that came at its place, and the tokens are greedy decoding's."""
+@pytest.mark.parametrize("verify_cost", [1.0, 1e9])
+def test_lookahead_judges_every_first_guess_verified_or_not(lookahead, monkeypatch, verify_cost):
+    """Verify steps priced as dear as 1e9 plain ones: no guess is worth verifying, every step runs
+    plain and the odds still learn from each; as cheap as a plain one: every guess is verified
+    (MNN's way). Either way each first guess but the last is judged against the token that came
+    at its place, and the tokens are greedy decoding's."""
     lookahead.set_config({"draft_adaptive": True})
     strategy = lookahead.generation
-    strategy.odds = GuessOdds(least=least, memory=float("inf"))  # no decay: plain counts
+    strategy.odds = GuessOdds(memory=float("inf"))  # no decay: plain counts
+    monkeypatch.setattr(strategy.budget, "cost", lambda width: 1.0 if width == 1 else verify_cost)
     places = []
     draft = strategy.draft
 
@@ -297,25 +342,30 @@ def test_lookahead_judges_every_first_guess_verified_or_not(lookahead, monkeypat
     for place, guess, key in opened[:-1]:  # the last one is never judged
         right, seen = want.get(key, [1, 2])
         want[key] = [right + (text[place] == guess), seen + 1]
-    assert {k: list(v) for k, v in strategy.odds.counts.items()} == want
-    if least > 1:
+    firsts = {k: list(v) for k, v in strategy.odds.counts.items() if not isinstance(k, tuple)}
+    assert firsts == want
+    if verify_cost > 1:
         assert set(steps) == {1}
     else:
         assert max(steps) > 1
 
 
-def test_lookahead_verifies_no_guess_from_a_key_whose_odds_are_low(lookahead):
+def test_lookahead_verifies_no_guess_from_a_key_whose_odds_are_low(lookahead, monkeypatch):
     """The shared model's one-token-key guesses on this prompt are mostly wrong: once their odds
-    fall, no verify step starts from one (each verify step's first guess had odds worth it)."""
+    fall, no verify step starts from one, and each verify step holds as many guesses as the odds
+    and the costs said pay (at least one). The costs are the budget's prices before measuring
+    (the host's timing would decide otherwise which steps pay)."""
     lookahead.set_config({"draft_adaptive": True})
     strategy = lookahead.generation
+    monkeypatch.setattr(strategy.budget, "cost", lambda width: 1 + COST_SLOPE * (width - 1))
     judged = []
     draft = strategy.draft
 
     def spy(token, room):
         out = draft(token, room)
         if out:
-            judged.append(strategy.odds.worth(strategy._open[2]))
+            judged.append(len(out) == strategy.odds.worth(strategy._open[2], room, strategy.budget.cost) or
+                          len(out) < room)  # a chain the n-gram cache ended sooner
         return out
     strategy.draft = spy
     try:
@@ -324,4 +374,5 @@ def test_lookahead_verifies_no_guess_from_a_key_whose_odds_are_low(lookahead):
             assert lookahead.generate(prompt["prompt_ids"], N) == prompt["mnn_cpp_q4_memory_normal"]["gen_ids"][:N]
     finally:
         del strategy.draft
-    assert all(judged) and strategy.odds.counts and not strategy.odds.worth(1)
+    assert judged and all(judged) and strategy.odds.counts
+    assert strategy.odds.worth(1, 3, strategy.budget.cost) == 0

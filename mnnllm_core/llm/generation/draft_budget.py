@@ -33,12 +33,23 @@ from __future__ import annotations
 
 from collections import deque
 from statistics import median
+from typing import Callable
+
+
+# what a verify step running w tokens is priced at, in plain steps, until PRICED_AFTER of that width ran:
+# 1 + COST_SLOPE (w - 1) (the shared model's measured 1.4x, 1.7x, 2.0-2.4x for 2, 3, 4 tokens at
+# two threads, where its weights sit in the cache; a model read from memory pays less)
+COST_SLOPE = 0.35
+# the steps of a width it takes to price it: the first two after a load run op by op and then
+# record the replay (the shared model's 3-token step: 29 and 17 ms, then 5-6)
+PRICED_AFTER = 3
 
 
 class DraftBudget:
     """Asked each step for its room (`room`), told what each step cost and yielded (`record`),
     told when a reply starts (`start_reply`). `free_guesses`: the strategy's guesses cost nothing
-    to make, so a paused step may guess unverified (`guesses_while_paused`)."""
+    to make, so a paused step may guess unverified (`guesses_while_paused`). `cost(width)`: what a
+    step running `width` tokens costs against a plain one, as measured."""
 
     def __init__(self, adaptive: bool = True, window: int = 3, first_pause: int = 2, max_pause: int = 256,
                  carried_pause: int = 8, free_guesses: bool = False):
@@ -54,6 +65,7 @@ class DraftBudget:
         self.probes_failed = 0
         self.reply_failed = self.reply_paid = False  # this reply's judgements: one failed, one paid
         self.weak_replies = 0  # replies in a row whose judgements all failed
+        self.seconds: dict[int, deque[float]] = {}  # the latest steps' times, by the tokens they ran
 
     def start_reply(self) -> None:
         """A reply starts: what was measured stays, a pause carried over is cut to `carried_pause`,
@@ -78,14 +90,15 @@ class DraftBudget:
         """Whether this step, allowed `most` guesses, runs plain yet guesses (unverified, for `record`'s `guessed`)."""
         return self.free_guesses and self.pause > 0 and most > 0
 
-    def record(self, seconds: float, tokens: int, drafted: bool, guessed: bool = False) -> None:
-        """A step took `seconds` and emitted `tokens` (the pending one and the accepted guesses);
-        `drafted`: it verified guesses (else it ran one token); `guessed`: it ran plain during a
-        pause and its unverified guess was the token it gave."""
+    def record(self, seconds: float, tokens: int, width: int, guessed: bool = False) -> None:
+        """A step took `seconds`, ran `width` tokens (1: a plain step; more: it verified guesses)
+        and emitted `tokens` (the pending one and the accepted guesses); `guessed`: it ran plain
+        during a pause and its unverified guess was the token it gave."""
         if not self.adaptive:
             return
+        self.seconds.setdefault(width, deque(maxlen=8)).append(seconds)
         speed = tokens / max(seconds, 1e-9)
-        if not drafted:
+        if width == 1:
             self.plain.append(speed)
             if self.pause:
                 self.pause = 0 if guessed else self.pause - 1
@@ -100,6 +113,15 @@ class DraftBudget:
             self.pause, self.measuring = 1, True
         else:
             self._judge()
+
+    def cost(self, width: int) -> float:
+        """A step running `width` tokens against a plain one: the fastest of each's latest steps,
+        once PRICED_AFTER of that width ran (the first ones record the replay, and the host's
+        noise only slows steps down); else priced at COST_SLOPE a token more."""
+        wide, plain = self.seconds.get(width), self.seconds.get(1)
+        if width > 1 and wide and plain and len(wide) >= PRICED_AFTER:
+            return min(wide) / max(min(plain), 1e-9)
+        return 1.0 + COST_SLOPE * (width - 1)
 
     def _judge(self) -> None:
         """Drafting pays while verify steps emit at least as many tokens per second as plain ones."""
@@ -121,28 +143,57 @@ class DraftBudget:
 
 
 class GuessOdds:
-    """How often a first guess from each source turned out to be the model's next token, and
-    whether verifying such a guess pays (`draft_adaptive`). Lookahead's source is the length of
-    the n-gram key the guess follows: over twelve answers of the shared model, first guesses
-    from a one-token key were the next token 7% of the time (20 of 285), from longer keys 69%
-    (11 of 16), and a verify step of two tokens costs 1.1-1.9x a plain one, so only the latter
-    pay. A guess that costs nothing to make is judged on every step, verified or not (the step's
-    token tells), so a source whose guesses stop being verified still has its odds followed, and
-    text that starts repeating is drafted again. The counts decay (the last ~`memory` guesses of
-    a source weigh); a source starts at even odds, so it is verified until it proves weak."""
+    """How often guesses from each source turned out to be the model's next tokens, and how many
+    of a chain of guesses are worth verifying at what verify steps cost (`draft_adaptive`).
 
-    def __init__(self, least: float = 0.4, memory: float = 32):
-        self.least = least  # the share of right guesses that pays for verifying one
+    Lookahead's first guess has the length of the n-gram key it follows as its source: over
+    twelve answers of the shared model, first guesses from a one-token key were the next token
+    7% of the time (20 of 285), from longer keys 69% (11 of 16). The guesses after it in a chain
+    have their place as their source (the second guess was right 5 times of 7 where the first
+    was, the third 4 of 5). A guess that costs nothing to make is judged on every step, verified
+    or not (the step's token tells), so a source whose guesses stop being verified still has its
+    odds followed, and text that starts repeating is drafted again. The counts decay (the last
+    ~`memory` guesses of a source weigh); a first guess starts at even odds, a later one at 3
+    in 4 (so that a chain is tried at all), each then as its guesses go."""
+
+    def __init__(self, memory: float = 32):
         self.keep = 1.0 - 1.0 / memory
         self.counts: dict[object, tuple[float, float]] = {}  # source -> (right, seen), decaying
 
+    @staticmethod
+    def _prior(source: object) -> tuple[float, float]:
+        return (3.0, 4.0) if isinstance(source, tuple) else (1.0, 2.0)
+
     def record(self, source: object, right: bool) -> None:
-        right_count, seen = self.counts.get(source, (1.0, 2.0))
+        right_count, seen = self.counts.get(source, self._prior(source))
         self.counts[source] = (right_count * self.keep + right, seen * self.keep + 1.0)
 
     def rate(self, source: object) -> float:
-        right_count, seen = self.counts.get(source, (1.0, 2.0))
+        right_count, seen = self.counts.get(source, self._prior(source))
         return right_count / seen
 
-    def worth(self, source: object) -> bool:
-        return self.rate(source) >= self.least
+    @staticmethod
+    def place(n: int) -> tuple[str, int]:
+        """The source of a chain's n-th guess (n >= 2: the first has a source of its own)."""
+        return ("place", n)
+
+    def worth(self, first: object, length: int, cost: Callable[[int], float]) -> int:
+        """How many of a chain of `length` guesses, the first from source `first`, to verify: the
+        count whose step gives the most tokens for its cost (`cost(width)`: a step running `width`
+        tokens against a plain one), 0 where none beats a plain step. A step verifying g guesses
+        gives 1 + p1 + p1 p2 + ... + p1...pg tokens on average."""
+        best, best_rate = 0, 1.0
+        expected, reach = 1.0, 1.0
+        for n in range(1, length + 1):
+            reach *= self.rate(first if n == 1 else self.place(n))
+            expected += reach
+            rate = expected / cost(n + 1)
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
+
+    def verified(self, guesses: int, accepted: int) -> None:
+        """A verify step of a chain kept `accepted` of its `guesses`: each later guess reached (its
+        guesses before it were right) is judged (the first is judged on every step, elsewhere)."""
+        for n in range(2, min(guesses, accepted + 1) + 1):
+            self.record(self.place(n), accepted >= n)

@@ -3,9 +3,11 @@
 Guesses come from the n-gram cache (ngram.py) of the history at the start of the generation
 and of `lookup_file` (a text the user expects the answer to quote); with `ngram_update` the
 accepted tokens join the cache. Up to `draft_predict_length` guesses are verified per step.
-With `draft_adaptive` a step drafts only when its first guess comes from a key length whose
-guesses have been right often enough (`GuessOdds`): a one-token key's guess is rarely the
-model's next token, and a failed verify step costs more than a plain one.
+With `draft_adaptive` a step verifies as many of its guesses as pay for their verify step on
+average (`GuessOdds`): by how often first guesses from keys of the same length were right
+lately (a one-token key's guess rarely is the model's next token), how often later guesses
+were, and what steps of each width cost here (`DraftBudget.cost`); none where a plain step
+gives more tokens for the time.
 """
 from __future__ import annotations
 
@@ -69,10 +71,11 @@ class LookaheadGeneration(SpeculativeGeneration):
         if first is None:
             return []
         self._open = (len(history) + 1, *first)
-        if self.budget.adaptive and not self.odds.worth(first[1]):
-            return []
         # the rest of the chain after the first guess (`draft` judges only its first by strictness)
-        return [first[0], *self.cache.draft([*context, first[0]], room - 1)]
+        chain = [first[0], *self.cache.draft([*context, first[0]], room - 1)]
+        if self.budget.adaptive:
+            return chain[:self.odds.worth(first[1], len(chain), self.budget.cost)]
+        return chain
 
     def _judge_open(self, history, token: int) -> None:
         """The open guess was for place p of the history (+ the pending token): right or not."""
@@ -86,5 +89,6 @@ class LookaheadGeneration(SpeculativeGeneration):
             self.odds.record(key, token == guess)
 
     def verified(self, tokens: list[int], accepted: int, rows: list[int]) -> None:
+        self.odds.verified(len(tokens) - 1, accepted)
         if self.update:
             self.cache.update(self.target.conversation.history, accepted + 1)

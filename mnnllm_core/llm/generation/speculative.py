@@ -131,7 +131,7 @@ class SpeculativeGeneration(Strategy):
                 self.empty_steps += accepted == 0
             self.verified(tokens, accepted, kept)
             seconds = time.perf_counter() - start
-            budget.record(seconds, len(kept), drafted=len(tokens) > 1, guessed=guess == [following])
+            budget.record(seconds, len(kept), len(tokens), guessed=guess == [following])
             ctx.decode_us += int(seconds * 1e6)
             yield [tokens[row] for row in kept[1:]]
             token = following
