@@ -89,6 +89,20 @@ def test_the_first_compile_is_announced_parallel_and_cached_for_the_next_process
     assert "compiling" not in _warm_up(cache, 1).stderr
 
 
+def test_the_kernels_imported_under_another_name_cache_apart(tmp_path):
+    """numba's cache entries name the kernels' module: the same files imported under another
+    package name (as `backends.cpu` from the source tree) must not share a cache folder with
+    `mnnllm_backends.cpu`."""
+    from pathlib import Path
+
+    from mnnllm_backends.cpu import kernels
+    (tmp_path / "other_name").symlink_to(Path(kernels.__file__).resolve().parents[2], target_is_directory=True)
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import other_name.cpu.kernels as k; print(k.SOURCE_DIGEST)"
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1] != kernels.SOURCE_DIGEST
+
+
 def test_a_runtime_loads_only_the_parts_its_settings_run():
     from mnnllm_backends.cpu.kernels import warmup
     assert warmup.parts_for(1) == warmup.parts_for(2) == ["gemv", "matmul", "rows", "attention", "replay", "decode"]

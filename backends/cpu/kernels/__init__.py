@@ -53,13 +53,17 @@ SIMD_LANES = _simd_lanes()
 
 
 def _source_digest() -> str:
-    digest = hashlib.sha256(f"{numba.__version__} lanes {SIMD_LANES}".encode())
+    """numba's version, the lanes, every kernel file and the name these files are imported under:
+    numba's cache entries name the kernels' module, so the same files imported as another
+    package (a script importing `backends.cpu...` beside `mnnllm_backends.cpu...`) left entries
+    the other name could not load ("No module named 'backends'"); each name gets its own folder."""
+    digest = hashlib.sha256(f"{numba.__version__} lanes {SIMD_LANES} {__name__}".encode())
     for source in sorted(Path(__file__).parent.glob("*.py")):
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 
 
-SOURCE_DIGEST = _source_digest()  # numba and every kernel file: what the compiled code depends on
+SOURCE_DIGEST = _source_digest()  # what the compiled code depends on
 
 if not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = str(Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
