@@ -14,6 +14,7 @@ from mnnllm_core.llm.generation import speculative
 from mnnllm_core.llm.generation.draft_budget import COST_SLOPE, DraftBudget, GuessOdds
 from mnnllm_core.llm.generation.ngram import NgramCache
 from paths import CONFIG, REFERENCE
+from slow_verify import SlowVerify
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 N = 32
@@ -196,13 +197,6 @@ def test_off_always_drafts():
 def test_the_room_the_reply_allows_is_kept():
     budget = DraftBudget()
     assert budget.room(0) == 0 and budget.room(2) == 2
-
-
-class SlowVerify(DraftBudget):
-    """Every verify step 'costs' 5 plain ones: drafting never pays."""
-
-    def record(self, seconds, tokens, width, guessed=False):
-        super().record(5.0 if width > 1 else 1.0, tokens, width, guessed)
 
 
 @pytest.fixture(scope="module")

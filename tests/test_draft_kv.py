@@ -14,10 +14,10 @@ import pytest
 import mnnllm_core
 from mnnllm_core.export.draft import fit_drafts, random_attention, random_eagle, random_mtp, write_eagle, write_mtp
 from mnnllm_core.llm.generation import EagleGeneration, MtpGeneration, speculative
-from mnnllm_core.llm.generation.draft_budget import DraftBudget
 from mnnllm_core.llm.generation.draft_kv import DraftKV
 from mnnllm_core.plugins.manager import registry
 from paths import MODEL_DIR, REFERENCE, SHARED
+from slow_verify import SlowVerify
 
 PROMPTS = json.loads(REFERENCE.read_text())["prompts"]
 SECOND = "tiny-qwen3_moe-mnn-fp16"
@@ -200,10 +200,6 @@ def test_plain_steps_between_verify_steps_keep_the_drafts_cache_exact(drafted, s
     """With the draft budget on and verify steps 'costing' 5 plain ones, most steps run plain: the
     draft catches up over the rows they kept, and the tokens stay MNN's (the budget carried from
     one reply to the next: each after the first starts plain and probes)."""
-
-    class SlowVerify(DraftBudget):
-        def record(self, seconds, tokens, drafted, guessed=False):
-            super().record(5.0 if drafted else 1.0, tokens, drafted, guessed)
     monkeypatch.setattr(speculative, "DraftBudget", SlowVerify)
     llm = model(drafted, draft_adaptive=True, **setting)
     strategy = llm.generation
