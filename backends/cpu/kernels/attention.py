@@ -15,7 +15,7 @@ import numpy as np
 from numba import prange
 
 from . import jit
-from .decode_attention import group_rows, attend_split, attend_split_heads, heads_of, splits_for
+from .decode_attention import attend_split, attend_split_heads, group_rows, heads_of, kv_heads_of, splits_for
 from .exp import exp32
 from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
 
@@ -140,10 +140,10 @@ def decode_attend(q, keys_t, values, past, scale, sinks, out, threads):
 
 
 @jit()
-def _append_row(k, v, keys_t, values, at):
-    """One token's k and v [1, kv_heads, dim] as cache row `at`."""
-    _, kv_heads, dim = k.shape
-    for h in range(kv_heads):
+def _append_row(k, v, keys_t, values, at, h0, h1):
+    """One token's k and v [1, kv_heads, dim] as cache row `at`, kv heads h0..h1."""
+    dim = k.shape[2]
+    for h in range(h0, h1):
         for d in range(dim):
             keys_t[h, d, at] = k[0, h, d]
             values[h, at, d] = v[0, h, d]
@@ -153,22 +153,22 @@ def _append_row(k, v, keys_t, values, at):
 def append_decode(q, k, v, keys_t, values, past, scale, sinks, out, threads):
     """`append_attend` for one token with `decode_attend`."""
     start = past[0]
-    _append_row(k, v, keys_t, values, start)
+    _append_row(k, v, keys_t, values, start, 0, k.shape[1])
     decode_attend(q, keys_t, values, start, scale, sinks, out, threads)
 
 
 @jit()
 def append_decode_part(q, k, v, keys_t, values, past, scale, sinks, out, threads, part, parts):
-    """Part `part` of `parts` of `append_decode` (a thread team's rank): part -1 appends the new
-    row (once, before any part reads it); part >= 0 computes its query heads by the code
-    `decode_attend` runs for them: `attend_split_heads` where it splits the keys (the same spans),
-    else `_attend_rows` over those heads' rows (the GEMM core's rows are independent)."""
+    """Part `part` of `parts` of `append_decode` (a thread team's rank): the new row of the kv
+    heads its query heads read (as `append_attend_stored_part`: a shared kv head by both parts),
+    then those query heads by the code `decode_attend` runs for them: `attend_split_heads` where
+    it splits the keys (the same spans), else `_attend_rows` over those heads' rows (the GEMM
+    core's rows are independent)."""
     start = past[0]
-    if part < 0:
-        _append_row(k, v, keys_t, values, start)
-        return
     heads = q.shape[1]
     h0, h1 = heads_of(part, parts, heads)
+    kv0, kv1 = kv_heads_of(h0, h1, heads // k.shape[1])
+    _append_row(k, v, keys_t, values, start, kv0, kv1)
     length = start + 1
     if threads > 1 and length >= SPLIT_FROM:
         attend_split_heads(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads), h0, h1)

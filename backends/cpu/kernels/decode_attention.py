@@ -14,8 +14,9 @@ than the keys.
 `append_attend_stored` is a replayed decode step's whole attention over a StoredKVCache: the
 new k and v rows quantized into the cache as `RowStore.write` does (bit for bit: no fastmath),
 then `attend_stored`. A thread team splits one token's attention by query heads
-(`append_attend_stored_part`, `attend_stored_heads`, `attend_split_heads`): each rank computes
-all the spans of its heads, the spans and the arithmetic of each head being the serial kernel's.
+(`append_attend_stored_part`, `attend_stored_heads`, `attend_split_heads`): each rank stores the
+new rows of the kv heads its query heads read, then computes all the spans of its heads, the
+spans and the arithmetic of each head being the serial kernel's.
 """
 from __future__ import annotations
 
@@ -164,6 +165,14 @@ def heads_of(part, parts, heads):
 
 
 @jit()
+def kv_heads_of(h0, h1, group):
+    """The kv heads kv0..kv1 whose groups hold query heads h0..h1 (none when h0 >= h1)."""
+    if h0 >= h1:
+        return 0, 0
+    return h0 // group, (h1 - 1) // group + 1
+
+
+@jit()
 def group_rows(kv, group, h0, h1):
     """The query heads of kv head `kv`'s group among heads h0..h1, as rows j0..j1 of the group."""
     return max(h0 - kv * group, 0), min(h1 - kv * group, group)
@@ -191,17 +200,17 @@ def attend_stored_heads(q, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, l
 
 
 @jit(fastmath=False)
-def _store_rows(x, codes, row_scale, row_zero, at):
-    """x [kv_heads, dim] float32 as row `at` of codes [kv_heads, capacity, dim]: copied into
-    float32 codes, quantized into int8 ones (row_scale, row_zero [kv_heads, capacity]) in
-    RowStore.write's float32 operations, in its order."""
-    kv_heads, dim = x.shape
+def _store_rows(x, codes, row_scale, row_zero, at, h0, h1):
+    """x [kv_heads, dim] float32 as row `at` of codes [kv_heads, capacity, dim], kv heads h0..h1:
+    copied into float32 codes, quantized into int8 ones (row_scale, row_zero [kv_heads,
+    capacity]) in RowStore.write's float32 operations, in its order."""
+    dim = x.shape[1]
     if row_scale.shape[0] == 0:
-        for h in range(kv_heads):
+        for h in range(h0, h1):
             for d in range(dim):
                 codes[h, at, d] = x[h, d]
         return
-    for h in range(kv_heads):
+    for h in range(h0, h1):
         low = x[h, 0]
         high = x[h, 0]
         for d in range(1, dim):
@@ -224,8 +233,9 @@ def append_attend_stored(q, k, v, k_codes, k_scale, k_zero, v_codes, v_scale, v_
     the new rows stored at row past[0] (the cache's bookkeeping ran before the step and left
     past[0] there), then `attend_stored` over past[0] + 1 rows, split for `threads`."""
     at = past[0]
-    _store_rows(k[0], k_codes, k_scale, k_zero, at)
-    _store_rows(v[0], v_codes, v_scale, v_zero, at)
+    kv_heads = k.shape[1]
+    _store_rows(k[0], k_codes, k_scale, k_zero, at, NO_LITERAL, kv_heads)
+    _store_rows(v[0], v_codes, v_scale, v_zero, at, NO_LITERAL, kv_heads)
     attend_stored(q[0], k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, at + 1, scale, sinks, out[0],
                   splits_for(at + 1, threads))
 
@@ -233,15 +243,16 @@ def append_attend_stored(q, k, v, k_codes, k_scale, k_zero, v_codes, v_scale, v_
 @jit()
 def append_attend_stored_part(q, k, v, k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, past, scale, sinks, out,
                               threads, part, parts):
-    """Part `part` of `parts` of `append_attend_stored` (a thread team's rank): part -1 stores the
-    new rows (once, before any part reads them); part >= 0 computes its query heads
-    (`attend_stored_heads`) with the spans `threads` gives the serial kernel."""
+    """Part `part` of `parts` of `append_attend_stored` (a thread team's rank): the new rows of the
+    kv heads its query heads read, stored as the serial kernel stores them, then those query heads
+    (`attend_stored_heads`) with the spans `threads` gives the serial kernel. A kv head whose group
+    two parts share is stored by both, the same bytes, each before it reads them: no part waits on
+    another's rows, and each rank's rows are in its own cache."""
     at = past[0]
-    if part < 0:
-        _store_rows(k[0], k_codes, k_scale, k_zero, at)
-        _store_rows(v[0], v_codes, v_scale, v_zero, at)
-        return
     h0, h1 = heads_of(part, parts, q.shape[1])
+    kv0, kv1 = kv_heads_of(h0, h1, q.shape[1] // k.shape[1])
+    _store_rows(k[0], k_codes, k_scale, k_zero, at, kv0, kv1)
+    _store_rows(v[0], v_codes, v_scale, v_zero, at, kv0, kv1)
     attend_stored_heads(q[0], k_codes, k_scale, k_zero, v_codes, v_scale, v_zero, at + 1, scale, sinks, out[0],
                         splits_for(at + 1, threads), h0, h1)
 
