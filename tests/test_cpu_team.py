@@ -100,16 +100,37 @@ def test_a_deep_step_splits_its_attention_and_keeps_the_bits() -> None:
             runtime.close_team()
 
 
-@pytest.mark.parametrize("length", [1, 300, 1024, 2100])
-def test_attention_parts_give_the_serial_kernels_bits(length) -> None:
-    """Each one-token attention's parts (`append_decode_part`, `append_attend_stored_part`: query
-    heads 4/5 of 9 over 3 kv heads, each part writing the new rows of the kv heads it reads, the
-    middle one by both) write the serial kernel's cache rows and give its bits,
-    at depths of one span, of 2 and 4 spans and past SPLIT_FROM (the fp32 cache's key split)."""
-    from mnnllm_backends.cpu.kernels.attention import append_decode, append_decode_part
-    from mnnllm_backends.cpu.kernels.decode_attention import append_attend_stored, append_attend_stored_part
+def test_three_ranks_write_their_own_cache_rows_and_keep_the_bits() -> None:
+    """Three ranks over the shared model's 9 heads and 3 kv heads: each rank writes the new cache
+    rows of its own kv head (fp32 KV and int8 KV); team, rank 0 alone, serial, loop give the same
+    logits."""
+    from mnnllm_backends.cpu.kernels.decode_attention import parts_write_own_rows
 
-    heads, kv_heads, dim, capacity = 9, 3, 64, 2112
+    assert parts_write_own_rows(9, 3, 3) and not parts_write_own_rows(9, 3, 2)
+    for config in ({}, {"attention_mode": 10}):
+        runs, runtime = team_serial_and_looped(3, config=config)
+        try:
+            assert_same(runs, ("loop", "team", "solo", "auto", "serial"))
+        finally:
+            runtime.close_team()
+
+
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (8, 4)])
+@pytest.mark.parametrize("length", [1, 300, 1024, 2100])
+def test_attention_parts_give_the_serial_kernels_bits(length, heads, kv_heads) -> None:
+    """Each one-token attention's parts (`append_decode_part`, `append_attend_stored_part`) write
+    the serial kernel's cache rows and give its bits, at depths of one span, of 2 and 4 spans and
+    past SPLIT_FROM (the fp32 cache's key split): 9 heads over 3 kv heads in two parts (4 and 5
+    heads: the middle kv head's group straddles them, so part -1 writes every row first), and 8
+    over 4 (each part writes the rows it reads, so either part may run first)."""
+    from mnnllm_backends.cpu.kernels.attention import append_decode, append_decode_part
+    from mnnllm_backends.cpu.kernels.decode_attention import (append_attend_stored, append_attend_stored_part,
+                                                              parts_write_own_rows)
+
+    dim, capacity = 64, 2112
+    own_rows = parts_write_own_rows(heads, kv_heads, 2)
+    assert own_rows == (heads % 2 == 0)
+    parts = (1, 0) if own_rows else (-1, 0, 1)
     rng = np.random.default_rng(length)
     q, k, v = (rng.standard_normal((1, h, dim), np.float32) for h in (heads, kv_heads, kv_heads))
     past, scale, sinks = np.array([length - 1]), np.float32(dim ** -0.5), rng.standard_normal(heads, np.float32)
@@ -121,7 +142,7 @@ def test_attention_parts_give_the_serial_kernels_bits(length) -> None:
         serial, parted = np.zeros((1, heads, dim), np.float32), np.full((1, heads, dim), np.nan, np.float32)
         caches = [(keys_t.copy(), values.copy()) for _ in range(2)]
         append_decode(q, k, v, *caches[0], past, scale, sink, serial, 2)
-        for part in (1, 0):  # either order: a part reads only rows it wrote
+        for part in parts:
             append_decode_part(q, k, v, *caches[1], past, scale, sink, parted, 2, part, 2)
         np.testing.assert_array_equal(caches[0][0], caches[1][0])
         np.testing.assert_array_equal(caches[0][1], caches[1][1])
@@ -131,11 +152,19 @@ def test_attention_parts_give_the_serial_kernels_bits(length) -> None:
             stores = [(codes.copy(), rows.copy(), rows.copy(), stored_values.copy(), v_rows.copy(), v_rows.copy())
                       for _ in range(2)]
             append_attend_stored(q, k, v, *stores[0], past, scale, sink, serial, 2)
-            for part in (1, 0):
+            for part in parts:
                 append_attend_stored_part(q, k, v, *stores[1], past, scale, sink, parted, 2, part, 2)
             for a, b in zip(*stores):
                 np.testing.assert_array_equal(a, b)
             np.testing.assert_array_equal(serial, parted)
+
+
+def test_parts_write_own_rows_where_no_group_straddles_two() -> None:
+    from mnnllm_backends.cpu.kernels.decode_attention import parts_write_own_rows
+
+    assert parts_write_own_rows(32, 32, 2) and parts_write_own_rows(32, 8, 4) and parts_write_own_rows(16, 8, 2)
+    assert not parts_write_own_rows(9, 3, 2) and not parts_write_own_rows(32, 8, 3)
+    assert parts_write_own_rows(9, 3, 1) and parts_write_own_rows(9, 3, 3)
 
 
 def test_one_thread_keeps_the_serial_program() -> None:

@@ -15,7 +15,8 @@ import numpy as np
 from numba import prange
 
 from . import jit
-from .decode_attention import attend_split, attend_split_heads, group_rows, heads_of, kv_heads_of, splits_for
+from .decode_attention import (attend_split, attend_split_heads, group_rows, heads_of, kv_heads_of,
+                               parts_write_own_rows, splits_for)
 from .exp import exp32
 from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
 
@@ -159,21 +160,24 @@ def append_decode(q, k, v, keys_t, values, past, scale, sinks, out, threads):
 
 @jit()
 def append_decode_part(q, k, v, keys_t, values, past, scale, sinks, out, threads, part, parts):
-    """Part `part` of `parts` of `append_decode` (a thread team's rank): the new row of the kv
-    heads its query heads read (as `append_attend_stored_part`: a shared kv head by both parts),
-    then those query heads by the code `decode_attend` runs for them: `attend_split_heads` where
-    it splits the keys (the same spans), else `_attend_rows` over those heads' rows (the GEMM
-    core's rows are independent)."""
+    """Part `part` of `parts` of `append_decode` (a thread team's rank): its query heads by the
+    code `decode_attend` runs for them, `attend_split_heads` where it splits the keys (the same
+    spans), else `_attend_rows` over those heads' rows (the GEMM core's rows are independent),
+    after the new row of the kv heads they read: by this part where the parts write their own
+    rows (`parts_write_own_rows`), else by part -1, every row, before any part runs."""
     start = past[0]
-    heads = q.shape[1]
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if part < 0:
+        _append_row(k, v, keys_t, values, start, 0, kv_heads)
+        return
     h0, h1 = heads_of(part, parts, heads)
-    kv0, kv1 = kv_heads_of(h0, h1, heads // k.shape[1])
-    _append_row(k, v, keys_t, values, start, kv0, kv1)
+    if parts_write_own_rows(heads, kv_heads, parts):
+        kv0, kv1 = kv_heads_of(h0, h1, heads // kv_heads)
+        _append_row(k, v, keys_t, values, start, kv0, kv1)
     length = start + 1
     if threads > 1 and length >= SPLIT_FROM:
         attend_split_heads(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads), h0, h1)
         return
-    kv_heads = keys_t.shape[0]
     group = heads // kv_heads
     for kv in range(kv_heads):
         j0, j1 = group_rows(kv, group, h0, h1)

@@ -34,9 +34,10 @@ WIDTH = 24  # int64 fields of one instruction
 KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
 PART_KERNEL = WIDTH - 2  # a linear's: the address of its kernel for one part of its rows (`team.py`)
 LINEARS = (GEMV, FEW_GEMV, INT8_LINEAR)  # the instructions a thread team splits by rows
-# ... and those it splits by query heads (one token's attention: each part writes the new cache
-# rows of the kv heads it reads); INT8_LINEAR has a part -1 that rank 0 runs first, alone (the
-# quantized input rows, unless each rank quantizes its own: `int8_dot.own_rows`)
+# ... and those it splits by query heads (one token's attention); these and INT8_LINEAR have a
+# part -1 that rank 0 runs first, alone (the new cache rows, unless each part writes those it
+# reads: `decode_attention.parts_write_own_rows`; the quantized input rows, unless each rank
+# quantizes its own: `int8_dot.own_rows`)
 ATTENTIONS = (DECODE_ATTEND, STORED_ATTEND)
 # an attention's field 21: 1 when it joins the attention before it (another KV slot's rows of a
 # batched step: other rows, another cache), so a team runs the two without a barrier between
@@ -422,7 +423,7 @@ def run_program(code, scalars, floats, codes, reals, halves, ints, instruction):
 def run_part(c, scalars, floats, codes, reals, halves, ints, part, parts):
     """Part `part` of `parts` of a linear instruction's rows (the split of its parallel kernel) or
     of a one-token attention's query heads, by its part kernel (field PART_KERNEL); part -1
-    quantizes the int8 linear's input rows."""
+    quantizes the int8 linear's input rows, or writes the attention's new cache rows."""
     op = c[0]
     if op == DECODE_ATTEND:
         _decode_step(c, scalars, floats, ints, part, parts)

@@ -13,11 +13,12 @@ linear (GEMV, few-token GEMV, int8 linear) gives each rank the part of its rows 
 holds one per rank (`int8_dot.own_rows`; else rank 0 does, once, and the others wait); one token's attention
 (DECODE_ATTEND, STORED_ATTEND) gives each rank a share of the query heads, computed by the code
 the serial kernel runs for each head (`append_decode_part`, `append_attend_stored_part`), each
-rank first writing the new cache rows of the kv heads its query heads read (a kv head two ranks
-share is written by both, the same bytes: no rank waits for another's rows, and the rows a rank
-reads are in its own cache; rank 0 writing every row, alone, took ~6% of a 1.7B shape's decode
-step on two threads); the attentions of a batched step's KV slots (JOINS) run as one, each rank
-computing its heads of each; every other instruction runs on rank 0. A barrier separates an instruction from the next when either is
+rank first writing the new cache rows of the kv heads its query heads read where no kv head's
+group straddles two ranks (`parts_write_own_rows`: no rank then waits for another's rows, and the
+rows a rank reads are in its own cache; rank 0 writing every row, alone, took ~6% of a 1.7B
+shape's decode step on two threads), else after rank 0 wrote them all; the attentions of a
+batched step's KV slots (JOINS) run as one, each rank computing its heads of each; every other
+instruction runs on rank 0. A barrier separates an instruction from the next when either is
 split (the next reads rows another thread wrote); a run of single-thread instructions needs
 none, and rank 0 writes an instruction's part -1 straight after its own instructions (one
 barrier then publishes both). Each element is thus computed by the code the serial program
@@ -50,6 +51,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import jit
+from .decode_attention import parts_write_own_rows
 from .int8_dot import own_rows
 from .program import (DECODE_ATTEND, FEW_GEMV, GEMV, INT8_LINEAR, JOINS, STORED_ATTEND, WIDTH, _pointer,
                       array_table, instruction_at, kernel_address, part_at, rank_at, runner_address)
@@ -198,6 +200,18 @@ def _own_rows(c, floats, codes, threads):
 
 
 @jit()
+def _attention_own_rows(code, i, last, threads):
+    """Whether each rank writes the new cache rows it reads in attentions i..last (a run of joined
+    ones: `parts_write_own_rows` for each; fields 11, 12 (DECODE_ATTEND) or 14, 15 heads, kv heads)."""
+    for j in range(i, last):
+        c = code[j]
+        heads, kv_heads = (c[11], c[12]) if c[0] == DECODE_ATTEND else (c[14], c[15])
+        if not parts_write_own_rows(heads, kv_heads, threads):
+            return False
+    return True
+
+
+@jit()
 def run_rank(program, rank, threads, state):
     """Rank `rank`'s share of the program whose descriptor is at `program` (see `describe`), then
     the closing barrier."""
@@ -219,11 +233,12 @@ def run_rank(program, rank, threads, state):
         if attention:
             while last < code.shape[0] and code[last, JOINS] != 0:
                 last += 1
-        # a part -1 first (an int8 linear's quantized rows, unless each rank quantizes its own);
-        # an attention's parts each write the new cache rows they read
-        first = op == INT8_LINEAR and not _own_rows(c, floats, codes, threads)
+        # a part -1 first: an int8 linear's quantized rows, an attention's new cache rows (unless
+        # each rank writes its own)
+        first = ((attention and not _attention_own_rows(code, i, last, threads))
+                 or (op == INT8_LINEAR and not _own_rows(c, floats, codes, threads)))
         split = op == GEMV or op == FEW_GEMV or op == INT8_LINEAR or attention
-        if first:  # the quantized rows: written once by rank 0, then read by every rank
+        if first:  # written once by rank 0, then read by every rank
             if shared:  # part -1 reads every rank's rows; else only rank 0's: no barrier before it
                 barrier(state, threads)
             if rank == 0:
