@@ -168,10 +168,9 @@ def heads_of(part, parts, heads):
 @jit()
 def parts_write_own_rows(heads, kv_heads, parts):
     """Whether each of `parts` parts (`heads_of`) writes the new cache rows of the kv heads it
-    reads: where no kv head's group straddles two parts. Where one does, both parts would write
-    its rows at once, each line of them bouncing between the two ranks' caches (the shared
-    model, 9 heads over 3 kv heads, decoded ~10% slower at two threads), so part -1 writes every
-    row first, alone."""
+    reads: where no kv head's group straddles two parts. Where one does (the shared model's 9
+    heads over 3 kv heads in two parts), both parts would write its rows at once, each line of
+    them bouncing between the two ranks' caches, so part -1 writes every row first, alone."""
     group = heads // kv_heads
     for part in range(1, parts):
         if (part * heads // parts) % group:
