@@ -183,7 +183,10 @@ def test_the_roofline_line_gives_its_share_of_the_hosts_read_bandwidth():
     ours["host_read_gbs"] = 26.0
     text = render([ours, mnn], "md")
     # 500 MiB x 31 tok/s = 16.25 GB/s, 62.5% of 26
-    assert "= 16.25 GB/s, 63% of the 26.00 GB/s this host's memory reads at 2 threads" in text
+    assert "= 16.25 GB/s, 63% of the 26.00 GB/s this host's memory reads at 2 threads\n" in text + "\n"
+    ours.update(host_read_median_gbs=20.0, host_reads=9)
+    assert ("= 16.25 GB/s, 63% of the 26.00 GB/s this host's memory reads at 2 threads (the best of 9 reads; "
+            "81% of their median, 20.00 GB/s)") in render([ours, mnn], "md")
     del ours["host_read_gbs"]
     assert "this host's memory" not in render([ours], "md")
 
@@ -194,7 +197,8 @@ def test_the_host_is_probed_once_per_thread_count_for_runs_that_read_host_memory
 
     def fake_worker(module, job, timeout):
         calls.append((module, job["threads"]))
-        return {"read_gbs": {str(t): 10.0 * t for t in job["threads"]}, "bytes": 1}
+        return {"read_gbs": {str(t): 10.0 * t for t in job["threads"]},
+                "median_gbs": {str(t): 9.0 * t for t in job["threads"]}, "rounds": 9, "bytes": 1}
 
     monkeypatch.setattr(runner, "call_worker", fake_worker)
     ours, _ = _fake_results()
@@ -204,6 +208,7 @@ def test_the_host_is_probed_once_per_thread_count_for_runs_that_read_host_memory
     runner.attach_host_bandwidth(host + [device, prefill_only], 60)
     assert calls == [("mnnllm_core.bench.memory_probe", [1, 2])]
     assert [r["host_read_gbs"] for r in host] == [10.0, 20.0, 20.0]
+    assert [(r["host_read_median_gbs"], r["host_reads"]) for r in host] == [(9.0, 9), (18.0, 9), (18.0, 9)]
     assert "host_read_gbs" not in device and "host_read_gbs" not in prefill_only
     calls.clear()
     runner.attach_host_bandwidth([device], 60)
@@ -241,6 +246,8 @@ def test_the_memory_probe_reads_a_buffer_bigger_than_the_cache_and_reports_gb_pe
     assert done.returncode == 0, done.stderr
     reply = json.loads(done.stdout.split("@@BENCH@@", 1)[1])
     assert set(reply["read_gbs"]) == {"1", "2"} and all(0.1 < v < 10_000 for v in reply["read_gbs"].values())
+    assert reply["rounds"] == memory_probe.ROUNDS and set(reply["median_gbs"]) == {"1", "2"}
+    assert all(0.1 < reply["median_gbs"][t] <= reply["read_gbs"][t] for t in ("1", "2"))
     assert 16 << 20 <= reply["bytes"] <= memory_probe.MAX_BYTES
 
 

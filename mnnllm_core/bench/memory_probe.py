@@ -7,7 +7,10 @@ float32 is vectorized (AVX2 / AVX-512 / NEON) and reads as fast as the cores can
 the probe here, as STREAM's read kernels are elsewhere. The buffer is four times the last-level
 cache (a read from cache would flatter the memory) and each thread reduces a slice of its own:
 numpy releases the GIL inside a reduction, so `threads` slices are read at once. The best of
-`rounds` is reported, as STREAM does: what the memory can give, not what a noisy host gave.
+ROUNDS reads is reported, as STREAM does: what the memory can give, not what a noisy host gave;
+and their median, what it gave most of the time. On a shared host the two differ: one read in
+several comes out ~7% above the others (a VM of 2 Xeon cores: 15.5-16.1 GB/s, then 17.0), and a
+decode's speed, the mean over seconds of streaming, is judged against both (`report._roofline`).
 The probe runs in a worker process of its own (`mnnllm bench`), so its buffer never counts in a
 model run's peak memory.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import glob
 import os
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,12 +55,15 @@ def buffer_bytes() -> int:
     return max(min(wanted, available // 4), 16 << 20)
 
 
-def read_gbs(threads: int, nbytes: int | None = None, rounds: int = 5) -> float:
-    """GB/s (1e9 bytes) at which `threads` threads read a buffer of `nbytes` (best of `rounds`)."""
+ROUNDS = 9  # reads of the buffer per thread count
+
+
+def reads_gbs(threads: int, nbytes: int | None = None, rounds: int = ROUNDS) -> list[float]:
+    """GB/s (1e9 bytes) at which `threads` threads read a buffer of `nbytes`, once per round."""
     nbytes = buffer_bytes() if nbytes is None else nbytes
     data = np.ones(nbytes // 4, np.float32)  # written once: every page is mapped before the timing
     slices = np.array_split(data, max(1, threads))
-    best = float("inf")
+    speeds = []
     with ThreadPoolExecutor(max(1, threads - 1)) as pool:
         for _ in range(rounds):
             start = time.perf_counter()
@@ -64,14 +71,17 @@ def read_gbs(threads: int, nbytes: int | None = None, rounds: int = 5) -> float:
             np.max(slices[0])
             for other in others:
                 other.result()
-            best = min(best, time.perf_counter() - start)
-    return data.nbytes / best / 1e9
+            speeds.append(data.nbytes / (time.perf_counter() - start) / 1e9)
+    return speeds
 
 
 def run(job: dict) -> dict:
-    """The worker's job: {"threads": [1, 2, ...]} -> {"read_gbs": {"1": GB/s, ...}, "bytes": buffer size}."""
+    """The worker's job: {"threads": [1, 2, ...]} -> {"read_gbs": {"1": GB/s (the best read), ...},
+    "median_gbs": {"1": GB/s (the median read), ...}, "rounds": reads each, "bytes": buffer size}."""
     nbytes = buffer_bytes()
-    return {"read_gbs": {str(t): read_gbs(int(t), nbytes) for t in job["threads"]}, "bytes": nbytes}
+    speeds = {str(t): reads_gbs(int(t), nbytes) for t in job["threads"]}
+    return {"read_gbs": {t: max(s) for t, s in speeds.items()},
+            "median_gbs": {t: statistics.median(s) for t, s in speeds.items()}, "rounds": ROUNDS, "bytes": nbytes}
 
 
 if __name__ == "__main__":

@@ -98,6 +98,10 @@ def _roofline(results: list[dict]) -> list[str]:
                 share = weight * speed / 1e9 / result["host_read_gbs"]
                 line += (f", {100 * share:.0f}% of the {result['host_read_gbs']:.2f} GB/s this host's memory reads "
                          f"at {result['threads']} thread{'s' if result['threads'] > 1 else ''}")
+                if result.get("host_read_median_gbs"):
+                    typical = weight * speed / 1e9 / result["host_read_median_gbs"]
+                    line += (f" (the best of {result['host_reads']} reads; {100 * typical:.0f}% of their median, "
+                             f"{result['host_read_median_gbs']:.2f} GB/s)")
             lines.append(line)
     return lines
 

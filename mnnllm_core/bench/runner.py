@@ -78,7 +78,8 @@ def run_bench(models: list[str], backends: list[str], threads: list[int], tests:
 
 
 def attach_host_bandwidth(results: list[dict], timeout: float) -> None:
-    """The host's read bandwidth at each result's thread count (`host_read_gbs`), measured once per
+    """The host's read bandwidth at each result's thread count (`host_read_gbs`, the best read;
+    `host_read_median_gbs`, the median of `host_reads`), measured once per
     thread count in a worker of its own, for the results whose weights are read from host memory
     and that decoded (the roofline line compares the two). A probe that fails costs the lines their
     share, not the runs: it is said on stderr."""
@@ -97,6 +98,9 @@ def attach_host_bandwidth(results: list[dict], timeout: float) -> None:
         return
     for result in wanted:
         result["host_read_gbs"] = probe["read_gbs"][str(result["threads"])]
+        if "median_gbs" in probe:
+            result["host_read_median_gbs"] = probe["median_gbs"][str(result["threads"])]
+            result["host_reads"] = probe["rounds"]
 
 
 def _run_round(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,
