@@ -216,8 +216,8 @@ def test_the_decode_replay_gives_the_per_op_tokens_at_depth(long_ids, memory, at
 
 @pytest.mark.parametrize("kind", ["i8", "f32"])
 def test_the_decode_kernel_stores_a_row_as_the_cache_does(kind):
-    """`append_attend_stored` quantizes the new rows as RowStore.write does, bit for bit (its
-    replay and the per-op loop keep the same cache)."""
+    """`append_attend_stored` quantizes the new rows as RowStore.write does, bit for bit, in
+    ranges of kv heads as in whole (its replay and the per-op loop keep the same cache)."""
     from mnnllm_backends.cpu.kernels.decode_attention import _store_rows
     rng = np.random.default_rng(2)
     x = rng.normal(size=(6, 3, 64)).astype(np.float32) * rng.uniform(0.01, 30, size=(6, 3, 1)).astype(np.float32)
@@ -226,8 +226,9 @@ def test_the_decode_kernel_stores_a_row_as_the_cache_does(kind):
     cache.add(x, x)
     ours.add(np.zeros_like(x), x)
     codes, scale, zero, *_ = ours.stored()
-    for at in range(6):
-        _store_rows(x[at], codes, scale, zero, at)
+    for at in range(6):  # kv heads 0..1, then 1..3: a thread team's rank stores a range of them
+        _store_rows(x[at], codes, scale, zero, at, 0, 1)
+        _store_rows(x[at], codes, scale, zero, at, 1, 3)
     assert all(np.array_equal(a, b) for a, b in zip(ours.stored()[:3], cache.stored()[:3]))
 
 
