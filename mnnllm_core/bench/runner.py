@@ -98,9 +98,8 @@ def attach_host_bandwidth(results: list[dict], timeout: float) -> None:
         return
     for result in wanted:
         result["host_read_gbs"] = probe["read_gbs"][str(result["threads"])]
-        if "median_gbs" in probe:
-            result["host_read_median_gbs"] = probe["median_gbs"][str(result["threads"])]
-            result["host_reads"] = probe["rounds"]
+        result["host_read_median_gbs"] = probe["median_gbs"][str(result["threads"])]
+        result["host_reads"] = probe["rounds"]
 
 
 def _run_round(results: list, references: list, models, backends, threads, tests, reps, precision, profile, vs_mnn,

@@ -71,9 +71,13 @@ class LookaheadGeneration(SpeculativeGeneration):
         if first is None:
             return []
         self._open = (len(history) + 1, *first)
+        # priced at its longest before it is drafted: no step drafts guesses it would not verify
+        most = self.odds.worth(first[1], room, self.budget.cost) if self.budget.adaptive else room
+        if most == 0:
+            return []
         # the rest of the chain after the first guess (`draft` judges only its first by strictness)
-        chain = [first[0], *self.cache.draft([*context, first[0]], room - 1)]
-        if self.budget.adaptive:
+        chain = [first[0], *self.cache.draft([*context, first[0]], most - 1)]
+        if self.budget.adaptive and len(chain) < most:  # it ran out: priced again over its own length
             return chain[:self.odds.worth(first[1], len(chain), self.budget.cost)]
         return chain
 
