@@ -218,6 +218,41 @@ def test_gemm_core_gives_the_same_bits_at_8_and_16_lanes():
     assert all(np.array_equal(first, bits) for bits in results.values())
 
 
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6])
+def test_gemm_columns_wider_blocks_for_few_rows_give_the_16_column_blocks_bits(rows):
+    """A decode step's attention has a row or a few per kv head; gemm_columns gives them blocks
+    of up to 128 columns (`FEW_COLUMNS`, and half that) so that more chains of FMAs run at once.
+    Each element stays one chain over k: the bits are those of the 16-column core block by block,
+    for every width the blocks split into, overwriting C and adding to it."""
+    from mnnllm_backends.cpu.kernels import jit
+    from mnnllm_backends.cpu.kernels.gemm import FEW_COLUMNS, gemm_block, gemm_columns
+
+    @jit()
+    def by_columns(rows, a, b, c, depth, ldb, columns, accumulate):
+        gemm_columns(rows, a, 0, depth, b, 0, ldb, depth, c, 0, ldb, columns, accumulate)
+
+    @jit()
+    def by_16(rows, a, b, c, depth, ldb, columns, accumulate):
+        for n0 in range(0, columns, 16):
+            gemm_block(rows, a, 0, depth, b, n0, ldb, depth, c, n0, ldb, accumulate)
+
+    assert all(width % 16 == 0 for width in FEW_COLUMNS)
+    depth, ldb = 77, 240
+    a = RNG.standard_normal(rows * depth).astype(np.float32)
+    b = RNG.standard_normal(depth * ldb).astype(np.float32)
+    start = RNG.standard_normal(rows * ldb).astype(np.float32)
+    for columns in (16, 48, 64, 80, 128, 144, 208, 240):
+        for accumulate in (np.bool_(False), np.bool_(True)):
+            wide, narrow = start.copy(), start.copy()
+            by_columns(rows, a, b, wide, depth, ldb, columns, accumulate)
+            by_16(rows, a, b, narrow, depth, ldb, columns, accumulate)
+            assert np.array_equal(wide.view(np.uint32), narrow.view(np.uint32)), (columns, accumulate)
+            expected = (a.reshape(rows, depth).astype(np.float64) @ b.reshape(depth, ldb)[:, :columns]
+                        + (start.reshape(rows, ldb)[:, :columns] if accumulate else 0))
+            assert np.allclose(wide.reshape(rows, ldb)[:, :columns], expected, rtol=0, atol=1e-4)
+            assert np.array_equal(wide.reshape(rows, ldb)[:, columns:], start.reshape(rows, ldb)[:, columns:])
+
+
 def attention_reference(q, keys, values, past, scale, sinks=None):
     """float64; a head's sink logit (when given) adds exp(sink) to its softmax denominator."""
     tokens, heads, dim = q.shape
@@ -236,7 +271,8 @@ def attention_reference(q, keys, values, past, scale, sinks=None):
 
 @pytest.mark.parametrize("with_sinks", [False, True])
 @pytest.mark.parametrize("tokens, past, heads, kv_heads, dim", [
-    (1, 0, 9, 3, 64), (1, 70, 9, 3, 64), (5, 17, 4, 2, 32), (37, 0, 6, 3, 16), (100, 29, 4, 1, 48)])
+    (1, 0, 9, 3, 64), (1, 70, 9, 3, 64), (5, 17, 4, 2, 32), (37, 0, 6, 3, 16), (100, 29, 4, 1, 48),
+    (1, 150, 4, 4, 64), (1, 200, 8, 2, 128)])
 def test_attention_kernels_match_float64(tokens, past, heads, kv_heads, dim, with_sinks):
     capacity = -(-(past + tokens) // 16) * 16 + 16
     keys = RNG.standard_normal((kv_heads, capacity, dim)).astype(np.float32)

@@ -29,62 +29,71 @@ SPLIT_FROM = 2048
 
 
 @jit()
-def _softmax(scores, visible, width, has_sink, sink):
-    """scores[:visible] becomes its softmax (with the sink logit in the denominator when
-    `has_sink`); scores[visible:width] becomes 0."""
-    best = scores[0]
-    for p in range(1, visible):
+def _softmax(scores, at, visible, width, has_sink, sink):
+    """scores[at:at+visible] becomes its softmax (with the sink logit in the denominator when
+    `has_sink`); scores[at+visible:at+width] becomes 0."""
+    best = scores[at]
+    for p in range(at + 1, at + visible):
         best = max(best, scores[p])
     total = np.float32(0.0)
     if has_sink:
         best = max(best, sink)
         total = exp32(sink - best)
-    for p in range(visible):
-        weight = exp32(scores[p] - best)
-        scores[p] = weight
-        total += weight
+    for p in range(at, at + visible):  # apart from the sum: this loop vectorizes, the sum keeps its order
+        scores[p] = exp32(scores[p] - best)
+    for p in range(at, at + visible):
+        total += scores[p]
     inverse = np.float32(1.0) / total
-    for p in range(visible):
+    for p in range(at, at + visible):
         scores[p] *= inverse
-    for p in range(visible, width):
+    for p in range(at + visible, at + width):
         scores[p] = 0.0
 
 
 @jit()
-def _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, r0, r1):
-    """Rows r0..r1 of kv head `kv`'s query matrix."""
+def _scratch(q, keys_t, past, rows):
+    """The scratch of `_attend_rows` for blocks of up to `rows` rows: queries and context [rows *
+    dim] each and scores [rows * width], one array (allocated once a call, not once a kv head)."""
     tokens, heads, dim = q.shape
-    kv_heads, _, capacity = keys_t.shape
+    capacity = keys_t.shape[2]
+    width = min(capacity, -(-(past + tokens) // PANEL) * PANEL)
+    return np.empty(rows * (2 * dim + width), np.float32)
+
+
+@jit()
+def _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_heads, r0, r1, scratch):
+    """Rows r0..r1 of kv head `kv`'s query matrix (flat_k, flat_v: the cache's keys [kv_heads,
+    dim, capacity] and values [kv_heads, capacity, dim], flattened; scratch from `_scratch`).
+    Indexes q and out rather than taking a view a row: each array made or passed costs numba's
+    reference counting (atomic adds, a quarter of a hot one-token attention's time in perf)."""
+    tokens, heads, dim = q.shape
     group = heads // kv_heads
     count = r1 - r0
     has_sinks = sinks.shape[0] > 0
     width = -(-(past + (r1 - 1) // group + 1) // PANEL) * PANEL
-    queries = np.empty(count * dim, np.float32)
-    scores = np.empty(count * width, np.float32)
-    context = np.empty(count * dim, np.float32)
+    queries, context, scores = 0, count * dim, 2 * count * dim  # where each lies in the scratch
     for i in range(count):
         t, j = divmod(r0 + i, group)
-        source = q[t, kv * group + j]
+        h = kv * group + j
         for d in range(dim):
-            queries[i * dim + d] = source[d] * scale
-    flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
+            scratch[queries + i * dim + d] = q[t, h, d] * scale
     for m0 in range(0, count, GEMM_ROWS):
         rows = min(GEMM_ROWS, count - m0)
         visible = past + (r0 + m0 + rows - 1) // group + 1  # the block's last row sees the most
         columns = -(-visible // PANEL) * PANEL
-        gemm_columns(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity, capacity, dim, scores, m0 * width,
-                     width, columns, OVERWRITE)
+        gemm_columns(rows, scratch, queries + m0 * dim, dim, flat_k, kv * dim * capacity, capacity, dim, scratch,
+                     scores + m0 * width, width, columns, OVERWRITE)
         for i in range(m0, m0 + rows):
             t, j = divmod(r0 + i, group)
             sink = sinks[kv * group + j] if has_sinks else np.float32(0.0)
-            _softmax(scores[i * width:(i + 1) * width], past + t + 1, columns, has_sinks, sink)
-        gemm_columns(rows, scores, m0 * width, width, flat_v, kv * capacity * dim, dim, visible, context, m0 * dim,
-                     dim, dim, OVERWRITE)
+            _softmax(scratch, scores + i * width, past + t + 1, columns, has_sinks, sink)
+        gemm_columns(rows, scratch, scores + m0 * width, width, flat_v, kv * capacity * dim, dim, visible, scratch,
+                     context + m0 * dim, dim, dim, OVERWRITE)
     for i in range(count):
         t, j = divmod(r0 + i, group)
-        target = out[t, kv * group + j]
+        h = kv * group + j
         for d in range(dim):
-            target[d] = context[i * dim + d]
+            out[t, h, d] = scratch[context + i * dim + d]
 
 
 @jit()
@@ -93,11 +102,14 @@ def attend(q, keys_t, values, past, scale, sinks, out):
     ROWS_PER_TASK rows as `attend_parallel` (the scores of a block, not of the whole prompt);
     sinks float32 [heads], or empty for none."""
     tokens, heads, _ = q.shape
-    kv_heads = keys_t.shape[0]
+    kv_heads, _, capacity = keys_t.shape
     rows = tokens * (heads // kv_heads)
+    flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
+    scratch = _scratch(q, keys_t, past, min(rows, ROWS_PER_TASK))
     for kv in range(kv_heads):
         for r0 in range(0, rows, ROWS_PER_TASK):
-            _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, r0, min(rows, r0 + ROWS_PER_TASK))
+            _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_heads, r0,
+                         min(rows, r0 + ROWS_PER_TASK), scratch)
 
 
 @jit(parallel=True)
@@ -107,10 +119,12 @@ def attend_parallel(q, keys_t, values, past, scale, sinks, out):
     kv_heads = keys_t.shape[0]
     rows = tokens * (heads // kv_heads)
     per_head = -(-rows // ROWS_PER_TASK)
+    capacity = keys_t.shape[2]
+    flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
     for task in prange(kv_heads * per_head):
         kv, block = divmod(np.int64(task), per_head)  # prange counts unsigned; int64 keeps the arithmetic integral
-        _attend_rows(q, keys_t, values, past, scale, sinks, out, kv, block * ROWS_PER_TASK,
-                     min(rows, (block + 1) * ROWS_PER_TASK))
+        _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_heads, block * ROWS_PER_TASK,
+                     min(rows, (block + 1) * ROWS_PER_TASK), _scratch(q, keys_t, past, min(rows, ROWS_PER_TASK)))
 
 
 @jit()
@@ -179,9 +193,13 @@ def append_decode_part(q, k, v, keys_t, values, past, scale, sinks, out, threads
         attend_split_heads(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads), h0, h1)
         return
     group = heads // kv_heads
+    capacity = keys_t.shape[2]
+    flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
+    scratch = _scratch(q, keys_t, start, min(group, ROWS_PER_TASK))
     for kv in range(kv_heads):
         j0, j1 = group_rows(kv, group, h0, h1)
         for r0 in range(0, group, ROWS_PER_TASK):  # `attend`'s blocks of rows, cut to these heads
             r1 = min(group, r0 + ROWS_PER_TASK)
             if max(r0, j0) < min(r1, j1):
-                _attend_rows(q, keys_t, values, start, scale, sinks, out, kv, max(r0, j0), min(r1, j1))
+                _attend_rows(q, flat_k, flat_v, capacity, start, scale, sinks, out, kv, kv_heads, max(r0, j0),
+                             min(r1, j1), scratch)

@@ -26,7 +26,7 @@ from numba import prange
 
 from . import jit
 from .exp import exp32
-from .gemm import GEMM_ROWS, OVERWRITE, gemm_block
+from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
 
 PANEL = 16  # keys of one GEMM block: the fp32 cache's capacity, and a span's start, in whole panels
 SPAN = 256  # keys of one task at least: fewer would spend more on merging than on the keys
@@ -309,9 +309,8 @@ def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, 
             queries[j * dim + d] = q[first + j, d] * scale
     for m0 in range(0, group, GEMM_ROWS):
         rows = min(GEMM_ROWS, group - m0)
-        for n0 in range(0, width, PANEL):
-            gemm_block(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity + p0 + n0, capacity, dim, scores,
-                       m0 * width + n0, width, OVERWRITE)
+        gemm_columns(rows, queries, m0 * dim, dim, flat_k, kv * dim * capacity + p0, capacity, dim, scores,
+                     m0 * width, width, width, OVERWRITE)
     for j in range(group):
         row = scores[j * width:j * width + count]
         top = row[0]
@@ -321,9 +320,8 @@ def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, 
         total[part, first + j] = _exp_sum(row, top)
     for m0 in range(0, group, GEMM_ROWS):
         rows = min(GEMM_ROWS, group - m0)
-        for n0 in range(0, dim, PANEL):
-            gemm_block(rows, scores, m0 * width, width, flat_v, (kv * capacity + p0) * dim + n0, dim, count, context,
-                       m0 * dim + n0, dim, OVERWRITE)
+        gemm_columns(rows, scores, m0 * width, width, flat_v, (kv * capacity + p0) * dim, dim, count, context,
+                     m0 * dim, dim, dim, OVERWRITE)
     for j in range(group):
         for d in range(dim):
             acc[part, first + j, d] = context[j * dim + d]
