@@ -121,6 +121,8 @@ _REGISTERS = 32 if host_has("avx512vl") else 16
 
 
 def _few_rows_vectors(rows: int) -> int:
+    """Vectors of the widest block for `rows` rows: the largest power of two (8 at most) whose rows x
+    vectors accumulators, vectors of B and one broadcast of A fit the registers."""
     vectors = 16 // LANES
     while vectors < 8 and rows * 2 * vectors + 2 * vectors + 1 <= _REGISTERS:
         vectors *= 2
