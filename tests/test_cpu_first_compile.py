@@ -154,3 +154,41 @@ def test_the_replay_program_calls_kernels_the_warm_up_loaded_with_the_same_types
     for name, kernel in kernels.items():
         assert SIGNATURES[name].args in kernel.overloads, name
         assert kernel.overloads[SIGNATURES[name].args].signature == SIGNATURES[name], name
+
+
+_CALL = """
+import sys
+import numpy as np
+from mnnllm_backends.cpu.kernels import attention, decode_attention
+rng = np.random.default_rng(0)
+q = rng.standard_normal((1, 2, 16), np.float32)  # two query heads over one kv head
+k, v = rng.standard_normal((2, 1, 1, 16), np.float32)
+keys_t, values = rng.standard_normal((1, 16, 64), np.float32), rng.standard_normal((1, 64, 16), np.float32)
+past, out, none = np.array([40], np.int64), np.zeros((1, 2, 16), np.float32), np.zeros(0, np.float32)
+if sys.argv[1] == "split":
+    decode_attention.attend_split(q[0], keys_t, values, 40, np.float32(0.25), none, out[0], 2)
+else:
+    attention.append_decode(q, k, v, keys_t, values, past, np.float32(0.25), none, out, 1)
+print("done", float(out.sum()))
+"""
+
+
+def test_a_kernel_compiled_beside_a_cached_parallel_one_loads_in_a_fresh_process(tmp_path) -> None:
+    """numba saves a kernel without its hook that starts the parallel runtime on load when a
+    parallel kernel it calls was loaded from the cache rather than compiled in that process (the
+    warm-up's compile processes fill one cache): its calls into the runtime are then left at
+    address 0 in a process that has not started it. A process that first calls such a kernel
+    (here `append_decode`, calling `attend_split`) must not crash: importing the kernels starts
+    the runtime."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+
+    def call(which: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _CALL, which], env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    assert call("split").returncode == 0  # caches the parallel kernel alone
+    first = call("decode")  # compiles append_decode beside the cached attend_split
+    assert first.returncode == 0, first.stderr
+    again = call("decode")  # loads both from the cache
+    assert again.returncode == 0, f"exit status {again.returncode}: {again.stderr[-2000:]}"
+    assert again.stdout == first.stdout

@@ -69,6 +69,13 @@ if not os.environ.get("NUMBA_CACHE_DIR"):
     numba.config.CACHE_DIR = str(Path(os.environ.get("MNNLLM_CACHE") or Path.home() / ".cache" / "mnnllm")
                                  / "numba" / SOURCE_DIGEST)
 
+# numba's parallel runtime, started before any kernel loads: a kernel compiled in a process that
+# loaded a parallel kernel it calls from the cache (the warm-up's compile processes fill one cache)
+# is saved without the hook that starts the runtime on load, and its calls into the runtime
+# (get_num_threads, do_scheduling_unsigned) are left at address 0 in a process that has not started
+# it: such a kernel, called first, crashed the process (tests/test_cpu_first_compile.py)
+numba.get_num_threads()
+
 # fastmath without nnan/ninf: reassociation and contraction for the reductions, but NaN and
 # inf still propagate as they do on the reference path
 FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
