@@ -80,22 +80,38 @@ GEMM_ROWS = 6  # rows of A per register block (16 columns at 8 lanes: 12 accumul
 # `accumulate` = False (C overwritten) as a numpy bool, not a literal: numba compiles a kernel once
 # more for each literal argument, and the linears pass a bool that varies
 OVERWRITE = np.bool_(False)
-_gemm_1, _gemm_2, _gemm_3, _gemm_4, _gemm_5, _gemm_6 = (gemm_rows(r, 16 // LANES) for r in range(1, GEMM_ROWS + 1))
-@jit()
-def gemm_block(rows, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate):
-    """C[rows, 16] (+)= A[rows, depth] @ B[depth, 16] for 1 <= rows <= GEMM_ROWS."""
-    if rows == 6:
-        _gemm_6(a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
-    elif rows == 5:
-        _gemm_5(a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
-    elif rows == 4:
-        _gemm_4(a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
-    elif rows == 3:
-        _gemm_3(a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
-    elif rows == 2:
-        _gemm_2(a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
-    else:
-        _gemm_1(a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
+
+
+def block_switch(blocks: dict[int, tuple[int, int]]):
+    """An intrinsic (key, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate) that
+    switches on `key` to the unrolled block blocks[key] = (rows, vectors), each `gemm_rows`' IR; a
+    key not there does nothing. One call site per family of blocks, rather than an if-chain of
+    one intrinsic per block."""
+
+    @intrinsic
+    def block(typingctx, key, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate):
+        sig = types.void(key, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
+
+        def codegen(context, builder, signature, args):
+            arguments = _block_arguments(context, builder, signature.args[1:], args[1:])
+            done = builder.append_basic_block("block_done")
+            switch = builder.switch(context.cast(builder, args[0], signature.args[0], types.int64), done)
+            for value, (rows, vectors) in blocks.items():
+                case = builder.append_basic_block(f"block_{value}")
+                switch.add_case(ir.Constant(ir.IntType(64), value), case)
+                builder.position_at_end(case)
+                _emit_block(builder, rows, vectors, LANES, *arguments)
+                builder.branch(done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return block
+
+
+# gemm_block(rows, ...): C[rows, 16] (+)= A[rows, depth] @ B[depth, 16] for 1 <= rows <= GEMM_ROWS
+gemm_block = block_switch({rows: (rows, 16 // LANES) for rows in range(1, GEMM_ROWS + 1)})
 
 
 # With 32 vector registers (AVX-512VL) a block of GEMM_ROWS rows takes 32 columns at once (24
@@ -135,30 +151,10 @@ _FEW_ROWS = GEMM_ROWS - 1  # rows that take the wider blocks (GEMM_ROWS rows tak
 FEW_COLUMNS = tuple(_few_rows_vectors(rows) * LANES for rows in range(1, _FEW_ROWS + 1))
 
 
-@intrinsic
-def _few_rows_block(typingctx, rows, half, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate):
-    """C[rows, w] (+)= A[rows, depth] @ B[depth, w] for 1 <= rows <= _FEW_ROWS, w = FEW_COLUMNS[rows -
-    1], or half that when `half` is 1: one intrinsic that switches on (rows, half) to the unrolled block."""
-    sig = types.void(rows, half, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc, accumulate)
-
-    def codegen(context, builder, signature, args):
-        arguments = _block_arguments(context, builder, signature.args[2:], args[2:])
-        count_v, half_v = (context.cast(builder, args[i], signature.args[i], types.int64) for i in (0, 1))
-        key = builder.add(builder.mul(count_v, i64(2)), half_v)
-        done = builder.append_basic_block("few_rows_done")
-        switch = builder.switch(key, done)
-        for count in range(1, _FEW_ROWS + 1):
-            for halved in (0, 1):
-                case = builder.append_basic_block(f"few_rows_{count}_{halved}")
-                switch.add_case(ir.Constant(ir.IntType(64), 2 * count + halved), case)
-                builder.position_at_end(case)
-                vectors = _few_rows_vectors(count)
-                _emit_block(builder, count, max(1, vectors // 2) if halved else vectors, LANES, *arguments)
-                builder.branch(done)
-        builder.position_at_end(done)
-        return context.get_dummy_value()
-
-    return sig, codegen
+# _few_rows_block(2 * rows + half, ...): C[rows, w] (+)= A[rows, depth] @ B[depth, w] for 1 <= rows <=
+# _FEW_ROWS, w = FEW_COLUMNS[rows - 1], or half that when `half` is 1
+_few_rows_block = block_switch({2 * rows + half: (rows, max(1, _few_rows_vectors(rows) // (2 if half else 1)))
+                                for rows in range(1, _FEW_ROWS + 1) for half in (0, 1)})
 
 
 @jit()
@@ -171,11 +167,11 @@ def gemm_columns(rows, a, a_start, lda, b, b_start, ldb, depth, c, c_start, ldc,
     few = FEW_COLUMNS[min(rows, _FEW_ROWS) - 1]
     while n0 < columns:
         if rows < GEMM_ROWS and few > 16 and n0 + few <= columns:
-            _few_rows_block(rows, 0, a, a_start, lda, b, b_start + n0, ldb, depth, c, c_start + n0, ldc,
+            _few_rows_block(2 * rows, a, a_start, lda, b, b_start + n0, ldb, depth, c, c_start + n0, ldc,
                             accumulate)
             n0 += few
         elif rows < GEMM_ROWS and few > 32 and n0 + few // 2 <= columns:
-            _few_rows_block(rows, 1, a, a_start, lda, b, b_start + n0, ldb, depth, c, c_start + n0, ldc,
+            _few_rows_block(2 * rows + 1, a, a_start, lda, b, b_start + n0, ldb, depth, c, c_start + n0, ldc,
                             accumulate)
             n0 += few // 2
         elif WIDE_COLUMNS > 0 and rows == GEMM_ROWS and n0 + WIDE_COLUMNS <= columns:
