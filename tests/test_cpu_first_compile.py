@@ -140,10 +140,11 @@ def test_the_replay_program_calls_kernels_the_warm_up_loaded_with_the_same_types
     kernels = {"gemv_half": linear._gemv, "few_half": linear._few_gemv, "norm": norm.normalize_rows,
                "add_norm": norm.add_normalize_rows,
                "rope": rope.rope_qk, "mul_silu": activation.mul_silu, "attend": attention.append_attend,
-               "decode": attention.append_decode, "stored_i8": decode_attention.append_attend_stored,
+               "decode": attention.append_decode, "decode ": attention.append_decode_deep, "stored_i8": decode_attention.append_attend_stored,
                "stored_f32": decode_attention.append_attend_stored}
     if threads > 1:  # with the thread team's attention parts
         kernels.update({"gemv_half_parallel": linear._gemv_parallel, "decode_part": attention.append_decode_part,
+                        "decode_part ": attention.append_decode_deep_part,
                         "stored_i8_part": decode_attention.append_attend_stored_part,
                         "stored_f32_part": decode_attention.append_attend_stored_part,
                         "gemv_half_part": linear._gemv_part, "few_half_part": linear._few_gemv_part})
@@ -151,7 +152,8 @@ def test_the_replay_program_calls_kernels_the_warm_up_loaded_with_the_same_types
         kernels["int8_half"] = int8_dot.linear
         if threads > 1:
             kernels.update({"int8_half_parallel": int8_dot.linear_parallel, "int8_half_part": int8_dot.linear_part})
-    for name, kernel in kernels.items():
+    for name, kernel in kernels.items():  # a name with a space: a second kernel of that signature
+        name = name.strip()
         assert SIGNATURES[name].args in kernel.overloads, name
         assert kernel.overloads[SIGNATURES[name].args].signature == SIGNATURES[name], name
 
@@ -168,7 +170,7 @@ past, out, none = np.array([40], np.int64), np.zeros((1, 2, 16), np.float32), np
 if sys.argv[1] == "split":
     decode_attention.attend_split(q[0], keys_t, values, 40, np.float32(0.25), none, out[0], 2)
 else:
-    attention.append_decode(q, k, v, keys_t, values, past, np.float32(0.25), none, out, 1)
+    attention.append_decode_deep(q, k, v, keys_t, values, past, np.float32(0.25), none, out, 1)
 print("done", float(out.sum()))
 """
 
@@ -178,7 +180,7 @@ def test_a_kernel_compiled_beside_a_cached_parallel_one_loads_in_a_fresh_process
     parallel kernel it calls was loaded from the cache rather than compiled in that process (the
     warm-up's compile processes fill one cache): its calls into the runtime are then left at
     address 0 in a process that has not started it. A process that first calls such a kernel
-    (here `append_decode`, calling `attend_split`) must not crash: importing the kernels starts
+    (here `append_decode_deep`, calling `attend_split`) must not crash: importing the kernels starts
     the runtime."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
 
@@ -187,7 +189,7 @@ def test_a_kernel_compiled_beside_a_cached_parallel_one_loads_in_a_fresh_process
                               timeout=600)
 
     assert call("split").returncode == 0  # caches the parallel kernel alone
-    first = call("decode")  # compiles append_decode beside the cached attend_split
+    first = call("decode")  # compiles append_decode_deep beside the cached attend_split
     assert first.returncode == 0, first.stderr
     again = call("decode")  # loads both from the cache
     assert again.returncode == 0, f"exit status {again.returncode}: {again.stderr[-2000:]}"

@@ -145,31 +145,32 @@ def test_a_program_runs_the_kernels_it_recognises_as_called_and_leaves_the_rest(
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("values", ["i8", "f32", "fp32 cache"])
+@pytest.mark.parametrize("values", ["i8", "f32", "fp32 cache", "fp32 cache below the split"])
 def test_a_program_runs_the_decode_attention_kernels_as_called(values: str) -> None:
     """One token's attention as a program instruction (over a StoredKVCache of int8 keys and int8
-    or float32 values; over the fp32 cache, split over keys past SPLIT_FROM tokens) gives the bound
-    call's cache rows and output bit for bit."""
+    or float32 values; over the fp32 cache, split over keys past SPLIT_FROM tokens, and by the
+    kernel without the split below) gives the bound call's cache rows and output bit for bit."""
     pytest.importorskip("numba")
     from mnnllm_backends.cpu.kernels import set_threads
-    from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM, append_decode
+    from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM, append_decode, append_decode_deep
     from mnnllm_backends.cpu.kernels.decode_attention import append_attend_stored
     from mnnllm_backends.cpu.kv_storage import StoredKinds, StoredKVCache
     from mnnllm_backends.cpu.step_program import StepProgram
 
     rng = np.random.default_rng(5)
-    heads, kv_heads, dim, past = 6, 2, 64, SPLIT_FROM + 40
+    heads, kv_heads, dim = 6, 2, 64
+    past = 300 if values == "fp32 cache below the split" else SPLIT_FROM + 40
     capacity = -(-(past + 1) // 16) * 16
     rows = rng.standard_normal((past, kv_heads, dim)).astype(np.float32)
     q, k, v = (rng.standard_normal((1, h, dim)).astype(np.float32) for h in (heads, kv_heads, kv_heads))
     scale, sinks, threads = np.float32(0.125), rng.standard_normal(heads).astype(np.float32), 2
     set_threads(threads)
-    if values == "fp32 cache":
+    if values.startswith("fp32 cache"):
         keys_t, stored = (np.zeros((kv_heads, dim, capacity), np.float32),
                           np.zeros((kv_heads, capacity, dim), np.float32))
         keys_t[:, :, :past], stored[:, :past] = rows.transpose(1, 2, 0), rows.transpose(1, 0, 2) * 2
         caches = [(keys_t, stored), (keys_t.copy(), stored.copy())]
-        kernel = append_decode
+        kernel = append_decode if values == "fp32 cache below the split" else append_decode_deep
     else:
         caches = []
         for _ in range(2):

@@ -118,12 +118,14 @@ def test_three_ranks_write_their_own_cache_rows_and_keep_the_bits() -> None:
 @pytest.mark.parametrize("heads, kv_heads", [(9, 3), (8, 4)])
 @pytest.mark.parametrize("length", [1, 300, 1024, 2100])
 def test_attention_parts_give_the_serial_kernels_bits(length, heads, kv_heads) -> None:
-    """Each one-token attention's parts (`append_decode_part`, `append_attend_stored_part`) write
-    the serial kernel's cache rows and give its bits, at depths of one span, of 2 and 4 spans and
-    past SPLIT_FROM (the fp32 cache's key split): 9 heads over 3 kv heads in two parts (4 and 5
-    heads: the middle kv head's group straddles them, so part -1 writes every row first), and 8
-    over 4 (each part writes the rows it reads, so either part may run first)."""
-    from mnnllm_backends.cpu.kernels.attention import append_decode, append_decode_part
+    """Each one-token attention's parts (`append_decode_deep_part`, `append_decode_part`,
+    `append_attend_stored_part`) write the serial kernel's cache rows and give its bits, at depths
+    of one span, of 2 and 4 spans and past SPLIT_FROM (the fp32 cache's key split): 9 heads over 3
+    kv heads in two parts (4 and 5 heads: the middle kv head's group straddles them, so part -1
+    writes every row first), and 8 over 4 (each part writes the rows it reads, so either part may
+    run first). Below SPLIT_FROM the kernels without the split give the splitting ones' bits."""
+    from mnnllm_backends.cpu.kernels.attention import (SPLIT_FROM, append_decode, append_decode_deep,
+                                                       append_decode_deep_part, append_decode_part)
     from mnnllm_backends.cpu.kernels.decode_attention import (append_attend_stored, append_attend_stored_part,
                                                               parts_write_own_rows)
 
@@ -141,12 +143,20 @@ def test_attention_parts_give_the_serial_kernels_bits(length, heads, kv_heads) -
     for sink in (sinks, np.zeros(0, np.float32)):
         serial, parted = np.zeros((1, heads, dim), np.float32), np.full((1, heads, dim), np.nan, np.float32)
         caches = [(keys_t.copy(), values.copy()) for _ in range(2)]
-        append_decode(q, k, v, *caches[0], past, scale, sink, serial, 2)
+        append_decode_deep(q, k, v, *caches[0], past, scale, sink, serial, 2)
         for part in parts:
-            append_decode_part(q, k, v, *caches[1], past, scale, sink, parted, 2, part, 2)
+            append_decode_deep_part(q, k, v, *caches[1], past, scale, sink, parted, 2, part, 2)
         np.testing.assert_array_equal(caches[0][0], caches[1][0])
         np.testing.assert_array_equal(caches[0][1], caches[1][1])
         np.testing.assert_array_equal(serial, parted)
+        if length < SPLIT_FROM:
+            short, short_parted = np.zeros_like(serial), np.full_like(parted, np.nan)
+            shorts = [(keys_t.copy(), values.copy()) for _ in range(2)]
+            append_decode(q, k, v, *shorts[0], past, scale, sink, short, 2)
+            for part in parts:
+                append_decode_part(q, k, v, *shorts[1], past, scale, sink, short_parted, 2, part, 2)
+            for a, b in zip((*shorts[0], *shorts[1], short, short_parted), (*caches[0], *caches[0], serial, serial)):
+                np.testing.assert_array_equal(a, b)
         for stored_values, v_rows in ((codes, rows), (values, np.zeros((0, 0), np.float32))):
             serial, parted = np.zeros((1, heads, dim), np.float32), np.full((1, heads, dim), np.nan, np.float32)
             stores = [(codes.copy(), rows.copy(), rows.copy(), stored_values.copy(), v_rows.copy(), v_rows.copy())

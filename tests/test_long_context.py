@@ -203,12 +203,16 @@ def test_the_decode_replay_gives_the_per_op_tokens_at_depth(long_ids, memory, at
     """A replayed decode step (`replay.py`) runs an Attention over a StoredKVCache as one bound
     call (`append_attend_stored`: the new rows stored, then the split decode kernel), at memory
     "low" an instruction of the step's programs, and the fp32 cache's past SPLIT_FROM tokens
-    split over keys (`append_decode`): the same kernels as op by op, so the same tokens."""
+    split over keys (`append_decode_deep`, whose warm-up part the cache's growth loads): the same
+    kernels as op by op, so the same tokens."""
     from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM
     prompt = (long_ids * 4)[:SPLIT_FROM + 100]
     replayed = load(memory=memory, attention_mode=attention_mode)
     per_op = load(memory=memory, attention_mode=attention_mode, backend_hints={"replay": False})
     assert replayed.generate(prompt, 12) == per_op.generate(prompt, 12)
+    if memory == "low" and attention_mode == 0:  # the fp32 cache: the kernels that split its keys
+        for llm in (replayed, per_op):
+            assert "deep_decode" in llm.runtime_manager.runtime._kernel_parts
     replay = replayed.pool.get(1, False).static_module.session.pipeline.replay
     if memory == "low":  # no Attention left outside the programs
         assert replay.kernel_calls >= 30 * 12 and len(replay.calls) <= 16, (replay.kernel_calls, len(replay.calls))
@@ -235,11 +239,12 @@ def test_the_decode_kernel_stores_a_row_as_the_cache_does(kind):
 @pytest.mark.parametrize("length, heads, kv_heads, sinks",
                          [(4096, 9, 3, False), (2500, 4, 2, True), (2100, 8, 1, False)])
 def test_decode_over_the_fp32_cache_split_over_keys_matches_float64(length, heads, kv_heads, sinks):
-    """The fp32 cache's decode step at depth (`decode_attend` from SPLIT_FROM cached tokens, with
-    threads: spans of keys across them, merged) against float64 attention (relative 1e-5 of the
-    values' range); below SPLIT_FROM it is `attend`, bit for bit."""
+    """The fp32 cache's decode step at depth (`decode_attend_deep` from SPLIT_FROM cached tokens,
+    with threads: spans of keys across them, merged) against float64 attention (relative 1e-5 of
+    the values' range); below SPLIT_FROM it is `attend`, bit for bit, as `decode_attend` (the
+    kernel of a cache that cannot reach SPLIT_FROM) is."""
     from mnnllm_backends.cpu.kernels import set_threads
-    from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM, attend, decode_attend
+    from mnnllm_backends.cpu.kernels.attention import SPLIT_FROM, attend, decode_attend, decode_attend_deep
     rng = np.random.default_rng(length)
     dim, capacity = 64, -(-length // 16) * 16 + 16
     keys_t, values = np.zeros((kv_heads, dim, capacity), np.float32), np.zeros((kv_heads, capacity, dim), np.float32)
@@ -256,12 +261,14 @@ def test_decode_over_the_fp32_cache_split_over_keys_matches_float64(length, head
     want = np.einsum("hp,hpd->hd", weights / denominator, np.repeat(values[:, :length].astype(np.float64), group, 0))
     set_threads(2)
     out = np.empty_like(q)
-    decode_attend(q, keys_t, values, length - 1, np.float32(scale), sink, out, 2)
+    decode_attend_deep(q, keys_t, values, length - 1, np.float32(scale), sink, out, 2)
     assert np.abs(out[0] - want).max() <= 1e-5 * (values.max() - values.min())
-    short, single = np.empty_like(q), np.empty_like(q)
-    decode_attend(q, keys_t, values, SPLIT_FROM - 2, np.float32(scale), sink, short, 2)
+    short, unsplit, single = np.empty_like(q), np.empty_like(q), np.empty_like(q)
+    decode_attend_deep(q, keys_t, values, SPLIT_FROM - 2, np.float32(scale), sink, short, 2)
+    decode_attend(q, keys_t, values, SPLIT_FROM - 2, np.float32(scale), sink, unsplit, 2)
     attend(q, keys_t, values, SPLIT_FROM - 2, np.float32(scale), sink, single)
     np.testing.assert_array_equal(short, single)
+    np.testing.assert_array_equal(unsplit, single)
 
 
 def test_a_backend_not_honouring_attention_mode_reports_a_set_one_as_ignored(caplog):

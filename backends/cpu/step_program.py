@@ -17,7 +17,8 @@ import numpy as np
 
 from .kernels import program as kernels
 from .kernels.activation import mul_silu
-from .kernels.attention import append_attend, append_decode, append_decode_part
+from .kernels.attention import (append_attend, append_decode, append_decode_deep, append_decode_deep_part,
+                                append_decode_part)
 from .kernels.decode_attention import append_attend_stored, append_attend_stored_part
 from .kernels.int8_dot import linear as int8_linear, linear_parallel as int8_linear_parallel, linear_part as int8_part
 from .kernels.linear import _few_gemv, _few_gemv_parallel, _few_gemv_part, _gemv, _gemv_parallel, _gemv_part
@@ -92,8 +93,9 @@ class StepProgram:
         signature = kernels.kernel_signature(row)
         kernel = _kernel_address(call.func, signature) if signature else 0
         part_signature = kernels.part_signature(row) if self.team else None
-        part = _kernel_address(_PART_KERNELS[row[0]], part_signature) if part_signature else 0
-        row = row + [0] * (kernels.PART_KERNEL - len(row)) + [part, kernel]
+        part = _kernel_address(_PART_KERNELS[call.func], part_signature) if part_signature else 0
+        step, part_step = kernels.step_addresses(row[0], bool(self.team))
+        row = row + [0] * (kernels.PART_STEP - len(row)) + [part_step, step, part, kernel]
         if row[0] in kernels.ATTENTIONS and self.rows and self.rows[-1][0] in kernels.ATTENTIONS:
             row[kernels.JOINS] = int(getattr(call, "joins", False))
         self.rows.append(row)
@@ -179,7 +181,8 @@ class StepProgram:
     _MAKERS = {_gemv: _from_gemv, _gemv_parallel: _from_gemv, _few_gemv: _from_few_gemv,
                _few_gemv_parallel: _from_few_gemv, np.copyto: _from_copy, normalize_rows: _from_norm,
                add_normalize_rows: _from_add_norm, rope_qk: _from_rope, mul_silu: _from_mul_silu,
-               append_attend: _from_attend, append_decode: _from_decode, append_attend_stored: _from_stored,
+               append_attend: _from_attend, append_decode: _from_decode, append_decode_deep: _from_decode,
+               append_attend_stored: _from_stored,
                int8_linear: _from_int8, int8_linear_parallel: _from_int8}
 
     def bound(self) -> Callable[[], Any]:
@@ -200,8 +203,11 @@ class StepProgram:
         return call
 
 
-_PART_KERNELS = {kernels.GEMV: _gemv_part, kernels.FEW_GEMV: _few_gemv_part, kernels.INT8_LINEAR: int8_part,
-                 kernels.DECODE_ATTEND: append_decode_part, kernels.STORED_ATTEND: append_attend_stored_part}
+# each kernel's part kernel (a thread team's rank's share of its rows or query heads)
+_PART_KERNELS = {_gemv: _gemv_part, _gemv_parallel: _gemv_part, _few_gemv: _few_gemv_part,
+                 _few_gemv_parallel: _few_gemv_part, int8_linear: int8_part, int8_linear_parallel: int8_part,
+                 append_decode: append_decode_part, append_decode_deep: append_decode_deep_part,
+                 append_attend_stored: append_attend_stored_part}
 
 
 @cache

@@ -6,8 +6,9 @@ a matrix A (scaled by `scale`); scores = A @ K^T and context = softmax(scores) @
 products of the GEMM core (`gemm.py`) reading the cache contiguously, for one token as for
 a prefill. Row r (token t) sees cache positions < past + t + 1. `sinks` (one logit per head, or
 empty) join each row's softmax denominator, as MNN's Attention fifth input, and are then dropped.
-One token over a long cache (`decode_attend`, from SPLIT_FROM cached tokens) instead splits the
-keys across the threads (`decode_attention.py`): one thread would read the whole cache alone.
+One token over a long cache (`decode_attend_deep`, from SPLIT_FROM cached tokens) instead splits
+the keys across the threads (`decode_attention.py`): one thread would read the whole cache alone;
+a cache too small for that takes kernels without the split (`splits_keys`).
 """
 from __future__ import annotations
 
@@ -142,11 +143,27 @@ def append_attend(q, k, v, keys_t, values, past, scale, sinks, out):
     attend(q, keys_t, values, start, scale, sinks, out)
 
 
+def splits_keys(capacity: int, threads: int) -> bool:
+    """Whether a one-token step over a cache of `capacity` rows can reach SPLIT_FROM cached tokens
+    with threads, and so takes the kernels that split the keys there (`decode_attend_deep`,
+    `append_decode_deep`, `append_decode_deep_part`). Those are compiled apart, the warm-up part
+    "deep_decode", loaded when a cache first grows that far: the split's parallel kernel is most
+    of a first run's attention compile, and most chats never reach it. Below SPLIT_FROM both
+    kinds run `attend`'s code, so the bits do not depend on which one a cache's size chose."""
+    return threads > 1 and capacity >= SPLIT_FROM
+
+
 @jit()
 def decode_attend(q, keys_t, values, past, scale, sinks, out, threads):
-    """One token (q, out [1, heads, dim]) after `past` cached ones: from SPLIT_FROM cached tokens
-    on, with threads, split over keys across the threads (`attend_split`, flash-decoding); below,
-    `attend` on the calling thread."""
+    """One token (q, out [1, heads, dim]) after `past` cached ones, on the calling thread, by
+    `attend`: for a cache that cannot reach SPLIT_FROM tokens with threads (`splits_keys`)."""
+    attend(q, keys_t, values, past, scale, sinks, out)
+
+
+@jit()
+def decode_attend_deep(q, keys_t, values, past, scale, sinks, out, threads):
+    """`decode_attend` for any cache: from SPLIT_FROM cached tokens on, with threads, split over
+    keys across the threads (`attend_split`, flash-decoding); below, `attend`."""
     length = past + 1
     if threads > 1 and length >= SPLIT_FROM:
         attend_split(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads))
@@ -166,32 +183,41 @@ def _append_row(k, v, keys_t, values, at, h0, h1):
 
 @jit()
 def append_decode(q, k, v, keys_t, values, past, scale, sinks, out, threads):
-    """`append_attend` for one token with `decode_attend`."""
+    """`append_attend` for one token with `decode_attend` (a cache below SPLIT_FROM rows, or one thread)."""
     start = past[0]
     _append_row(k, v, keys_t, values, start, 0, k.shape[1])
     decode_attend(q, keys_t, values, start, scale, sinks, out, threads)
 
 
 @jit()
-def append_decode_part(q, k, v, keys_t, values, past, scale, sinks, out, threads, part, parts):
-    """Part `part` of `parts` of `append_decode` (a thread team's rank): its query heads by the
-    code `decode_attend` runs for them, `attend_split_heads` where it splits the keys (the same
-    spans), else `_attend_rows` over those heads' rows (the GEMM core's rows are independent),
-    after the new row of the kv heads they read: by this part where the parts write their own
-    rows (`parts_write_own_rows`), else by part -1, every row, before any part runs."""
+def append_decode_deep(q, k, v, keys_t, values, past, scale, sinks, out, threads):
+    """`append_attend` for one token with `decode_attend_deep` (any cache)."""
     start = past[0]
-    heads, kv_heads = q.shape[1], k.shape[1]
+    _append_row(k, v, keys_t, values, start, 0, k.shape[1])
+    decode_attend_deep(q, keys_t, values, start, scale, sinks, out, threads)
+
+
+@jit()
+def _part_rows(k, v, keys_t, values, start, heads, part, parts):
+    """Part `part` of `parts` of a one-token step's cache append, and its query heads (h0, h1):
+    part -1 writes every kv head's new row (and has no heads); a part writes those of the kv heads
+    it reads where the parts write their own rows (`parts_write_own_rows`), else part -1 did."""
+    kv_heads = k.shape[1]
     if part < 0:
         _append_row(k, v, keys_t, values, start, 0, kv_heads)
-        return
+        return 0, 0
     h0, h1 = heads_of(part, parts, heads)
     if parts_write_own_rows(heads, kv_heads, parts):
         kv0, kv1 = kv_heads_of(h0, h1, heads // kv_heads)
         _append_row(k, v, keys_t, values, start, kv0, kv1)
-    length = start + 1
-    if threads > 1 and length >= SPLIT_FROM:
-        attend_split_heads(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads), h0, h1)
-        return
+    return h0, h1
+
+
+@jit()
+def _attend_heads(q, keys_t, values, start, scale, sinks, out, h0, h1):
+    """The code `attend` runs for one token's query heads h0..h1: `_attend_rows` over those heads'
+    rows of each kv head's group (the GEMM core's rows are independent)."""
+    heads, kv_heads = q.shape[1], keys_t.shape[0]
     group = heads // kv_heads
     capacity = keys_t.shape[2]
     flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
@@ -203,3 +229,29 @@ def append_decode_part(q, k, v, keys_t, values, past, scale, sinks, out, threads
             if max(r0, j0) < min(r1, j1):
                 _attend_rows(q, flat_k, flat_v, capacity, start, scale, sinks, out, kv, kv_heads, max(r0, j0),
                              min(r1, j1), scratch)
+
+
+@jit()
+def append_decode_part(q, k, v, keys_t, values, past, scale, sinks, out, threads, part, parts):
+    """Part `part` of `parts` of `append_decode` (a thread team's rank): its query heads by the
+    code `attend` runs for them, after the new rows (`_part_rows`)."""
+    start = past[0]
+    h0, h1 = _part_rows(k, v, keys_t, values, start, q.shape[1], part, parts)
+    if h0 < h1:
+        _attend_heads(q, keys_t, values, start, scale, sinks, out, h0, h1)
+
+
+@jit()
+def append_decode_deep_part(q, k, v, keys_t, values, past, scale, sinks, out, threads, part, parts):
+    """Part `part` of `parts` of `append_decode_deep`: its query heads by the code
+    `decode_attend_deep` runs for them, `attend_split_heads` where it splits the keys (the same
+    spans), else `attend`'s, after the new rows (`_part_rows`)."""
+    start = past[0]
+    h0, h1 = _part_rows(k, v, keys_t, values, start, q.shape[1], part, parts)
+    if h0 >= h1:
+        return
+    length = start + 1
+    if threads > 1 and length >= SPLIT_FROM:
+        attend_split_heads(q[0], keys_t, values, length, scale, sinks, out[0], splits_for(length, threads), h0, h1)
+    else:
+        _attend_heads(q, keys_t, values, start, scale, sinks, out, h0, h1)

@@ -30,9 +30,13 @@ from . import jit
 GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND, FEW_GEMV = range(8)
 INT8_LINEAR = 8  # the int8-activation linear (`int8_dot.linear`)
 DECODE_ATTEND, STORED_ATTEND = 9, 10  # one token's attention: fp32 split at depth; over a StoredKVCache
-WIDTH = 24  # int64 fields of one instruction
+WIDTH = 26  # int64 fields of one instruction
 KERNEL = WIDTH - 1  # the field with the address of the instruction's kernel (`kernel_address`)
 PART_KERNEL = WIDTH - 2  # a linear's: the address of its kernel for one part of its rows (`team.py`)
+# the addresses of the step functions of the instructions `run_instruction` and `run_part` call
+# rather than link in (`step_addresses`: the int8 linear's and the StoredKVCache attention's, whose
+# step functions compile with their kernels' warm-up parts, which most runs never load)
+STEP, PART_STEP = WIDTH - 3, WIDTH - 4
 LINEARS = (GEMV, FEW_GEMV, INT8_LINEAR)  # the instructions a thread team splits by rows
 # ... and those it splits by query heads (one token's attention); these and INT8_LINEAR have a
 # part -1 that rank 0 runs first, alone (the new cache rows, unless each part writes those it
@@ -400,12 +404,10 @@ def run_instruction(c, scalars, floats, codes, reals, halves, ints):
         _attend_step(c, scalars, floats, ints)
     elif op == FEW_GEMV:
         _few_gemv_step(c, floats, codes, reals, halves, ints)
-    elif op == INT8_LINEAR:
-        _int8_step(c, floats, codes, reals, halves, ints)
     elif op == DECODE_ATTEND:
         _decode_step(c, scalars, floats, ints, np.int64(0), np.int64(0))
-    elif op == STORED_ATTEND:
-        _stored_step(c, scalars, floats, codes, ints, np.int64(0), np.int64(0))
+    elif op == INT8_LINEAR or op == STORED_ATTEND:
+        instruction_at(c[STEP])(c, scalars, floats, codes, reals, halves, ints)
 
 
 @jit()
@@ -428,19 +430,8 @@ def run_part(c, scalars, floats, codes, reals, halves, ints, part, parts):
     if op == DECODE_ATTEND:
         _decode_step(c, scalars, floats, ints, part, parts)
         return
-    if op == STORED_ATTEND:
-        _stored_step(c, scalars, floats, codes, ints, part, parts)
-        return
-    if op == INT8_LINEAR:
-        x, symmetric, scratch, weights, sums, outs, starts = _int8_arrays(c, floats, codes, halves, ints)
-        if c[1]:
-            alphas = (_halves(halves, c[11]), _halves(halves, c[12]), _halves(halves, c[13]))
-            _int8_half_part(c[PART_KERNEL])(x, symmetric, scratch, weights, sums, alphas, outs, starts, c[18], c[19],
-                                            part, parts)
-        else:
-            real_alphas = (_floats(reals, c[11]), _floats(reals, c[12]), _floats(reals, c[13]))
-            _int8_real_part(c[PART_KERNEL])(x, symmetric, scratch, weights, sums, real_alphas, outs, starts, c[18],
-                                            c[19], part, parts)
+    if op == INT8_LINEAR or op == STORED_ATTEND:
+        part_at(c[PART_STEP])(c, scalars, floats, codes, reals, halves, ints, part, parts)
         return
     code = (_bytes(codes, c[3]), _bytes(codes, c[4]), _bytes(codes, c[5]))
     outs = (_floats(floats, c[9]), _floats(floats, c[10]), _floats(floats, c[11]))
@@ -462,6 +453,57 @@ def run_part(c, scalars, floats, codes, reals, halves, ints, part, parts):
     else:
         real_alphas = (_floats(reals, c[6]), _floats(reals, c[7]), _floats(reals, c[8]))
         _few_real_part(c[PART_KERNEL])(c[1], code, real_alphas, outs, starts, rows, c[14], c[15], part, parts)
+
+
+@jit()
+def int8_instruction(c, scalars, floats, codes, reals, halves, ints):
+    """`run_instruction` for an int8 linear (`_int8_step`), called by address (field STEP)."""
+    _int8_step(c, floats, codes, reals, halves, ints)
+
+
+@jit()
+def int8_instruction_part(c, scalars, floats, codes, reals, halves, ints, part, parts):
+    """`run_part` for an int8 linear, by its part kernel (field PART_KERNEL), called by address
+    (field PART_STEP)."""
+    x, symmetric, scratch, weights, sums, outs, starts = _int8_arrays(c, floats, codes, halves, ints)
+    if c[1]:
+        alphas = (_halves(halves, c[11]), _halves(halves, c[12]), _halves(halves, c[13]))
+        _int8_half_part(c[PART_KERNEL])(x, symmetric, scratch, weights, sums, alphas, outs, starts, c[18], c[19],
+                                        part, parts)
+    else:
+        real_alphas = (_floats(reals, c[11]), _floats(reals, c[12]), _floats(reals, c[13]))
+        _int8_real_part(c[PART_KERNEL])(x, symmetric, scratch, weights, sums, real_alphas, outs, starts, c[18],
+                                        c[19], part, parts)
+
+
+@jit()
+def stored_instruction(c, scalars, floats, codes, reals, halves, ints):
+    """`run_instruction` for an attention over a StoredKVCache (`_stored_step`), called by address."""
+    _stored_step(c, scalars, floats, codes, ints, np.int64(0), np.int64(0))
+
+
+@jit()
+def stored_instruction_part(c, scalars, floats, codes, reals, halves, ints, part, parts):
+    """`run_part` for an attention over a StoredKVCache, called by address."""
+    _stored_step(c, scalars, floats, codes, ints, part, parts)
+
+
+_STEPS = {INT8_LINEAR: (int8_instruction, int8_instruction_part),
+          STORED_ATTEND: (stored_instruction, stored_instruction_part)}
+
+
+@cache
+def step_addresses(op: int, team: bool) -> tuple[int, int]:
+    """Fields STEP and PART_STEP of an instruction `op`: the addresses of its step functions where
+    the runners call them rather than link them in (0 for the others), the part's with a `team`.
+    The int8 linear's and the StoredKVCache attention's arguments take more code to unpack than
+    the rest of the runners together: linked into `run_instruction` and `run_part` they were ~2 s
+    of a first run's compile (for a step most runs never take); here they compile with the warm-up
+    part of their kernels ("int8", "stored"), which loads them."""
+    steps = _STEPS.get(op)
+    if steps is None:
+        return 0, 0
+    return kernel_address(steps[0], "instruction"), kernel_address(steps[1], "part") if team else 0
 
 
 def array_table(arrays: list[np.ndarray]) -> np.ndarray:

@@ -44,7 +44,7 @@ from mnnllm_core.backend_api import announce
 
 from . import SOURCE_DIGEST, activation, attention, decode_attention, delta_rule, int8_dot, linear, norm, rope, set_threads
 from .layout import PackedWeight, interleave_half_alpha, interleave_rows
-from .program import warm_up_replay
+from .program import INT8_LINEAR, STORED_ATTEND, step_addresses, warm_up_replay
 from .team import warm_up_team
 from .simd import GROUP_ROWS
 
@@ -124,18 +124,28 @@ def _attention(threads: int) -> None:
 
 
 def _decode(threads: int) -> None:
-    """One token's attention over the fp32 cache (`decode_attend`: split over the keys at depth,
-    else `attend`) and the replay's fused append + attention; for threads, a thread team's part
+    """One token's attention over an fp32 cache below SPLIT_FROM rows (`decode_attend`, on the
+    calling thread) and the replay's fused append + attention; for threads, a thread team's part
     of it (query heads)."""
+    _one_token(threads, attention.decode_attend, attention.append_decode, attention.append_decode_part)
+
+
+def _deep_decode(threads: int) -> None:
+    """The same kernels for a cache that can reach SPLIT_FROM rows with threads, splitting the keys
+    over the threads there (`attention.splits_keys`): loaded when a cache first grows that far."""
+    _one_token(threads, attention.decode_attend_deep, attention.append_decode_deep,
+               attention.append_decode_deep_part)
+
+
+def _one_token(threads: int, attend, append, append_part) -> None:
     one = np.zeros((1, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
     empty, past = np.zeros(0, np.float32), np.zeros(1, np.int64)
-    attention.decode_attend(one, keys_t, values, 0, np.float32(1.0), empty, one.copy(), threads)
-    attention.append_decode(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty, one.copy(),
-                            threads)
+    attend(one, keys_t, values, 0, np.float32(1.0), empty, one.copy(), threads)
+    append(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty, one.copy(), threads)
     if threads > 1:
-        attention.append_decode_part(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty,
-                                     one.copy(), threads, 0, 1)
+        append_part(one, one.copy(), one.copy(), keys_t, values, past, np.float32(1.0), empty, one.copy(), threads,
+                    0, 1)
 
 
 def _stored(threads: int) -> None:
@@ -154,6 +164,7 @@ def _stored(threads: int) -> None:
                                                        empty, one.copy(), threads, 0, 1)
         decode_attention.attend_stored(one[0], codes, rows, rows, stored_values, scale, scale, 1, np.float32(1.0),
                                        empty, one[0].copy(), 1)
+    step_addresses(STORED_ATTEND, threads > 1)  # the replay's step functions of such an attention
 
 
 def _delta_rule(threads: int) -> None:
@@ -182,6 +193,7 @@ def _int8(threads: int) -> None:
             call = int8_dot.bind(x, False, scratch, [weight], [out], threads)
             call()
             int8_dot.linear_part(*call.args[:-1], 0, threads)
+    step_addresses(INT8_LINEAR, threads > 1)  # the replay's step functions of an int8 linear
 
 
 def _replay(threads: int) -> None:
@@ -208,12 +220,13 @@ class Part:
 
 # in the order a compile process runs its parts: "decode" calls "attention"'s `attend`, which
 # the process then finds compiled instead of compiling it again.
-# Seconds: on a 2-core EPYC (znver4), numba 0.68, "decode" after "attention".
+# Seconds: on a 2-core EPYC (znver4), numba 0.68, in one process in the order of `parts_for`
+# ("decode" after "attention"), the rarer parts after those.
 PARTS: dict[str, Part] = {
-    "gemv": Part(_gemv, 2.1), "few_tokens": Part(_few_tokens, 2.7), "matmul": Part(_matmul, 2.4, serial_too=False),
-    "rows": Part(_rows, 1.4), "attention": Part(_attention, 3.4), "replay": Part(_replay, 5.7),
-    "decode": Part(_decode, 5.9, after="attention"), "stored": Part(_stored, 11.4),
-    "delta_rule": Part(_delta_rule, 1.4), "int8": Part(_int8, 6.1)}
+    "gemv": Part(_gemv, 3.0), "few_tokens": Part(_few_tokens, 4.0), "matmul": Part(_matmul, 4.6, serial_too=False),
+    "rows": Part(_rows, 2.9), "attention": Part(_attention, 5.0), "replay": Part(_replay, 5.2),
+    "decode": Part(_decode, 3.4, after="attention"), "deep_decode": Part(_deep_decode, 9.5, after="attention"),
+    "stored": Part(_stored, 9.9), "delta_rule": Part(_delta_rule, 1.9), "int8": Part(_int8, 8.5)}
 
 
 def parts_for(threads: int, kv_stored: bool = False, int8_activations: bool = False) -> list[str]:
@@ -221,7 +234,8 @@ def parts_for(threads: int, kv_stored: bool = False, int8_activations: bool = Fa
     attention and the replay; `kv_stored`, the attention over a StoredKVCache (int8 rows);
     `int8_activations`, the int8 linears (on a cpu that has them). Rarer steps ask for their own
     part (`warm_up`) when their op is resized or created: few-token linears (a speculative step, a
-    prompt of 2..8 tokens), the gated delta rule."""
+    prompt of 2..8 tokens), the gated delta rule, the one-token attention that splits the keys of a
+    cache that can reach SPLIT_FROM rows (`attention.splits_keys`)."""
     parts = ["gemv", "matmul", "rows", "attention", "replay", "stored" if kv_stored else "decode"]
     if int8_activations and int8_dot.supported():
         parts.append("int8")

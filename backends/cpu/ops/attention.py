@@ -210,10 +210,20 @@ class AttentionExecution(Execution):
             from ..kernels.decode_attention import append_attend_stored
             return [partial(append_attend_stored, q, k, v, *self.cache.stored(), self.past, scale, sinks, out,
                             threads)]
-        from ..kernels.attention import append_attend, append_decode
-        if seq == 1:  # split over keys at depth, as on_execute's `decode_attend`
-            return [partial(append_decode, q, k, v, self.cache.k, self.cache.v, self.past, scale, sinks, out, threads)]
+        from ..kernels.attention import append_attend, append_decode, append_decode_deep
+        if seq == 1:  # split over keys at depth, as on_execute's `decode_attend_deep`
+            kernel = append_decode_deep if self._splits_keys(self.cache.k, threads) else append_decode
+            return [partial(kernel, q, k, v, self.cache.k, self.cache.v, self.past, scale, sinks, out, threads)]
         return [partial(append_attend, q, k, v, self.cache.k, self.cache.v, self.past, scale, sinks, out)]
+
+    def _splits_keys(self, keys_t: np.ndarray, threads: int) -> bool:
+        """Whether a one-token step over this cache (keys_t [kv_heads, dim, capacity]) takes the
+        kernels that split the keys at depth, loading them (compiled on a machine's first need)."""
+        from ..kernels.attention import splits_keys
+        if not splits_keys(keys_t.shape[2], threads):
+            return False
+        self.backend.runtime.load_kernels("deep_decode")
+        return True
 
     def on_execute(self, inputs, outputs) -> None:
         seq, num_head, kv_heads, dim = self._layout(inputs)
@@ -235,10 +245,11 @@ class AttentionExecution(Execution):
                 if self.kernel_call is not None and kind.kind == "causal":
                     kernel, queries, out, scale = self.kernel_call
                     sinks = NO_SINKS if sinks is None else sinks
-                    if seq == 1:  # split over keys at depth (the replay's `append_decode`)
-                        from ..kernels.attention import decode_attend
-                        decode_attend(queries, stored_k, stored_v, past, scale, sinks, out,
-                                      self.backend.runtime.thread_num)
+                    if seq == 1:  # split over keys at depth (the replay's `append_decode_deep`)
+                        from ..kernels.attention import decode_attend, decode_attend_deep
+                        threads = self.backend.runtime.thread_num
+                        one_token = decode_attend_deep if self._splits_keys(stored_k, threads) else decode_attend
+                        one_token(queries, stored_k, stored_v, past, scale, sinks, out, threads)
                     else:
                         kernel(queries, stored_k, stored_v, past, scale, sinks, out)
                     return
