@@ -131,29 +131,30 @@ def test_the_replay_program_calls_kernels_the_warm_up_loaded_with_the_same_types
     """run_program calls kernels by address for fixed signatures (kernels/program.SIGNATURES):
     those of the warm-up's calls, else a replay's first recording would compile (fp32 alphas,
     which the warm-up does not load, are left to their first use, as in the per-op loop)."""
-    from mnnllm_backends.cpu.kernels import (activation, attention, decode_attention, int8_dot, linear, norm, rope,
-                                             set_threads, warmup)
+    from mnnllm_backends.cpu.kernels import (activation, attention, decode_attention, int8_dot, linear, norm, program,
+                                             rope, set_threads, warmup)
     from mnnllm_backends.cpu.kernels.program import SIGNATURES
     set_threads(threads)
     for part in warmup.PARTS.values():
         part.run(threads)
-    kernels = {"gemv_half": linear._gemv, "few_half": linear._few_gemv, "norm": norm.normalize_rows,
-               "add_norm": norm.add_normalize_rows,
-               "rope": rope.rope_qk, "mul_silu": activation.mul_silu, "attend": attention.append_attend,
-               "decode": attention.append_decode, "decode ": attention.append_decode_deep, "stored_i8": decode_attention.append_attend_stored,
-               "stored_f32": decode_attention.append_attend_stored}
+    kernels = [("gemv_half", linear._gemv), ("few_half", linear._few_gemv), ("norm", norm.normalize_rows),
+               ("add_norm", norm.add_normalize_rows), ("rope", rope.rope_qk), ("mul_silu", activation.mul_silu),
+               ("attend", attention.append_attend), ("decode", attention.append_decode),
+               ("decode", attention.append_decode_deep), ("stored_i8", decode_attention.append_attend_stored),
+               ("stored_f32", decode_attention.append_attend_stored), ("instruction", program.stored_instruction)]
     if threads > 1:  # with the thread team's attention parts
-        kernels.update({"gemv_half_parallel": linear._gemv_parallel, "decode_part": attention.append_decode_part,
-                        "decode_part ": attention.append_decode_deep_part,
-                        "stored_i8_part": decode_attention.append_attend_stored_part,
-                        "stored_f32_part": decode_attention.append_attend_stored_part,
-                        "gemv_half_part": linear._gemv_part, "few_half_part": linear._few_gemv_part})
+        kernels += [("gemv_half_parallel", linear._gemv_parallel), ("decode_part", attention.append_decode_part),
+                    ("decode_part", attention.append_decode_deep_part),
+                    ("stored_i8_part", decode_attention.append_attend_stored_part),
+                    ("stored_f32_part", decode_attention.append_attend_stored_part),
+                    ("gemv_half_part", linear._gemv_part), ("few_half_part", linear._few_gemv_part),
+                    ("part", program.stored_instruction_part)]
     if int8_dot.supported():  # the int8 linears (`cpu_int8_activations`)
-        kernels["int8_half"] = int8_dot.linear
+        kernels += [("int8_half", int8_dot.linear), ("instruction", program.int8_instruction)]
         if threads > 1:
-            kernels.update({"int8_half_parallel": int8_dot.linear_parallel, "int8_half_part": int8_dot.linear_part})
-    for name, kernel in kernels.items():  # a name with a space: a second kernel of that signature
-        name = name.strip()
+            kernels += [("int8_half_parallel", int8_dot.linear_parallel), ("int8_half_part", int8_dot.linear_part),
+                        ("part", program.int8_instruction_part)]
+    for name, kernel in kernels:
         assert SIGNATURES[name].args in kernel.overloads, name
         assert kernel.overloads[SIGNATURES[name].args].signature == SIGNATURES[name], name
 
