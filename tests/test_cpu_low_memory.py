@@ -147,6 +147,18 @@ def test_matmul_on_dequantized_panels_matches_float64(case, tokens, threads):
     assert_product_close(out, reference(weight), x.astype(np.float64))
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_matmul_spans_on_threads_give_the_serial_bits(threads):
+    """`matmul` with threads runs a span of groups a thread: each group by the serial code (called
+    by address), so the same bits; a last group of fewer rows too."""
+    weight = pack(quantized(oc=7 * 32 + 5, ic=128, bits=4, block=64))
+    x = RNG.standard_normal((11, 128)).astype(np.float32)
+    serial, shared = (np.full((11, weight.oc), np.nan, np.float32) for _ in range(2))
+    linear.matmul(weight, x, serial, 1)
+    linear.matmul(weight, x, shared, threads)
+    assert np.array_equal(shared, serial)
+
+
 def test_matmul_with_an_inner_dimension_over_one_depth_block():
     weight = quantized(40, 2 * linear.DEPTH + 64, 4, 64)
     x = RNG.standard_normal((7, weight.ic)).astype(np.float32)
@@ -281,10 +293,13 @@ def test_attention_kernels_match_float64(tokens, past, heads, kv_heads, dim, wit
     sinks = (RNG.standard_normal(heads) * 2).astype(np.float32) if with_sinks else np.zeros(0, np.float32)
     expected = attention_reference(q, keys, values, past, 0.2, sinks if with_sinks else None)
     keys_t = np.ascontiguousarray(keys.transpose(0, 2, 1))
-    for kernel in (attention.attend, attention.attend_parallel):
-        out = np.full_like(q, np.nan)
-        kernel(q, keys_t, values, past, np.float32(0.2), sinks, out)
-        np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    out = np.full_like(q, np.nan)
+    attention.attend(q, keys_t, values, past, np.float32(0.2), sinks, out)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    for threads in (2, 3):  # a prompt's tasks shared by threads: attend's bits
+        shared = np.full_like(q, np.nan)
+        attention.attend_parallel(q, keys_t, values, past, np.float32(0.2), sinks, shared, threads)
+        assert np.array_equal(shared, out)
 
 
 @pytest.mark.parametrize("rms", [True, False])

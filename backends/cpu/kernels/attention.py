@@ -16,13 +16,14 @@ import numpy as np
 from numba import prange
 
 from . import jit
+from .calls import address_for, function_for
 from .decode_attention import (attend_split, attend_split_heads, group_rows, heads_of, kv_heads_of,
                                parts_write_own_rows, splits_for)
 from .exp import exp32
 from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
 
 PANEL = 16  # columns per GEMM block; the cache capacity is a multiple of it
-ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one parallel task of a prefill
+ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one task of a prefill
 # cached tokens from which a decode step splits its keys over the threads (`decode_attend`):
 # below, a parallel launch costs about what the split saves (on a loaded 2-core machine the
 # split lost at 1024 tokens: 20.6 against 30.4 tok/s, and drew even at 4096)
@@ -98,34 +99,54 @@ def _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_he
 
 
 @jit()
-def attend(q, keys_t, values, past, scale, sinks, out):
-    """q, out [tokens, heads, dim] with dim a multiple of 16, on the calling thread, in blocks of
-    ROWS_PER_TASK rows as `attend_parallel` (the scores of a block, not of the whole prompt);
-    sinks float32 [heads], or empty for none."""
+def task_count(q, keys_t):
+    """The tasks of a prompt's attention (`attend_tasks`): ROWS_PER_TASK rows of one kv head each."""
+    tokens, heads, _ = q.shape
+    kv_heads = keys_t.shape[0]
+    return kv_heads * -(-tokens * (heads // kv_heads) // ROWS_PER_TASK)
+
+
+@jit()
+def attend_tasks(q, keys_t, values, past, scale, sinks, out, first, step):
+    """Tasks first, first + step, ... of `attend` (task k: block k % blocks of ROWS_PER_TASK rows
+    of kv head k // blocks), on the calling thread: one thread's share in `attend_parallel`."""
     tokens, heads, _ = q.shape
     kv_heads, _, capacity = keys_t.shape
     rows = tokens * (heads // kv_heads)
+    blocks = -(-rows // ROWS_PER_TASK)
     flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
     scratch = _scratch(q, keys_t, past, min(rows, ROWS_PER_TASK))
-    for kv in range(kv_heads):
-        for r0 in range(0, rows, ROWS_PER_TASK):
-            _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_heads, r0,
-                         min(rows, r0 + ROWS_PER_TASK), scratch)
+    for task in range(first, kv_heads * blocks, step):
+        kv, block = divmod(task, blocks)
+        _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_heads, block * ROWS_PER_TASK,
+                     min(rows, (block + 1) * ROWS_PER_TASK), scratch)
+
+
+@jit()
+def attend(q, keys_t, values, past, scale, sinks, out):
+    """q, out [tokens, heads, dim] with dim a multiple of 16, on the calling thread, in tasks of
+    ROWS_PER_TASK rows of one kv head (the scores of a block, not of the whole prompt); sinks
+    float32 [heads], or empty for none."""
+    attend_tasks(q, keys_t, values, past, scale, sinks, out, np.int64(0), np.int64(1))
 
 
 @jit(parallel=True)
-def attend_parallel(q, keys_t, values, past, scale, sinks, out):
-    """As `attend`, tasks of ROWS_PER_TASK rows of one kv head spread over the threads."""
-    tokens, heads, _ = q.shape
-    kv_heads = keys_t.shape[0]
-    rows = tokens * (heads // kv_heads)
-    per_head = -(-rows // ROWS_PER_TASK)
-    capacity = keys_t.shape[2]
-    flat_k, flat_v = keys_t.reshape(-1), values.reshape(-1)
-    for task in prange(kv_heads * per_head):
-        kv, block = divmod(np.int64(task), per_head)  # prange counts unsigned; int64 keeps the arithmetic integral
-        _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_heads, block * ROWS_PER_TASK,
-                     min(rows, (block + 1) * ROWS_PER_TASK), _scratch(q, keys_t, past, min(rows, ROWS_PER_TASK)))
+def _attend_shares(share, q, keys_t, values, past, scale, sinks, out, shares):
+    """`attend_tasks` at address `share` (`calls.address_for`) for each of `shares` threads at
+    once, share k taking tasks k, k + shares, ...: so each gets early and late rows of a causal
+    prompt (the later see more keys) and the shares cost about the same. Called by address,
+    `attend_tasks` is not compiled again into this kernel's gufunc modules."""
+    for task in prange(shares):
+        args = (q, keys_t, values, past, scale, sinks, out, np.int64(task), shares)
+        function_for(share, args)(*args)
+
+
+def attend_parallel(q, keys_t, values, past, scale, sinks, out, threads: int) -> None:
+    """`attend` on `threads` threads (`_attend_shares`): each task is computed by the same code
+    on any thread, so the bits are `attend`'s."""
+    shares = np.int64(min(threads, task_count(q, keys_t)))
+    args = (q, keys_t, values, past, scale, sinks, out)
+    _attend_shares(address_for(attend_tasks, *args, shares, shares), *args, shares)
 
 
 @jit()

@@ -13,6 +13,7 @@ import numpy as np
 from numba import prange
 
 from . import jit
+from .calls import address_for, function_for
 from .layout import PackedWeight
 from .gemm import GEMM_ROWS, gemm_block, gemm_columns
 from .simd import (FEW_TOKENS_MAX, GROUP_ROWS, PAIRED_GROUPS, q4_few_dot, q4_group_dequantize, q4_group_dot,
@@ -213,26 +214,28 @@ def _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, column, width,
 
 
 @jit()
-def _matmul(bits, codes, alpha, n_blocks, block, x, out):
+def _matmul(bits, codes, alpha, n_blocks, block, x, out, g0, g1):
+    """Groups g0..g1 of out's columns (32 each, the last possibly partial): `matmul`'s spans."""
     tokens, ic = x.shape
     panel = np.empty(ic * GROUP_ROWS, np.float32)
     spill = np.empty(tokens * 16, np.float32)
     rows = out.shape[1]
-    for g in range(-(-rows // GROUP_ROWS)):
+    for g in range(g0, g1):
         _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, g * GROUP_ROWS,
                       min(GROUP_ROWS, rows - g * GROUP_ROWS), panel, spill)
 
 
 @jit(parallel=True)
-def _matmul_parallel(bits, codes, alpha, n_blocks, block, x, out):
-    tokens, ic = x.shape
-    rows = out.shape[1]
-    for task in prange(-(-rows // GROUP_ROWS)):
-        g = np.int64(task)
-        panel = np.empty(ic * GROUP_ROWS, np.float32)
-        spill = np.empty(tokens * 16, np.float32)
-        _matmul_group(bits, codes, alpha, n_blocks, block, g, x, out, g * GROUP_ROWS,
-                      min(GROUP_ROWS, rows - g * GROUP_ROWS), panel, spill)
+def _matmul_parallel(span, bits, codes, alpha, n_blocks, block, x, out, parts):
+    """`_matmul` at address `span` (`calls.address_for`) on `parts` equal spans of the groups at
+    once (the groups cost the same). Called by address, `_matmul` is not compiled again into this
+    kernel's gufunc modules; each group's columns come from its code on any thread, so the bits
+    are the serial call's."""
+    groups = -(-out.shape[1] // GROUP_ROWS)
+    for task in prange(parts):
+        part = np.int64(task)  # prange counts unsigned; int64 keeps the arithmetic integral
+        args = (bits, codes, alpha, n_blocks, block, x, out, groups * part // parts, groups * (part + 1) // parts)
+        function_for(span, args)(*args)
 
 
 @jit(fastmath=False)
@@ -374,9 +377,14 @@ class Gemv:
 
 def matmul(packed: PackedWeight, x: np.ndarray, out: np.ndarray, threads: int) -> None:
     """out[tokens, oc] = x[tokens, ic] @ W.T (float32, C-contiguous): each group of rows is
-    dequantized into a panel that the register-blocked GEMM reuses for every token."""
-    kernel = _matmul_parallel if threads > 1 else _matmul
-    kernel(packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, x, out)
+    dequantized into a panel that the register-blocked GEMM reuses for every token; with threads,
+    one span of the groups a thread (`_matmul_parallel`)."""
+    args = (packed.bits, packed.codes, packed.alpha, packed.n_blocks, packed.block, x, out)
+    groups = -(-out.shape[1] // GROUP_ROWS)
+    if threads > 1 and groups > 1:
+        _matmul_parallel(address_for(_matmul, *args, np.int64(0), np.int64(0)), *args, min(threads, groups))
+    else:
+        _matmul(*args, np.int64(0), np.int64(groups))
 
 
 def dequantize(packed: PackedWeight) -> np.ndarray:

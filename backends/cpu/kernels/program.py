@@ -19,13 +19,12 @@ from __future__ import annotations
 from functools import cache
 
 import numpy as np
-from llvmlite import ir
 from numba import carray, types
-from numba.core import cgutils
 from numba.core.dispatcher import Dispatcher
 from numba.extending import intrinsic
 
 from . import jit
+from .calls import address_of, function_at
 
 GEMV, COPY, NORM, ADD_NORM, ROPE, MUL_SILU, ATTEND, FEW_GEMV = range(8)
 INT8_LINEAR = 8  # the int8-activation linear (`int8_dot.linear`)
@@ -136,31 +135,13 @@ def part_signature(instruction: list[int]) -> str | None:
 
 
 def kernel_address(kernel: Dispatcher, signature: str) -> int:
-    """The address of `kernel`'s compiled code for SIGNATURES[signature] (loaded from the disk
-    cache, or compiled, when this process has not called it with those types yet)."""
-    wanted = SIGNATURES[signature]
-    compiled = kernel.get_compile_result(wanted)
-    if compiled.signature != wanted:  # a call through the address would read its arguments wrongly
-        raise TypeError(f"{kernel.py_func.__name__} compiled as {compiled.signature}, not {wanted}")
-    return compiled.library.get_pointer_to_function(compiled.fndesc.llvm_func_name)
+    """The address of `kernel`'s compiled code for SIGNATURES[signature] (`calls.address_of`)."""
+    return address_of(kernel, SIGNATURES[signature])
 
 
 def _function_at(signature: str):
-    """An intrinsic turning an address from `kernel_address` into a callable of that signature
-    (numba's first-class function type, called by its numba calling convention)."""
-    function_type = types.FunctionType(SIGNATURES[signature])
-
-    @intrinsic
-    def function_at(typingctx, address):
-        def codegen(context, builder, sig, args):
-            function = cgutils.create_struct_proxy(function_type)(context, builder)
-            pointer = context.get_value_type(types.voidptr)
-            function.jit_addr = builder.inttoptr(args[0], pointer)
-            function.c_addr = function.py_addr = ir.Constant(pointer, None)
-            return function._getvalue()
-        return function_type(types.int64), codegen
-
-    return function_at
+    """A callable of the kernel at an address from `kernel_address` (`calls.function_at`)."""
+    return function_at(SIGNATURES[signature])
 
 
 _gemv_half, _gemv_half_parallel = _function_at("gemv_half"), _function_at("gemv_half_parallel")

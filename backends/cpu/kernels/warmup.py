@@ -55,11 +55,12 @@ _MADV_PAGEOUT = 21
 _IC = 32
 
 
-def _weights() -> list[PackedWeight]:
-    """A one-group weight with int4 and one with int8 codes (fp16 alphas): the same kernels (the
-    bits are an argument), so one process of either width finds both loaded."""
-    return [PackedWeight(bits, GROUP_ROWS, _IC, _IC, np.zeros(GROUP_ROWS * _IC * bits // 8, np.uint8),
-                         np.zeros(2 * GROUP_ROWS, np.uint16)) for bits in (4, 8)]
+def _weights(groups: int = 1) -> list[PackedWeight]:
+    """A weight of `groups` groups with int4 and one with int8 codes (fp16 alphas): the same
+    kernels (the bits are an argument), so one process of either width finds both loaded."""
+    rows = groups * GROUP_ROWS
+    return [PackedWeight(bits, rows, _IC, _IC, np.zeros(rows * _IC * bits // 8, np.uint8),
+                         np.zeros(2 * rows, np.uint16)) for bits in (4, 8)]
 
 
 def _gemv(threads: int) -> None:
@@ -88,9 +89,13 @@ def _few_tokens(threads: int) -> None:
 
 
 def _matmul(threads: int) -> None:
-    """The GEMM `linear.matmul` runs for `threads`: the parallel one only, with threads."""
-    for weight in _weights():
-        linear.matmul(weight, np.zeros((2, _IC), np.float32), np.zeros((2, GROUP_ROWS), np.float32), threads)
+    """The GEMM `linear.matmul` runs: its groups on the calling thread, and for threads the
+    parallel kernel that calls it by address."""
+    for weight in _weights(groups=2):
+        x, out = np.zeros((2, _IC), np.float32), np.zeros((2, 2 * GROUP_ROWS), np.float32)
+        linear.matmul(weight, x, out, 1)
+        if threads > 1:
+            linear.matmul(weight, x, out, threads)
 
 
 def _rows(threads: int) -> None:
@@ -113,14 +118,14 @@ def _rows(threads: int) -> None:
 
 def _attention(threads: int) -> None:
     """Attention over the fp32 cache: `attend` and, calling it, the replay's fused cache append +
-    attention; for threads, a prompt's parallel one."""
+    attention; for threads, a prompt's parallel one (which calls `attend`'s tasks by address)."""
     q = np.zeros((2, 1, 16), np.float32)
     keys_t, values = np.zeros((1, 16, 16), np.float32), np.zeros((1, 16, 16), np.float32)
     empty, past = np.zeros(0, np.float32), np.zeros(1, np.int64)
     attention.attend(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
     attention.append_attend(q, q.copy(), q.copy(), keys_t, values, past, np.float32(1.0), empty, q.copy())
     if threads > 1:
-        attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), empty, q.copy())
+        attention.attend_parallel(q, keys_t, values, 0, np.float32(1.0), empty, q.copy(), threads)
 
 
 def _decode(threads: int) -> None:
@@ -210,9 +215,6 @@ class Part:
     # CPU seconds of its first compile in a process for 2 threads (the process's start,
     # `_PROCESS_SECONDS`, not included): the compile processes get parts of about equal total time
     seconds: float
-    # whether its warm-up for threads also loads the one-thread kernels (then a one-thread run
-    # finds them loaded after a parallel one)
-    serial_too: bool = True
     # a part whose kernels this one calls: both go to the same compile process, that one first
     # (in another process the callees would be compiled twice)
     after: str | None = None
@@ -223,8 +225,8 @@ class Part:
 # Seconds: on a 2-core EPYC (znver4), numba 0.68, in one process in the order of `parts_for`
 # ("decode" after "attention"), the rarer parts after those.
 PARTS: dict[str, Part] = {
-    "gemv": Part(_gemv, 3.0), "few_tokens": Part(_few_tokens, 4.0), "matmul": Part(_matmul, 4.6, serial_too=False),
-    "rows": Part(_rows, 2.9), "attention": Part(_attention, 5.0), "replay": Part(_replay, 5.2),
+    "gemv": Part(_gemv, 3.0), "few_tokens": Part(_few_tokens, 4.0), "matmul": Part(_matmul, 2.6),
+    "rows": Part(_rows, 2.9), "attention": Part(_attention, 3.6), "replay": Part(_replay, 5.2),
     "decode": Part(_decode, 3.4, after="attention"), "deep_decode": Part(_deep_decode, 9.5, after="attention"),
     "stored": Part(_stored, 9.9), "delta_rule": Part(_delta_rule, 1.9), "int8": Part(_int8, 8.5)}
 
@@ -250,9 +252,9 @@ def compiled_before(part: str, threads: int) -> bool:
 
 def _markers(part: str, threads: int) -> list[Path]:
     """The markers that show `part` loadable for `threads`: its own, and for one thread the
-    parallel one when that warm-up loads the serial kernels too."""
+    parallel one (every part's warm-up for threads loads its one-thread kernels too)."""
     cache = Path(numba.config.CACHE_DIR)
-    modes = ["parallel"] if threads > 1 else ["serial", "parallel"] if PARTS[part].serial_too else ["serial"]
+    modes = ["parallel"] if threads > 1 else ["serial", "parallel"]
     return [cache / f"warm-{SOURCE_DIGEST}-{part}-{mode}" for mode in modes]
 
 

@@ -170,7 +170,9 @@ class AttentionExecution(Execution):
         runtime = self.backend.runtime
         if self.cache.keys_transposed and dim % PANEL == 0 and q.flags.c_contiguous:
             from ..kernels.attention import attend, attend_parallel
-            kernel = attend if seq <= FEW_TOKENS or runtime.thread_num == 1 else attend_parallel
+            kernel = attend
+            if seq > FEW_TOKENS and runtime.thread_num > 1:  # a prompt's tasks over the threads
+                kernel = partial(attend_parallel, threads=runtime.thread_num)
             self.kernel_call = (kernel, q, outputs[0].storage.reshape(seq, num_head, dim),
                                 np.float32(self.params.scale_for(dim)))
             self.replay_kernel = (kernel is attend and self.params.kv_cache and isinstance(self.cache, HostKVCache)
