@@ -449,3 +449,17 @@ def test_compiled_kernels_are_cached_outside_the_package(tmp_path):
     assert cached, "no index file under $MNNLLM_CACHE/numba"
     second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode == 0 and "data loaded" in second.stdout + second.stderr
+
+
+def test_a_kernel_address_is_looked_up_by_what_its_arguments_types_depend_on():
+    """`calls.address_for` caches addresses by dtype, dimensions, flags (and a tuple's members),
+    so arguments numba types differently never share an entry: a call through a wrong address
+    would read its arguments wrongly."""
+    from mnnllm_backends.cpu.kernels.calls import _kind, address_for
+    x = np.zeros((4, 4), np.float32)
+    readonly = x.copy()
+    readonly.setflags(write=False)
+    kinds = {_kind(v) for v in (x, x[:, :2], x.T, readonly, x.astype(np.float64), x[0], (x, x[0]), (x[0], x))}
+    assert len(kinds) == 8
+    assert address_for(attention.attend, x[None], x[None], x[None], 0, np.float32(1), x[0], x[None]) == \
+        address_for(attention.attend, x[None], x[None], x[None], 3, np.float32(2), x[1], x[None])

@@ -47,10 +47,12 @@ def address_for(kernel: Dispatcher, *args) -> int:
 
 def _kind(value) -> tuple | type:
     """What numba's type of `value` depends on: an array's dtype, dimensions, layout, writability
-    and alignment; another value's Python type."""
+    and alignment; a tuple's members'; another value's Python type."""
     if isinstance(value, np.ndarray):
         flags = value.flags
         return value.dtype.str, value.ndim, flags.c_contiguous, flags.f_contiguous, flags.writeable, flags.aligned
+    if isinstance(value, tuple):
+        return tuple(map(_kind, value))
     return type(value)
 
 
