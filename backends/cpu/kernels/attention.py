@@ -99,14 +99,6 @@ def _attend_rows(q, flat_k, flat_v, capacity, past, scale, sinks, out, kv, kv_he
 
 
 @jit()
-def task_count(q, keys_t):
-    """The tasks of a prompt's attention (`attend_tasks`): ROWS_PER_TASK rows of one kv head each."""
-    tokens, heads, _ = q.shape
-    kv_heads = keys_t.shape[0]
-    return kv_heads * -(-tokens * (heads // kv_heads) // ROWS_PER_TASK)
-
-
-@jit()
 def attend_tasks(q, keys_t, values, past, scale, sinks, out, first, step):
     """Tasks first, first + step, ... of `attend` (task k: block k % blocks of ROWS_PER_TASK rows
     of kv head k // blocks), on the calling thread: one thread's share in `attend_parallel`."""
@@ -144,7 +136,10 @@ def _attend_shares(share, q, keys_t, values, past, scale, sinks, out, shares):
 def attend_parallel(q, keys_t, values, past, scale, sinks, out, threads: int) -> None:
     """`attend` on `threads` threads (`_attend_shares`): each task is computed by the same code
     on any thread, so the bits are `attend`'s."""
-    shares = np.int64(min(threads, task_count(q, keys_t)))
+    tokens, heads, _ = q.shape
+    kv_heads = keys_t.shape[0]
+    tasks = kv_heads * -(-tokens * (heads // kv_heads) // ROWS_PER_TASK)  # `attend_tasks`'s
+    shares = np.int64(min(threads, tasks))
     args = (q, keys_t, values, past, scale, sinks, out)
     _attend_shares(address_for(attend_tasks, *args, shares, shares), *args, shares)
 
