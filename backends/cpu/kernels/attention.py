@@ -33,23 +33,31 @@ SPLIT_FROM = 2048
 @jit()
 def _softmax(scores, at, visible, width, has_sink, sink):
     """scores[at:at+visible] becomes its softmax (with the sink logit in the denominator when
-    `has_sink`); scores[at+visible:at+width] becomes 0."""
-    best = scores[at]
-    for p in range(at + 1, at + visible):
-        best = max(best, scores[p])
+    `has_sink`); scores[at+visible:at+width] becomes 0.
+
+    The loops index from an unsigned base: a signed index takes numba's negative-index
+    wraparound, whose select a element kept LLVM from vectorizing them (the exp loop ran
+    scalar: 5.3 -> 1.35 ns an element of a 512-wide row, a 512-token attention layer of 9/3
+    heads of 64 8.7 -> 4.6 ms on Zen 4). The sum alone keeps the signed index, so it stays one
+    chain in order (fastmath would let a vectorized sum reassociate): the bits do not change."""
+    base = np.uint64(at)
+    best = scores[base]
+    for i in range(1, visible):  # exact in any order (a NaN anywhere makes the whole row NaN)
+        best = max(best, scores[base + np.uint64(i)])
     total = np.float32(0.0)
     if has_sink:
         best = max(best, sink)
         total = exp32(sink - best)
-    for p in range(at, at + visible):  # apart from the sum: this loop vectorizes, the sum keeps its order
+    for i in range(visible):
+        p = base + np.uint64(i)
         scores[p] = exp32(scores[p] - best)
     for p in range(at, at + visible):
         total += scores[p]
     inverse = np.float32(1.0) / total
-    for p in range(at, at + visible):
-        scores[p] *= inverse
-    for p in range(at + visible, at + width):
-        scores[p] = 0.0
+    for i in range(visible):
+        scores[base + np.uint64(i)] *= inverse
+    for i in range(visible, width):
+        scores[base + np.uint64(i)] = 0.0
 
 
 @jit()
