@@ -36,9 +36,9 @@ def _softmax(scores, at, visible, width, has_sink, sink):
     `has_sink`); scores[at+visible:at+width] becomes 0.
 
     The loops index from an unsigned base: a signed index takes numba's negative-index
-    wraparound, whose select a element kept LLVM from vectorizing them (the exp loop ran
+    wraparound, whose select an element kept LLVM from vectorizing them (the exp loop ran
     scalar: 5.3 -> 1.35 ns an element of a 512-wide row, a 512-token attention layer of 9/3
-    heads of 64 8.7 -> 4.6 ms on Zen 4). The sum alone keeps the signed index, so it stays one
+    heads of 64 8.6 -> 4.8 ms on Zen 4). The sum alone keeps the signed index, so it stays one
     chain in order (fastmath would let a vectorized sum reassociate): the bits do not change."""
     base = np.uint64(at)
     best = scores[base]
