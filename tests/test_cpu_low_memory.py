@@ -302,6 +302,34 @@ def test_attention_kernels_match_float64(tokens, past, heads, kv_heads, dim, wit
         assert np.array_equal(shared, out)
 
 
+@pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 300, 1000])
+def test_the_softmax_sum_has_its_documented_order(count):
+    """`_ordered_sum`: element i into chain i % 8, the chains pairwise, then the tail in order,
+    whatever LLVM does with its callers (fastmath off); the softmax normalizes by it."""
+    values = (RNG.standard_normal(count + 5) * 10).astype(np.float32)
+    start, first = 3, np.float32(0.25)
+    row = values[start:start + count]
+    whole = count // 8 * 8
+    chains = [np.float32(0.0)] * 8
+    for i in range(whole):
+        chains[i % 8] = np.float32(chains[i % 8] + row[i])
+    tail = np.float32(0.0)
+    for value in row[whole:]:
+        tail = np.float32(tail + value)
+    c = chains
+    tree = np.float32(np.float32(np.float32(c[0] + c[1]) + np.float32(c[2] + c[3]))
+                      + np.float32(np.float32(c[4] + c[5]) + np.float32(c[6] + c[7])))
+    expected = np.float32(first + np.float32(tree + tail))
+    got = attention._ordered_sum(values, np.uint64(start), count, first)
+    assert np.float32(got).view(np.uint32) == expected.view(np.uint32)
+    scores = np.concatenate([row, np.full(16, 5.0, np.float32)])
+    attention._softmax(scores, 0, count, count + 16, False, np.float32(0.0))
+    if count:
+        exps = np.exp(row.astype(np.float64) - row.max())
+        np.testing.assert_allclose(scores[:count], exps / exps.sum(), rtol=1e-5, atol=1e-7)
+    assert not scores[count:].any()  # the columns past the visible ones are zeroed
+
+
 @pytest.mark.parametrize("rms", [True, False])
 @pytest.mark.parametrize("with_beta", [True, False])
 def test_norm_kernels_match_the_reference(rms, with_beta):
