@@ -330,6 +330,16 @@ def test_the_softmax_sum_has_its_documented_order(count):
     assert not scores[count:].any()  # the columns past the visible ones are zeroed
 
 
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 17, 300])
+def test_the_softmax_row_max_is_the_rows_max(count):
+    values = (RNG.standard_normal(count + 4) * 10).astype(np.float32)
+    values[2 + count // 2] = -np.inf
+    row = values[2:2 + count]
+    assert attention._row_max(values, np.uint64(2), count) == row.max()
+    values[2 + count - 1] = np.float32(1e30)  # in the tail past the last 8, or a chain's last
+    assert attention._row_max(values, np.uint64(2), count) == np.float32(1e30)
+
+
 @pytest.mark.parametrize("rms", [True, False])
 @pytest.mark.parametrize("with_beta", [True, False])
 def test_norm_kernels_match_the_reference(rms, with_beta):
