@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from mnnllm_backends.cpu.kernels import activation, attention, linear, norm, rope  # noqa: E402
+from mnnllm_backends.cpu.kernels import activation, attention, linear, norm, rope, row_reduce  # noqa: E402
 from mnnllm_backends.cpu.kernels.exp import exp32  # noqa: E402
 from mnnllm_backends.cpu.kernels.layout import dequantize as layout_dequantize  # noqa: E402
 from mnnllm_backends.cpu.kernels.layout import pack  # noqa: E402
@@ -304,7 +304,7 @@ def test_attention_kernels_match_float64(tokens, past, heads, kv_heads, dim, wit
 
 @pytest.mark.parametrize("count", [0, 1, 7, 8, 9, 300, 1000])
 def test_the_softmax_sum_has_its_documented_order(count):
-    """`_ordered_sum`: element i into chain i % 8, the chains pairwise, then the tail in order,
+    """`row_reduce.ordered_sum`: element i into chain i % 8, the chains pairwise, then the tail in order,
     whatever LLVM does with its callers (fastmath off); the softmax normalizes by it."""
     values = (RNG.standard_normal(count + 5) * 10).astype(np.float32)
     start, first = 3, np.float32(0.25)
@@ -320,7 +320,7 @@ def test_the_softmax_sum_has_its_documented_order(count):
     tree = np.float32(np.float32(np.float32(c[0] + c[1]) + np.float32(c[2] + c[3]))
                       + np.float32(np.float32(c[4] + c[5]) + np.float32(c[6] + c[7])))
     expected = np.float32(first + np.float32(tree + tail))
-    got = attention._ordered_sum(values, np.uint64(start), count, first)
+    got = row_reduce.ordered_sum(values, np.uint64(start), count, first)
     assert np.float32(got).view(np.uint32) == expected.view(np.uint32)
     scores = np.concatenate([row, np.full(16, 5.0, np.float32)])
     attention._softmax(scores, 0, count, count + 16, False, np.float32(0.0))
@@ -335,9 +335,9 @@ def test_the_softmax_row_max_is_the_rows_max(count):
     values = (RNG.standard_normal(count + 4) * 10).astype(np.float32)
     values[2 + count // 2] = -np.inf
     row = values[2:2 + count]
-    assert attention._row_max(values, np.uint64(2), count) == row.max()
+    assert row_reduce.row_max(values, np.uint64(2), count) == row.max()
     values[2 + count - 1] = np.float32(1e30)  # in the tail past the last 8, or a chain's last
-    assert attention._row_max(values, np.uint64(2), count) == np.float32(1e30)
+    assert row_reduce.row_max(values, np.uint64(2), count) == np.float32(1e30)
 
 
 @pytest.mark.parametrize("rms", [True, False])

@@ -21,6 +21,7 @@ from .decode_attention import (attend_split, attend_split_heads, group_rows, hea
                                parts_write_own_rows, splits_for)
 from .exp import exp32
 from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
+from .row_reduce import ordered_sum, row_max
 
 PANEL = 16  # columns per GEMM block; the cache capacity is a multiple of it
 ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one task of a prefill
@@ -28,55 +29,6 @@ ROWS_PER_TASK = 8 * GEMM_ROWS  # rows of one task of a prefill
 # below, a parallel launch costs about what the split saves (on a loaded 2-core machine the
 # split lost at 1024 tokens: 20.6 against 30.4 tok/s, and drew even at 4096)
 SPLIT_FROM = 2048
-
-
-@jit(fastmath=False)
-def _ordered_sum(values, base, count, total):
-    """total + the sum of values[base:base + count] in a fixed order: element i into chain i % 8,
-    the chains added pairwise, then the tail past the last 8 in order. fastmath is off, so LLVM
-    may not reassociate it wherever the caller is inlined (a plain loop under fastmath was split
-    into partial sums as LLVM chose); the eight chains are one vector of adds."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = np.float32(0.0)
-    i = 0
-    while i + 8 <= count:
-        p = base + np.uint64(i)
-        s0 += values[p]
-        s1 += values[p + np.uint64(1)]
-        s2 += values[p + np.uint64(2)]
-        s3 += values[p + np.uint64(3)]
-        s4 += values[p + np.uint64(4)]
-        s5 += values[p + np.uint64(5)]
-        s6 += values[p + np.uint64(6)]
-        s7 += values[p + np.uint64(7)]
-        i += 8
-    tail = np.float32(0.0)
-    for k in range(i, count):
-        tail += values[base + np.uint64(k)]
-    return total + ((((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))) + tail)
-
-
-@jit()
-def _row_max(values, base, count):
-    """The largest of values[base:base + count] (count >= 1) in eight chains (element i into chain
-    i % 8), which LLVM runs as one vector: a max is exact in any order, so this is the one loop's
-    value (a NaN anywhere makes the softmax's whole row NaN either way); one chain waited on each
-    compare (0.5 ns an element of the softmax's 1.0)."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = values[base]
-    i = 0
-    while i + 8 <= count:
-        p = base + np.uint64(i)
-        m0 = max(m0, values[p])
-        m1 = max(m1, values[p + np.uint64(1)])
-        m2 = max(m2, values[p + np.uint64(2)])
-        m3 = max(m3, values[p + np.uint64(3)])
-        m4 = max(m4, values[p + np.uint64(4)])
-        m5 = max(m5, values[p + np.uint64(5)])
-        m6 = max(m6, values[p + np.uint64(6)])
-        m7 = max(m7, values[p + np.uint64(7)])
-        i += 8
-    for k in range(i, count):
-        m0 = max(m0, values[base + np.uint64(k)])
-    return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
 
 
 @jit()
@@ -88,9 +40,9 @@ def _softmax(scores, at, visible, width, has_sink, sink):
     wraparound, whose select an element kept LLVM from vectorizing them (the exp loop ran
     scalar: 5.3 -> 1.35 ns an element of a 512-wide row, a 512-token attention layer of 9/3
     heads of 64 8.6 -> 4.8 ms on Zen 4); the row max and the sum run eight chains each
-    (`_row_max`, `_ordered_sum`: -> 3.9 ms)."""
+    (`row_max`, `ordered_sum`: -> 3.9 ms)."""
     base = np.uint64(at)
-    best = _row_max(scores, base, visible)
+    best = row_max(scores, base, visible)
     total = np.float32(0.0)
     if has_sink:
         best = max(best, sink)
@@ -98,7 +50,7 @@ def _softmax(scores, at, visible, width, has_sink, sink):
     for i in range(visible):
         p = base + np.uint64(i)
         scores[p] = exp32(scores[p] - best)
-    total = _ordered_sum(scores, base, visible, total)
+    total = ordered_sum(scores, base, visible, total)
     inverse = np.float32(1.0) / total
     for i in range(visible):
         scores[base + np.uint64(i)] *= inverse

@@ -27,6 +27,7 @@ from numba import prange
 from . import jit
 from .exp import exp32
 from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
+from .row_reduce import row_max
 
 PANEL = 16  # keys of one GEMM block: the fp32 cache's capacity, and a span's start, in whole panels
 SPAN = 256  # keys of one task at least: fewer would spend more on merging than on the keys
@@ -313,9 +314,7 @@ def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, 
                      m0 * width, width, width, OVERWRITE)
     for j in range(group):
         row = scores[j * width:j * width + count]
-        top = row[0]
-        for p in range(1, count):
-            top = max(top, row[p])
+        top = row_max(row, np.uint64(0), count)
         best[part, first + j] = top
         total[part, first + j] = _exp_sum(row, top)
     for m0 in range(0, group, GEMM_ROWS):
