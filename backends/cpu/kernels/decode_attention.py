@@ -27,7 +27,7 @@ from numba import prange
 from . import jit
 from .exp import exp32
 from .gemm import GEMM_ROWS, OVERWRITE, gemm_columns
-from .row_reduce import row_max
+from .row_reduce import exp_sum, row_max
 
 PANEL = 16  # keys of one GEMM block: the fp32 cache's capacity, and a span's start, in whole panels
 SPAN = 256  # keys of one task at least: fewer would spend more on merging than on the keys
@@ -278,17 +278,6 @@ def append_attend_stored_part(q, k, v, k_codes, k_scale, k_zero, v_codes, v_scal
                         splits_for(at + 1, threads), h0, h1)
 
 
-@jit()
-def _exp_sum(row, top):
-    """row becomes exp(row - top); its sum (a function of its own: this loop vectorizes)."""
-    total = np.float32(0.0)
-    for p in range(row.shape[0]):
-        w = exp32(row[p] - top)
-        row[p] = w
-        total += w
-    return total
-
-
 # -- fp32 rows of the low-memory cache: keys [kv_heads, dim, capacity], values [kv_heads, capacity, dim]
 @jit()
 def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, acc, part):
@@ -316,7 +305,7 @@ def _transposed_span(q, keys_t, values, kv, j0, j1, p0, p1, scale, best, total, 
         row = scores[j * width:j * width + count]
         top = row_max(row, np.uint64(0), count)
         best[part, first + j] = top
-        total[part, first + j] = _exp_sum(row, top)
+        total[part, first + j] = exp_sum(row, np.uint64(0), count, top, np.float32(0.0))
     for m0 in range(0, group, GEMM_ROWS):
         rows = min(GEMM_ROWS, group - m0)
         gemm_columns(rows, scores, m0 * width, width, flat_v, (kv * capacity + p0) * dim, dim, count, context,

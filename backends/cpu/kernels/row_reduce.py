@@ -1,4 +1,4 @@
-"""Reductions over a row of float32 values in an order of their own, for the attention softmax:
+"""Reductions over a row of float32 values in an order of their own, for the attention softmaxes:
 LLVM keeps a plain loop's reduction as one chain (a compare or an add waiting on the last) or,
 under fastmath, splits a sum into partial sums of its choosing. Each loop indexes from an
 unsigned base (a signed index takes numba's negative-index wraparound, which keeps LLVM from
@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
+from .exp import exp32
 
 
 @jit(fastmath=False)
@@ -57,3 +58,14 @@ def row_max(values, base, count):
     for k in range(i, count):
         m0 = max(m0, values[base + np.uint64(k)])
     return max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+
+
+@jit()
+def exp_sum(values, base, count, top, total):
+    """values[base:base + count] becomes exp(value - top); returns total + their sum in
+    `ordered_sum`'s order: the exponentials and denominator of a softmax row (the prompt's and
+    the split long-cache attention's, one code for both)."""
+    for i in range(count):
+        p = base + np.uint64(i)
+        values[p] = exp32(values[p] - top)
+    return ordered_sum(values, base, count, total)
