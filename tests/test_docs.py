@@ -20,7 +20,7 @@ TOP_LEVEL = tuple(p.name for p in ROOT.iterdir() if not p.name.startswith(".") o
 SOURCE_SUFFIXES = (".py", ".cl", ".glsl", ".comp", ".sh", ".fbs", ".toml")
 FIRST_COMMANDS = [
     'bash .ci/setup && .venv/bin/mnnllm run -p "What is the capital of France?"',
-    "bash .ci/setup-test && .venv/bin/python -m pytest -q -p no:cacheprovider",
+    "bash .ci/setup-test && .venv/bin/python -m pytest -q -p no:cacheprovider -n auto --dist loadfile",
 ]
 
 
