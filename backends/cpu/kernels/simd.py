@@ -227,7 +227,10 @@ q4_group_dot = _q4_dot(1)  # one group of 32 rows (the layout: `_q4_dot`)
 # a group is two vectors, two chains of two dependent FMAs a byte, so one group at a time waits on
 # the FMAs' latency (8 cycles a byte) where two keep four chains in flight
 q4_group_pair_dot = _q4_dot(2)
-PAIRED_GROUPS = _VECTORS < 4  # at 8 lanes a group already runs four chains (and AVX2 has 16 registers)
+# At 8 lanes a group already runs four chains (and AVX2 has 16 registers). Paired there anyway on
+# Zen 4 (32 registers): 16.8 against 15.6 GB/s on one thread in cache, but no gain in the 1.7B
+# shape's decode from memory (three alternations, one and two threads)
+PAIRED_GROUPS = _VECTORS < 4
 
 
 @intrinsic
@@ -410,8 +413,9 @@ def _vectors_a_pass() -> int:
     """Vectors of LANES rows a few-token pass covers: its TOKENS_A_PASS * this partial sums, the
     widened codes and the broadcasts must stay in registers. AVX-512VL gives numba's host target
     32 vector registers (the whole group, 4 vectors of 8 or 2 of 16: each hi/lo FMA chain has
-    enough independent neighbours to hide the FMA latency); 16 registers (AVX2, NEON's 128-bit
-    pairs) hold 2."""
+    enough independent neighbours to hide the FMA latency; 2 vectors a pass there, no partial
+    sum spilled, were slower on Zen 4: 37 against 44 G multiply-adds a second at 4 rows, one
+    thread); 16 registers (AVX2, NEON's 128-bit pairs) hold 2."""
     return _VECTORS if host_has("avx512vl") else 2
 
 
