@@ -124,6 +124,13 @@ def test_the_readme_opens_with_the_two_fresh_machine_commands() -> None:
     assert commands[:2] == FIRST_COMMANDS
 
 
+def test_ci_runs_the_readmes_test_command() -> None:
+    """`.ci/run` is the README's second command, a step a line: the two cannot drift apart."""
+    steps = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line.strip() and not line.startswith(("#", "set ", "cd "))]
+    assert steps == [step.strip() for step in FIRST_COMMANDS[1].split("&&")]
+
+
 def test_the_readme_and_the_tests_point_to_the_design_document_in_the_repository() -> None:
     assert DESIGN.is_file()
     assert "docs/DESIGN.md" in README.read_text()
