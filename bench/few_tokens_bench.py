@@ -8,7 +8,8 @@ decode step), "gemm" = dequantized panels + the register-blocked GEMM (what runs
 FEW_TOKENS). "int8" = a second engine with the backend hint `cpu_int8_activations`
 (`ops/int8_linear.py`): its linears run one kernel at every row count (up to 8 rows a call in
 registers, each packed byte read once for them), so "rows" and "gemm" have no int8 counterpart.
-Each time is a shape's third run (the first goes op by op, the second records).
+Each time is a shape's third run (the first goes op by op, the second records), after a dropped
+round that runs each shape past the thread team's trial (SETTLE).
 
     python bench/few_tokens_bench.py [CONFIG] [-n 9] [--tokens 1,2,4,8] [--modes few,int8]
     python bench/few_tokens_bench.py [CONFIG] --profile [--modes few,int8] [-n 5]
@@ -38,7 +39,7 @@ from types import MethodType
 import numpy as np
 
 import mnnllm_core
-from mnnllm_backends.cpu.kernels import int8_dot, linear
+from mnnllm_backends.cpu.kernels import int8_dot, linear, team
 from mnnllm_backends.cpu.kernels.linear import Gemv
 from mnnllm_backends.cpu.ops import packed_linear
 from mnnllm_backends.cpu.ops.packed_linear import PackedLinearExecution
@@ -49,6 +50,10 @@ FP32_MODES = ("rows", "few", "gemm")
 MODES = (*FP32_MODES, "int8")
 INT8_SETTINGS = {"backend_hints": {"cpu_int8_activations": True}}
 PROMPT = "Hello, how are you?"
+# untimed forwards of each shape before its timed ones: op by op, recorded, then the thread team's
+# trial of each program (runs alternating between the team and rank 0 alone, `team._Way`), whose
+# one-thread runs would otherwise be half the timed ones of a step the team wins by under 20 %
+SETTLE = 2 + team.WARM + 2 * team.TRIAL + 1
 
 
 def _rows_as_gemvs(gemv: Gemv, x: np.ndarray, threads: int) -> list[np.ndarray]:
@@ -128,12 +133,12 @@ def measure(engines: dict[str, object], counts: list[int], runs: int) -> dict[tu
     modes = list(engines)
     tokens = {id(llm): _after_prompt(llm) for llm in engines.values()}
     times: dict[tuple[str, int], list[float]] = {}
-    for r in range(runs + 1):  # the first round warms every path up and is dropped
+    for r in range(runs + 1):  # the first round warms every path up (past the team's trial) and is dropped
         for name in modes[r % len(modes):] + modes[:r % len(modes)]:
             llm = engines[name]
             with mode(name, llm):
                 for seq in counts:
-                    for attempt in range(3):  # a shape's first run goes op by op, its second records
+                    for attempt in range(3 if r else SETTLE):  # a shape's first run goes op by op, its second records
                         elapsed = _timed_forward(llm, tokens[id(llm)], seq)
                     if r:
                         times.setdefault((name, seq), []).append(elapsed)
@@ -178,7 +183,7 @@ def profile(engines: dict[str, object], counts: list[int], runs: int) -> dict[tu
         with mode(name, llm):
             token = _after_prompt(llm)
             for seq in counts:
-                for _ in range(3):  # op by op, then recorded
+                for _ in range(SETTLE):  # op by op, recorded, then past the team's trial
                     _timed_forward(llm, token, seq)
                 replay = llm.pool.get(seq, seq > 1).static_module.session.pipeline.replay
                 replayed = statistics.median(_timed_forward(llm, token, seq) for _ in range(runs))
