@@ -13,9 +13,10 @@ row count its own clone, as before padding) and padded (decode steps padded to t
 BATCH_SIZES). Each engine lives through the rounds (as the server's does) after a warm-up run
 (which meets every row count the streams leave behind) of --warm tokens a stream, as is the
 one-stream run before "alone": on the cpu with a thread team (thread_num > 1, memory "low") each
-new program's first WARM + 2 x TRIAL (18) runs warm the team, then alternate the team and one
-thread to choose between them (kernels/team.py), so a short warm-up left most timed steps of a row count in that trial, half of
-them on one thread, where a step of several rows is compute-bound. The figures are the steady state.
+new program's first runs (`team.SETTLED_AFTER`, 18) warm the team, then alternate the team and
+one thread to choose between them (kernels/team.py), so a short warm-up left most timed steps of
+a row count in that trial, half of them on one thread, where a step of several rows is
+compute-bound. The figures are the steady state.
 The modes alternate for --rounds rounds (the mean of each is printed; the engines' order turns
 each round), so the machine's drift hits them alike; the load average is printed before and after.
 --vs-mnn adds MNN's C++ runtime (PyPI MNN, its own process) serving the streams one after
@@ -39,11 +40,12 @@ import mnnllm_core
 from mnnllm_core.llm.batch_engine import BatchEngine
 from mnnllm_core.bench.worker_protocol import call_worker
 from mnnllm_core.llm.batch_plan import BATCH_SIZES
+from mnnllm_backends.cpu.kernels import team
 from shared_models import SHARED_MODEL  # beside this script
 
 DEFAULT_CONFIG = SHARED_MODEL
 PROMPT = 16
-WARM = 20  # warm-up tokens a stream: past the cpu team's trial of each program (2 + 2 x 8 runs, kernels/team.py)
+WARM = team.SETTLED_AFTER + 2  # warm-up tokens a stream: past the cpu team's trial of each program
 
 
 def prompts(count: int, vocab: int) -> list[list[int]]:

@@ -50,10 +50,9 @@ FP32_MODES = ("rows", "few", "gemm")
 MODES = (*FP32_MODES, "int8")
 INT8_SETTINGS = {"backend_hints": {"cpu_int8_activations": True}}
 PROMPT = "Hello, how are you?"
-# untimed forwards of each shape before its timed ones: op by op, recorded, then the thread team's
-# trial of each program (runs alternating between the team and rank 0 alone, `team._Way`), whose
-# one-thread runs would otherwise be half the timed ones of a step the team wins by under 20 %
-SETTLE = 2 + team.WARM + 2 * team.TRIAL + 1
+# untimed forwards of each shape before its timed ones: op by op, recorded, then past the thread
+# team's trial of each program (`team.SETTLED_AFTER`)
+SETTLE = 2 + team.SETTLED_AFTER
 
 
 def _rows_as_gemvs(gemv: Gemv, x: np.ndarray, threads: int) -> list[np.ndarray]:

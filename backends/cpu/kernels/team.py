@@ -320,6 +320,9 @@ MARGIN = 0.1  # rank 0 alone wins only with a median this fraction below the tea
 # 5.4 ms on the team, 8.3 alone). One thread never wins early: the team's first runs are the
 # ones slowed by the workers' wake-up and first touches
 EARLY, CLEAR = 2, 0.2
+# runs of a new program after which its way is kept (its trial over, at the latest): what a
+# benchmark runs untimed first, or half its timed runs of a step may be on one thread
+SETTLED_AFTER = WARM + 2 * TRIAL
 
 
 class _Way:
